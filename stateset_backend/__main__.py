@@ -1,0 +1,5 @@
+"""``python -m stateset_backend`` is the CLI."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,18 @@
+"""Built-in adapters, registered through the same hook a third-party plugin implements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..core.adapter import EngineAdapter
+from ..core.hookspecs import hookimpl
+
+
+@hookimpl
+def register_adapters(register: Callable[[EngineAdapter], None]) -> None:
+    from .native import NativeAdapter
+    from .pending import PendingAdapter
+
+    register(NativeAdapter())
+    for engine in ("verl", "openrlhf", "nemo-rl"):
+        register(PendingAdapter(engine))

@@ -1,0 +1,94 @@
+"""Adapter for the native engine: the embedded torch trainer in ``stateset_backend.native``.
+
+The native engine speaks the spec's own vocabulary, so translation is the identity on every
+leaf it can honour; it still goes through the same rules, plan and launch path as any other
+engine, as a child process, so nothing about it is special-cased in the core.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from ..core.adapter import (
+    PYTHON,
+    RUN_DIR,
+    Artifact,
+    Collected,
+    EngineAdapter,
+    LaunchContext,
+    NativeLaunch,
+)
+from ..core.contracts import Contract, Dialect, load_packaged_contract
+from ..core.modeltree import all_leaf_paths
+from ..core.rules import RuleSet, Translation, na, only, reject, to
+from ..core.spec import ExperimentSpec
+
+CONFIG_FILE = "native_config.json"
+METRICS_FILE = "metrics.jsonl"
+RUN_INFO_FILE = "run_info.json"
+
+
+class NativeAdapter(EngineAdapter):
+    name = "native"
+
+    @cached_property
+    def contract(self) -> Contract:
+        return load_packaged_contract("stateset_backend.contracts", "native.json")
+
+    def rules(self, dialect: Dialect) -> RuleSet:
+        rules: dict[str, Any] = {path: to(path) for path in all_leaf_paths(ExperimentSpec)}
+        rules.update({
+            "rollout.backend": only(lambda v: v == "hf", "the native engine samples with its "
+                                    "own KV-cache loop ('hf'), not vllm or sglang", to(
+                                        "rollout.backend")),
+            "algorithm.gae": only(lambda v: v is None, "the native engine has no critic (PPO "
+                                  "with GAE)", to("algorithm.gae")),
+            "environment.entrypoint": na("single-turn only: the environment is the reward"),
+            "environment.sha256": na("single-turn only: the environment is the reward"),
+            "resources.nodes": only(lambda v: v == 1, "the native engine runs on one node",
+                                    to("resources.nodes")),
+            "reward.kind": only(lambda v: v == "python", "the native engine calls python "
+                                "reward functions in process", to("reward.kind")),
+        })
+        rules.pop("engine_options", None)
+        rules.pop("labels", None)
+        rules["environment.kind"] = only(lambda v: v == "single_turn", "the native engine "
+                                         "runs single-turn episodes", to("environment.kind"))
+        rules["algorithm.gae.gamma"] = rules["algorithm.gae.lam"] = reject(
+            "the native engine has no critic")
+        return rules
+
+    def render(self, translation: Translation, spec: ExperimentSpec,
+               ctx: LaunchContext) -> NativeLaunch:
+        config = {"run_id": ctx.run_id, "experiment_digest": ctx.experiment_digest,
+                  "settings": translation.native}
+        return NativeLaunch(
+            argv=[PYTHON, "-m", "stateset_backend.native", "--config",
+                  f"{RUN_DIR}/{CONFIG_FILE}", "--output", RUN_DIR],
+            files={CONFIG_FILE: json.dumps(config, indent=2, sort_keys=True) + "\n"},
+            env=["CUDA_VISIBLE_DEVICES", "STATESET_BACKEND_PROGRESS"],
+        )
+
+    def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
+        out = Collected()
+        info_path = attempt_dir / RUN_INFO_FILE
+        if info_path.is_file():
+            info = json.loads(info_path.read_text(encoding="utf-8"))
+            out.run_id = info.get("run_id")
+            out.experiment_digest = info.get("experiment_digest")
+            out.committed_updates = int(info.get("committed_updates", 0))
+        metrics_path = attempt_dir / METRICS_FILE
+        if metrics_path.is_file():
+            for line in metrics_path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    out.metrics.append(json.loads(line))
+        for kind in ("checkpoints", "final"):
+            root = attempt_dir / kind
+            if root.is_dir():
+                out.artifacts.extend(
+                    Artifact(str(p.relative_to(attempt_dir)), kind.rstrip("s"))
+                    for p in sorted(root.rglob("*")) if p.is_file())
+        return out

@@ -1,0 +1,335 @@
+"""The ``stateset-backend`` command line.
+
+Every failure is one line on stderr and a documented exit code (0 ok, 2 invalid input,
+3 unsupported, 4 engine failed, 5 result invalid, 6 resume impossible, 130 interrupted);
+``--json`` adds the detail as JSON on stdout and ``--debug`` shows the traceback. Imports are
+deferred into each command so ``--help``, ``validate`` and ``digest`` start fast and never
+load an engine or torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from . import __version__
+
+if TYPE_CHECKING:
+    from .core.registry import AdapterEntry, Registry
+    from .core.spec import ExperimentSpec
+
+PROG = "stateset-backend"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as one line with exit code 2, like every error."""
+
+    def error(self, message: str) -> NoReturn:
+        from .core.errors import InvalidInput
+
+        raise InvalidInput(f"{self.prog}: {message}")
+
+
+def _emit(args: argparse.Namespace, doc: Any, text: str | Callable[[], None]) -> None:
+    """Print data as JSON (``--json``) or for humans (a string or a rich renderer)."""
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    elif callable(text):
+        text()
+    else:
+        print(text)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(soft_wrap=False)
+
+
+# -- shared steps --------------------------------------------------------------------------
+def _spec(path: str) -> ExperimentSpec:
+    from .core.specfile import load_spec
+
+    return load_spec(path)
+
+
+def _registry() -> Registry:
+    from .core.registry import build_registry
+
+    return build_registry()
+
+
+def _engine_version(entry: AdapterEntry, requested: str | None, python: str | None) -> str:
+    from .core.contracts import parse_version
+    from .core.errors import Unsupported
+
+    if requested is not None:
+        parse_version(requested)
+        return requested
+    installed = entry.adapter.installed_version(python)
+    if installed is None:
+        raise Unsupported(f"{entry.adapter.name} is not installed here; pass --engine-version "
+                          "V to plan for a machine that has it "
+                          f"(supported: {entry.adapter.contract.supported})")
+    return installed
+
+
+# -- commands ------------------------------------------------------------------------------
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .core.digest import experiment_digest
+
+    spec = _spec(args.spec)
+    digest = experiment_digest(spec)
+    _emit(args, {"valid": True, "experiment_digest": digest}, f"{args.spec}: valid ({digest})")
+    return 0
+
+
+def cmd_digest(args: argparse.Namespace) -> int:
+    from .core.digest import experiment_digest
+
+    digest = experiment_digest(_spec(args.spec))
+    _emit(args, {"experiment_digest": digest}, digest)
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from .core.schemas import packaged
+
+    sys.stdout.write(packaged(args.name))
+    return 0
+
+
+def cmd_engines(args: argparse.Namespace) -> int:
+    registry = _registry()
+    rows = []
+    for name, entry in sorted(registry.adapters.items()):
+        contract = entry.adapter.contract
+        try:
+            installed = entry.adapter.installed_version(args.python)
+        except Exception as exc:  # detection must never hide the listing
+            installed = f"error: {exc}"
+        rows.append({
+            "engine": name, "plugin": entry.plugin, "distribution": entry.distribution,
+            "version": entry.version, "engine_distribution": contract.distribution,
+            "supported": contract.supported, "installed": installed,
+            "contract_digest": contract.digest,
+            "capabilities": [{"versions": r.versions, "provides": sorted(r.provides)}
+                             for r in contract.capabilities],
+        })
+    failures = [f.to_json() for f in registry.failures]
+
+    def table() -> None:
+        from rich.table import Table
+
+        t = Table(title="engines")
+        for col in ("engine", "plugin", "supported", "installed", "capabilities"):
+            t.add_column(col, overflow="fold")
+        for r in rows:
+            caps = "\n".join(f"{c['versions']}: {len(c['provides'])}"
+                             for c in r["capabilities"])
+            t.add_row(r["engine"], f"{r['distribution']} {r['version']}", r["supported"],
+                      r["installed"] or "none", caps)
+        console = _console()
+        console.print(t)
+        for f in failures:
+            console.print(f"[red]plugin {f['plugin']} failed to load:[/] {f['error']}",
+                          markup=True)
+
+    _emit(args, {"engines": rows, "failed_plugins": failures}, table)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .core.capabilities import required_capabilities
+    from .core.contracts import check
+
+    spec = _spec(args.spec)
+    entry = _registry().get(args.engine)
+    version = _engine_version(entry, args.engine_version, args.python)
+    report = check(entry.adapter.contract, version, required_capabilities(spec))
+    if report.ok:
+        _emit(args, report.to_json(),
+              f"{args.engine} {version} can run this spec "
+              f"({len(report.required)} capabilities required)")
+        return 0
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    report.raise_if_missing()
+    return 3
+
+
+def _explain_rows(entry: AdapterEntry, spec: ExperimentSpec, version: str) -> list[dict[str, Any]]:
+    from .core.contracts import parse_version
+    from .core.rules import Mapped, Rejected, explain_rows
+
+    dialect = entry.adapter.contract.dialect(parse_version(version))
+    rows = []
+    for row in explain_rows(spec, entry.adapter.rules(dialect)):
+        doc: dict[str, Any] = {"field": row.path, "value": row.value}
+        if row.outcome is None:
+            doc.update(outcome="unmapped", reason="the adapter has no rule for this field")
+        elif isinstance(row.outcome, Mapped):
+            doc.update(outcome="mapped", native=row.outcome.native)
+        elif isinstance(row.outcome, Rejected):
+            doc.update(outcome="rejected", reason=row.outcome.reason)
+        else:
+            doc.update(outcome="not_applicable", reason=row.outcome.reason)
+        rows.append(doc)
+    return rows
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    spec = _spec(args.spec)
+    entry = _registry().get(args.engine)
+    version = _engine_version(entry, args.engine_version, args.python)
+    rows = _explain_rows(entry, spec, version)
+
+    def table() -> None:
+        from rich.table import Table
+
+        t = Table(title=f"{args.engine} {version}")
+        for col in ("field", "value", "outcome"):
+            t.add_column(col, overflow="fold")
+        for r in rows:
+            if r["outcome"] == "mapped":
+                outcome = ", ".join(f"{k} = {json.dumps(v)}" for k, v in r["native"].items())
+            else:
+                outcome = f"{r['outcome'].replace('_', ' ')}: {r['reason']}"
+            t.add_row(r["field"], json.dumps(r["value"]), outcome)
+        _console().print(t)
+
+    _emit(args, {"engine": args.engine, "engine_version": version, "fields": rows}, table)
+    return 0
+
+
+def _make_plan(args: argparse.Namespace, registry: Registry) -> Any:
+    from .core.plan import make_plan
+
+    spec = _spec(args.spec)
+    entry = registry.get(args.engine)
+    version = _engine_version(entry, args.engine_version, args.python)
+    return make_plan(spec, entry, version, provider=args.provider)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .core.plan import write_plan
+
+    plan = _make_plan(args, _registry())
+    if args.output:
+        write_plan(plan, args.output)
+        _emit(args, {"plan": args.output, "run_id": plan.run_id,
+                     "experiment_digest": plan.experiment_digest,
+                     "binding_digest": plan.binding_digest, "checksum": plan.checksum},
+              f"wrote {args.output} (run {plan.run_id}, {plan.engine} {plan.engine_version})")
+    else:
+        print(json.dumps(plan.to_json(), indent=2))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .core.errors import InvalidInput
+    from .core.plan import load_plan
+    from .core.runner import raise_for_status, run_plan
+    from .core.store import RunStore, runs_dir_from
+
+    registry = _registry()
+    if args.engine is not None:
+        args.spec = args.document
+        plan = _make_plan(args, registry)
+    elif args.engine_version is not None:
+        raise InvalidInput("--engine-version needs --engine (a plan already fixes the version)")
+    else:
+        plan = load_plan(args.document)
+    store = RunStore(runs_dir_from(args.runs_dir))
+    result, path = run_plan(plan, registry, store, python=args.python, timeout=args.timeout,
+                            echo_stderr=not args.quiet)
+    raise_for_status(result, path)
+    _emit(args, result.to_json(),
+          f"run {result.run_id} attempt {result.attempt} succeeded: "
+          f"{result.committed_updates} updates committed (result: {path})")
+    return 0
+
+
+# -- parser --------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print data as JSON")
+    common.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    parser = _Parser(prog=PROG, parents=[common],
+                     description="Run one backend-neutral RL post-training experiment on any "
+                                 "engine, and keep its identity.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(name: str, func: Callable[[argparse.Namespace], int], help_: str,
+                ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_, description=help_)
+        p.set_defaults(func=func)
+        return p
+
+    def engine_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+        p.add_argument("--engine", required=required, help="engine name (see `engines`)")
+        p.add_argument("--engine-version", help="plan for this engine version instead of "
+                                                "the installed one")
+        p.add_argument("--python", help="interpreter of the environment the engine lives in")
+
+    p = command("validate", cmd_validate, "check a spec; every problem as path: message")
+    p.add_argument("spec")
+    p = command("digest", cmd_digest, "print the experiment digest of a spec")
+    p.add_argument("spec")
+    p = command("schema", cmd_schema, "print a JSON Schema (spec, plan, result, contract)")
+    p.add_argument("name")
+    p = command("engines", cmd_engines, "list registered engine adapters")
+    p.add_argument("--python", help="detect installed versions in this interpreter")
+    p = command("check", cmd_check, "check an engine version can run a spec (exit 0 or 3)")
+    engine_args(p)
+    p.add_argument("spec")
+    p = command("explain", cmd_explain, "show what every spec field becomes on an engine")
+    engine_args(p)
+    p.add_argument("spec")
+    p = command("plan", cmd_plan, "make a reviewable launch plan")
+    engine_args(p)
+    p.add_argument("--provider", choices=["local", "ray"], default="local")
+    p.add_argument("-o", "--output", help="plan file to write (default: print it)")
+    p.add_argument("spec")
+    p = command("run", cmd_run, "run a plan, or plan and run a spec with --engine")
+    engine_args(p, required=False)
+    p.add_argument("--provider", choices=["local", "ray"], default="local")
+    p.add_argument("--runs-dir", help="run store (default ./runs or $STATESET_BACKEND_RUNS_DIR)")
+    p.add_argument("--timeout", type=float, help="seconds before the engine is stopped")
+    p.add_argument("--quiet", action="store_true", help="do not echo the engine's stderr")
+    p.add_argument("document", metavar="PLAN|SPEC")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .core.errors import StatesetError
+
+    raw = list(sys.argv[1:] if argv is None else argv)
+    debug, as_json = "--debug" in raw, "--json" in raw
+    try:
+        args = build_parser().parse_args(raw)
+        code = int(args.func(args))
+    except StatesetError as exc:
+        if debug:
+            raise
+        if as_json:
+            print(json.dumps({"error": exc.to_json()}, indent=2))
+        print(f"{PROG}: error: {exc.message}", file=sys.stderr)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        code = 130
+    except Exception as exc:
+        if debug:
+            raise
+        print(f"{PROG}: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
+              file=sys.stderr)
+        code = 1
+    if argv is None:
+        sys.exit(code)
+    return code

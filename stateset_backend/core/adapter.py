@@ -1,0 +1,124 @@
+"""The interface every engine adapter implements, and the records it exchanges with the core.
+
+An adapter is thin on purpose: it declares field rules (what each spec leaf becomes in its
+engine's vocabulary, per dialect), renders the mapped native keys into a launch (argv, files,
+environment), and reads the engine's outputs back. Everything engine-neutral — the contract
+check, identity, the plan, launching, result checks — stays in the core.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import subprocess
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .contracts import Contract, Dialect
+from .errors import InvalidInput
+from .rules import RuleSet, Translation
+from .spec import ExperimentSpec
+
+RUN_DIR = "{run_dir}"
+PYTHON = "{python}"
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What an adapter may know when rendering a launch; paths use the placeholders above."""
+
+    run_id: str
+    experiment_digest: str
+    engine_version: str
+    dialect: Dialect
+
+
+@dataclass(frozen=True)
+class NativeLaunch:
+    """An engine launch, as data: reviewed in the plan, executed verbatim by a provider.
+
+    ``argv`` and ``set_env`` values may contain ``{run_dir}`` and ``{python}``, filled in when
+    the plan runs. ``env`` names variables the engine reads from the caller's environment;
+    their values are never stored, since they may be secrets.
+    """
+
+    argv: list[str]
+    files: dict[str, str] = field(default_factory=dict)
+    set_env: dict[str, str] = field(default_factory=dict)
+    env: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"argv": self.argv, "files": self.files, "set_env": self.set_env,
+                "env": sorted(self.env)}
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: str  # relative to the attempt directory
+    kind: str  # checkpoint, model, log, metrics, ...
+    step: int | None = None
+
+
+@dataclass
+class Collected:
+    """What an adapter read back from an engine's outputs, in canonical form."""
+
+    run_id: str | None = None
+    experiment_digest: str | None = None
+    committed_updates: int = 0
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # {"step": n, name: value}
+    raw_metric_names: dict[str, str] = field(default_factory=dict)  # canonical -> engine's
+    artifacts: list[Artifact] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class EngineAdapter(abc.ABC):
+    """Base class for adapters. Subclasses set ``name`` and implement the abstract methods."""
+
+    name: str
+
+    @property
+    @abc.abstractmethod
+    def contract(self) -> Contract:
+        """The engine's contract (usually loaded once from package data)."""
+
+    @abc.abstractmethod
+    def rules(self, dialect: Dialect) -> RuleSet:
+        """Field rules for one dialect; every spec leaf must be covered (exactly or by prefix)."""
+
+    @abc.abstractmethod
+    def render(self, translation: Translation, spec: ExperimentSpec,
+               ctx: LaunchContext) -> NativeLaunch:
+        """Turn mapped native keys into an engine launch."""
+
+    def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
+        """Read the engine's outputs from the attempt directory (override per engine)."""
+        raise NotImplementedError(f"{self.name}: collection is not implemented")
+
+    def installed_version(self, python: str | None = None) -> str | None:
+        """The engine version installed in this (or the given) Python environment, or None."""
+        dist = self.contract.distribution
+        return None if dist is None else distribution_version(dist, python)
+
+
+def distribution_version(distribution: str, python: str | None = None) -> str | None:
+    """Version of an installed distribution here, or in another interpreter via ``--python``."""
+    if python is None:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return None
+    if not Path(python).is_file():
+        raise InvalidInput(f"--python {python}: no such interpreter")
+    probe = ("import importlib.metadata as m, json, sys\n"
+             "try: print(json.dumps(m.version(sys.argv[1])))\n"
+             "except m.PackageNotFoundError: print('null')\n")
+    try:
+        out = subprocess.run([python, "-c", probe, distribution], capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise InvalidInput(f"--python {python}: cannot query it: {exc}") from None
+    version = json.loads(out.strip().splitlines()[-1])
+    return str(version) if version is not None else None

@@ -1,0 +1,153 @@
+"""The launch plan: everything that will run, as one reviewable, checksummed document.
+
+A plan is made once (contract check, translation, identity) and can be reviewed, copied to
+another machine and run there. Running the same plan file again is an exact retry: it keeps
+the run id and checksum and adds an attempt. A plan edited by hand no longer matches its
+checksum and is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .adapter import LaunchContext
+from .capabilities import required_capabilities
+from .contracts import check, parse_version
+from .digest import binding_digest, experiment_digest, plan_checksum
+from .errors import InvalidInput, Unsupported
+from .jsonio import atomic_write_json, read_json
+from .registry import AdapterEntry
+from .rules import translate
+from .specfile import parse_spec
+from .spec import ExperimentSpec
+
+PLAN_SCHEMA_ID = "stateset-backend/plan/v1"
+Provider = Literal["local", "ray"]
+
+
+class AdapterInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    distribution: str
+    version: str
+
+
+class LaunchPlan(BaseModel):
+    """A reviewed launch. ``argv``/``set_env`` may hold ``{run_dir}`` and ``{python}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    schema_id: Literal["stateset-backend/plan/v1"] = Field(PLAN_SCHEMA_ID, alias="schema")
+    run_id: str = Field(pattern=r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}$")
+    created_at: str
+    experiment_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    binding_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    engine: str
+    engine_version: str
+    adapter: AdapterInfo
+    contract_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    provider: Provider = "local"
+    required_capabilities: list[str]
+    spec: dict[str, Any] = Field(description="the validated spec, defaults filled")
+    native: dict[str, Any] = Field(description="native keys the spec and engine_options "
+                                               "became")
+    argv: list[str] = Field(min_length=1)
+    env: list[str] = Field(description="names of caller variables the engine reads; values "
+                                       "are never stored")
+    set_env: dict[str, str]
+    files: dict[str, str] = Field(description="files written into the run directory before "
+                                              "launch, by relative path")
+    checksum: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    def validated_spec(self) -> ExperimentSpec:
+        return parse_spec(self.spec, source="plan.spec")
+
+
+def new_run_id() -> str:
+    """Sortable by creation time, unique without coordination."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(4)
+
+
+def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
+              provider: Provider = "local") -> LaunchPlan:
+    """Contract check, translation and identity; raises before anything could launch."""
+    adapter = entry.adapter
+    contract = adapter.contract
+    required = required_capabilities(spec)
+    check(contract, engine_version, required).raise_if_missing()
+    dialect = contract.dialect(parse_version(engine_version))
+    translation = translate(spec, adapter.rules(dialect), adapter.name, engine_version)
+    run_id = new_run_id()
+    exp_digest = experiment_digest(spec)
+    ctx = LaunchContext(run_id, exp_digest, engine_version, dialect)
+    launch = adapter.render(translation, spec, ctx)
+    resources = spec.resources.model_dump(mode="json")
+    engine_options = spec.engine_options.get(adapter.name, {})
+    doc: dict[str, Any] = {
+        "schema": PLAN_SCHEMA_ID,
+        "run_id": run_id,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "experiment_digest": exp_digest,
+        "binding_digest": binding_digest(
+            experiment_digest=exp_digest, engine=adapter.name, engine_version=engine_version,
+            adapter_distribution=entry.distribution, adapter_version=entry.version,
+            contract_digest=contract.digest, resources=resources,
+            engine_options=engine_options, native=launch.to_json()),
+        "engine": adapter.name,
+        "engine_version": engine_version,
+        "adapter": {"distribution": entry.distribution, "version": entry.version},
+        "contract_digest": contract.digest,
+        "provider": provider,
+        "required_capabilities": sorted(required),
+        "spec": spec.model_dump(mode="json"),
+        "native": translation.native,
+        **launch.to_json(),
+        "checksum": "",
+    }
+    doc["checksum"] = plan_checksum(doc)
+    return LaunchPlan.model_validate(doc)
+
+
+def write_plan(plan: LaunchPlan, path: str | os.PathLike[str]) -> None:
+    target = Path(path)
+    if target.is_dir():
+        raise InvalidInput(f"{target}: is a directory; -o takes a file path")
+    atomic_write_json(target, plan.to_json())
+
+
+def load_plan(path: str | os.PathLike[str]) -> LaunchPlan:
+    """Read a plan and prove it is the one that was made: checksum and digest both hold."""
+    doc = read_json(path, what="plan")
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"{path}: a plan is a JSON object")
+    try:
+        plan = LaunchPlan.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "plan"
+        raise InvalidInput(f"{path}: not a valid plan: {where}: {first['msg']}") from None
+    if plan_checksum(doc) != plan.checksum:
+        raise InvalidInput(f"{path}: checksum mismatch: the plan was changed after it was "
+                           "made; make a new plan")
+    if experiment_digest(plan.validated_spec()) != plan.experiment_digest:
+        raise InvalidInput(f"{path}: the embedded spec does not match experiment_digest")
+    return plan
+
+
+def verify_engine_version(plan: LaunchPlan, installed: str | None) -> None:
+    """A plan runs only on the engine version it was translated for."""
+    if installed is None:
+        raise Unsupported(f"{plan.engine} is not installed here; the plan needs "
+                          f"{plan.engine} {plan.engine_version} (use --python to pick the "
+                          "environment that has it)")
+    if parse_version(installed) != parse_version(plan.engine_version):
+        raise Unsupported(f"the plan was made for {plan.engine} {plan.engine_version} but "
+                          f"{installed} is installed; make a new plan for {installed}")

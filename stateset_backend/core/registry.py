@@ -1,0 +1,156 @@
+"""The adapter registry: built-in and third-party adapters, loaded through one pluggy hook.
+
+A plugin that fails to import (or raises while registering) is recorded with its name and
+error and the others keep working, so one broken third-party package cannot take down the CLI.
+``STATESET_BACKEND_STRICT_PLUGINS=1`` makes such a failure fatal (for CI), and
+``STATESET_BACKEND_PLUGINS=a,b`` limits which installed plugins are loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from .. import __version__
+from . import hookspecs
+from .adapter import EngineAdapter
+from .errors import InvalidInput, StatesetError
+
+ENTRY_POINT_GROUP = "stateset_backend"
+BUILTIN = "builtin"
+
+
+class PluginError(StatesetError):
+    """A plugin failed to load while strict plugin loading was asked for."""
+
+    exit_code = 2
+    kind = "plugin_error"
+
+
+@dataclass(frozen=True)
+class AdapterEntry:
+    adapter: EngineAdapter
+    plugin: str
+    distribution: str
+    version: str
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    plugin: str
+    distribution: str | None
+    error: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plugin": self.plugin, "distribution": self.distribution, "error": self.error}
+
+
+@dataclass
+class Registry:
+    adapters: dict[str, AdapterEntry] = field(default_factory=dict)
+    failures: list[PluginFailure] = field(default_factory=list)
+
+    def get(self, engine: str) -> AdapterEntry:
+        if engine in self.adapters:
+            return self.adapters[engine]
+        known = ", ".join(sorted(self.adapters)) or "none"
+        hint = ""
+        failed = [f for f in self.failures if f.plugin == engine]
+        if failed:
+            hint = f"; plugin {engine!r} failed to load: {failed[0].error}"
+        raise InvalidInput(f"unknown engine {engine!r} (registered: {known}){hint}")
+
+
+def _own_distribution() -> tuple[str, str]:
+    try:
+        return "stateset-backend", metadata.version("stateset-backend")
+    except metadata.PackageNotFoundError:
+        return "stateset-backend", __version__
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _selected_plugins() -> set[str] | None:
+    raw = os.environ.get("STATESET_BACKEND_PLUGINS")
+    if raw is None:
+        return None
+    return {p.strip() for p in raw.split(",") if p.strip()}
+
+
+def build_registry(*, strict: bool | None = None,
+                   only: set[str] | None = None) -> Registry:
+    """Load built-in adapters and every selected entry-point plugin."""
+    strict = _env_flag("STATESET_BACKEND_STRICT_PLUGINS") if strict is None else strict
+    only = _selected_plugins() if only is None else only
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    registry = Registry()
+    sources: dict[str, tuple[str, str]] = {}
+
+    def fail(plugin: str, dist: str | None, exc: BaseException) -> None:
+        failure = PluginFailure(plugin, dist, _describe(exc))
+        if strict:
+            raise PluginError(f"plugin {plugin!r} failed to load: {failure.error}")
+        registry.failures.append(failure)
+
+    from .. import adapters as builtin
+
+    pm.register(builtin, name=BUILTIN)
+    sources[BUILTIN] = _own_distribution()
+
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if only is not None and ep.name not in only:
+            continue
+        dist_name = ep.dist.name if ep.dist is not None else None
+        dist_version = ep.dist.version if ep.dist is not None else "unknown"
+        try:
+            plugin = ep.load()
+            pm.register(plugin, name=ep.name)
+            sources[ep.name] = (dist_name or ep.name, dist_version)
+        except Exception as exc:  # a broken plugin must not take the others down
+            fail(ep.name, dist_name, exc)
+
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        bad = pm.get_name(exc.plugin) or "?"
+        pm.unregister(exc.plugin)
+        fail(bad, sources.get(bad, (None, ""))[0], exc)
+
+    # Call each implementation on its own so that one raising does not lose the rest.
+    for impl in reversed(pm.hook.register_adapters.get_hookimpls()):
+        plugin_name = impl.plugin_name
+        dist, version = sources.get(plugin_name, (plugin_name, "unknown"))
+        staged: list[EngineAdapter] = []
+
+        def register(adapter: EngineAdapter, _staged: list[EngineAdapter] = staged) -> None:
+            _staged.append(adapter)
+
+        try:
+            impl.function(**{arg: register for arg in impl.argnames})
+            for adapter in staged:
+                if not isinstance(adapter, EngineAdapter):
+                    raise TypeError(f"registered {type(adapter).__name__}, not an EngineAdapter")
+                if adapter.name in registry.adapters:
+                    owner = registry.adapters[adapter.name].plugin
+                    raise ValueError(f"engine name {adapter.name!r} is already registered by "
+                                     f"{owner!r}")
+                adapter.contract  # noqa: B018 - load it now so a bad contract is this plugin's
+                registry.adapters[adapter.name] = AdapterEntry(adapter, plugin_name, dist,
+                                                               version)
+        except StatesetError as exc:
+            fail(plugin_name, dist, exc)
+        except Exception as exc:
+            fail(plugin_name, dist, exc)
+    return registry

@@ -1,0 +1,152 @@
+"""Result checks: a run is ``succeeded`` only if the engine exited 0 and every check passed.
+
+An engine that exits 0 after a NaN loss, with no committed update, without its checkpoint,
+or under somebody else's identity has not produced this experiment's result; it is reported
+as ``invalid`` so nobody compares or ships it by mistake.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .adapter import Collected
+from .launch import Exit
+from .plan import LaunchPlan
+
+RESULT_SCHEMA_ID = "stateset-backend/result/v1"
+Status = Literal["succeeded", "failed", "invalid", "interrupted"]
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Check(_Doc):
+    name: str
+    ok: bool
+    detail: str
+
+
+class ArtifactRecord(_Doc):
+    path: str
+    kind: str
+    step: int | None
+    bytes: int
+    sha256: str
+
+
+class Metrics(_Doc):
+    series: str | None = Field(description="canonical per-update series, relative to the "
+                                           "attempt directory")
+    summary: dict[str, float | None] = Field(description="last value of each canonical metric")
+    raw_names: dict[str, str] = Field(description="canonical name -> engine's own name")
+
+
+class Result(_Doc):
+    schema_id: Literal["stateset-backend/result/v1"] = Field(RESULT_SCHEMA_ID, alias="schema")
+    run_id: str
+    attempt: int = Field(ge=1)
+    experiment_digest: str
+    binding_digest: str
+    plan_checksum: str
+    engine: str
+    engine_version: str
+    provider: str
+    status: Status
+    exit_code: int | None
+    started_at: str
+    ended_at: str
+    duration_s: float
+    planned_updates: int
+    committed_updates: int
+    metrics: Metrics
+    artifacts: list[ArtifactRecord]
+    checks: list[Check]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _non_finite(rows: list[dict[str, Any]]) -> list[str]:
+    bad = []
+    for row in rows:
+        for name, value in row.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                bad.append(f"{name}={value} at step {row.get('step')}")
+    return bad
+
+
+def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt_dir: Path,
+             collect_error: str | None = None) -> tuple[Status, list[Check],
+                                                        list[ArtifactRecord]]:
+    """Run every result check; the status follows from the exit and the checks."""
+    checks: list[Check] = []
+
+    def add(name: str, ok: bool, detail: str) -> None:
+        checks.append(Check(name=name, ok=ok, detail=detail))
+
+    add("exit_code", exit_.code == 0 and not exit_.interrupted,
+        "interrupted" if exit_.interrupted else
+        ("timed out" if exit_.timed_out else f"engine exited {exit_.code}"))
+    artifacts: list[ArtifactRecord] = []
+    if collected is None:
+        add("collect", False, collect_error or "outputs could not be read")
+    else:
+        same_run = collected.run_id == plan.run_id
+        same_exp = collected.experiment_digest == plan.experiment_digest
+        add("identity", same_run and same_exp,
+            "run id and experiment digest found in the engine's outputs" if same_run and
+            same_exp else f"outputs carry run_id={collected.run_id!r}, "
+                          f"experiment_digest={collected.experiment_digest!r}")
+        planned = plan.validated_spec().budget.total_updates
+        add("committed_updates", 0 < collected.committed_updates <= planned,
+            f"{collected.committed_updates} of {planned} planned updates committed")
+        bad = _non_finite(collected.metrics)
+        add("metrics_finite", bool(collected.metrics) and not bad,
+            "no metrics were reported" if not collected.metrics else
+            (f"non-finite: {', '.join(bad[:5])}" if bad else
+             f"{len(collected.metrics)} rows, all finite"))
+        missing = []
+        for art in collected.artifacts:
+            path = attempt_dir / art.path
+            if not path.is_file():
+                missing.append(art.path)
+                continue
+            artifacts.append(ArtifactRecord(path=art.path, kind=art.kind, step=art.step,
+                                            bytes=path.stat().st_size,
+                                            sha256=_sha256_file(path)))
+        add("artifacts", bool(artifacts) and not missing,
+            f"missing: {', '.join(missing[:5])}" if missing else
+            (f"{len(artifacts)} files hashed" if artifacts else "no artifacts were produced"))
+    if exit_.interrupted:
+        status: Status = "interrupted"
+    elif exit_.code != 0 or exit_.timed_out:
+        status = "failed"
+    elif all(c.ok for c in checks):
+        status = "succeeded"
+    else:
+        status = "invalid"
+    return status, checks, artifacts
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Last value of each metric; non-finite values become null so result.json stays JSON."""
+    summary: dict[str, float | None] = {}
+    for row in rows:
+        for name, value in row.items():
+            if name != "step" and isinstance(value, int | float):
+                summary[name] = float(value) if math.isfinite(value) else None
+    return summary

@@ -1,0 +1,99 @@
+"""Running a plan: verify it, launch it, collect its outputs, check them, store the result."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from .adapter import PYTHON, RUN_DIR, LaunchContext
+from .contracts import parse_version
+from .errors import EngineFailed, Interrupted, InvalidResult, StatesetError, Unsupported
+from .jsonio import atomic_write_bytes
+from .launch import run_local
+from .plan import LaunchPlan, verify_engine_version
+from .registry import Registry
+from .results import Metrics, Result, evaluate, summarize
+from .store import RunStore
+
+CANONICAL_SERIES = "canonical_metrics.jsonl"
+
+
+def _fill(text: str, run_dir: Path, python: str) -> str:
+    return text.replace(RUN_DIR, str(run_dir)).replace(PYTHON, python)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
+             python: str | None = None, timeout: float | None = None,
+             echo_stderr: bool = True) -> tuple[Result, Path]:
+    """Run one attempt of a plan; raises the error whose exit code matches the outcome."""
+    entry = registry.get(plan.engine)
+    adapter = entry.adapter
+    if (entry.distribution, entry.version) != (plan.adapter.distribution,
+                                               plan.adapter.version):
+        raise Unsupported(f"the plan was made with {plan.adapter.distribution} "
+                          f"{plan.adapter.version} but {entry.distribution} {entry.version} "
+                          "is installed; make a new plan")
+    verify_engine_version(plan, adapter.installed_version(python))
+    if plan.provider != "local":
+        raise Unsupported(f"provider {plan.provider!r} is not available in this release")
+
+    attempt = store.begin_attempt(plan)
+    run_dir = attempt.directory.resolve()
+    interpreter = python or sys.executable
+    for rel, content in plan.files.items():
+        atomic_write_bytes(run_dir / rel, content.encode("utf-8"))
+    env = dict(os.environ)
+    env.update({k: _fill(v, run_dir, interpreter) for k, v in plan.set_env.items()})
+    argv = [_fill(a, run_dir, interpreter) for a in plan.argv]
+
+    started, t0 = _now(), time.monotonic()
+    exit_ = run_local(argv, cwd=run_dir, env=env, stdout_path=run_dir / "stdout.log",
+                      stderr_path=run_dir / "stderr.log", timeout=timeout,
+                      echo_stderr=echo_stderr)
+    duration = time.monotonic() - t0
+
+    ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,
+                        adapter.contract.dialect(parse_version(plan.engine_version)))
+    collected, collect_error = None, None
+    try:
+        collected = adapter.collect(run_dir, ctx)
+    except (OSError, ValueError, KeyError, NotImplementedError) as exc:
+        collect_error = f"{type(exc).__name__}: {exc}"
+    status, checks, artifacts = evaluate(plan, exit_, collected, run_dir, collect_error)
+    series = None
+    if collected is not None and collected.metrics:
+        lines = "".join(json.dumps(row) + "\n" for row in collected.metrics)
+        atomic_write_bytes(run_dir / CANONICAL_SERIES, lines.encode("utf-8"))
+        series = CANONICAL_SERIES
+    result = Result(
+        run_id=plan.run_id, attempt=attempt.number, experiment_digest=plan.experiment_digest,
+        binding_digest=plan.binding_digest, plan_checksum=plan.checksum, engine=plan.engine,
+        engine_version=plan.engine_version, provider=plan.provider, status=status,
+        exit_code=exit_.code, started_at=started, ended_at=_now(), duration_s=round(duration, 3),
+        planned_updates=plan.validated_spec().budget.total_updates,
+        committed_updates=collected.committed_updates if collected else 0,
+        metrics=Metrics(series=series,
+                        summary=summarize(collected.metrics) if collected else {},
+                        raw_names=collected.raw_metric_names if collected else {}),
+        artifacts=artifacts, checks=checks)
+    path = store.finish(attempt, result)
+    return result, path
+
+
+def raise_for_status(result: Result, path: Path) -> None:
+    """Map a non-successful result onto the error (and exit code) the CLI reports."""
+    failed = [f"{c.name}: {c.detail}" for c in result.checks if not c.ok]
+    detail = "; ".join(failed)
+    errors: dict[str, type[StatesetError]] = {
+        "interrupted": Interrupted, "failed": EngineFailed, "invalid": InvalidResult}
+    if result.status in errors:
+        raise errors[result.status](f"run {result.run_id} attempt {result.attempt} "
+                                    f"{result.status}: {detail} (result: {path})",
+                                    details=result.to_json())

@@ -1,0 +1,337 @@
+"""The experiment spec v1: one engine-neutral description of an RL post-training experiment.
+
+Names describe the experiment, never an engine. Every model forbids unknown keys, because a
+misspelled key that is silently ignored is the most common way a run quietly differs from
+what its author meant. Per-objective defaults are filled in here, once, so every engine and
+the experiment digest see the same fully-specified experiment.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SPEC_SCHEMA_ID = "stateset-backend/experiment-spec/v1"
+
+Objective = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "ppo"]
+RatioLevel = Literal["token", "sequence"]
+LossAggregation = Literal[
+    "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"
+]
+KLEstimator = Literal["k1", "k2", "k3"]
+KLPlacement = Literal["loss", "reward"]
+StdKind = Literal["unbiased", "population"]
+ZeroVarianceGroups = Literal["keep", "exclude"]
+DType = Literal["float32", "bfloat16", "float16"]
+RolloutBackend = Literal["vllm", "sglang", "hf"]
+RewardKind = Literal["python", "model", "remote"]
+EnvironmentKind = Literal["single_turn", "multi_turn", "tool_use"]
+
+OBJECTIVES: tuple[str, ...] = Objective.__args__  # type: ignore[attr-defined]
+GROUP_OBJECTIVES = frozenset({"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"})
+
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$",
+                                 description="lower-case hex SHA-256 of the content")]
+PositiveInt = Annotated[int, Field(ge=1)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class _Section(BaseModel):
+    """Base for every spec section: unknown keys are errors, non-finite numbers are errors."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+class Clip(_Section):
+    """PPO-style ratio clip range ``[1 - low, 1 + high]``; low != high is asymmetric (DAPO)."""
+
+    low: float = Field(ge=0.0, description="ratio floor is 1 - low")
+    high: float = Field(gt=0.0, description="ratio ceiling is 1 + high")
+
+
+class KL(_Section):
+    """KL regularisation toward the frozen reference policy. Absent (null) means no KL."""
+
+    coef: float = Field(gt=0.0, description="must be positive: a zero coefficient means no KL; "
+                                            "say so with `kl: null`")
+    estimator: KLEstimator = Field("k3", description="k1 = log r, k2 = (log r)^2/2, "
+                                                     "k3 = r - 1 - log r (Schulman)")
+    placement: KLPlacement = Field("loss", description="added to the loss, or subtracted "
+                                                       "from the token reward")
+
+
+class Advantage(_Section):
+    """How advantages are normalised, stated exactly so two engines can be compared."""
+
+    std_normalize: bool = Field(description="divide by the std of the group (or of the batch "
+                                            "for reinforce_pp)")
+    std: StdKind = Field("unbiased", description="unbiased (n-1, torch.std default) or "
+                                                 "population (n)")
+    epsilon: float = Field(1e-6, gt=0.0, description="added to the std before dividing")
+    zero_variance_groups: ZeroVarianceGroups = Field(
+        "keep",
+        description="groups whose rewards are all equal: keep (advantage 0, still counted in "
+                    "loss denominators) or exclude (removed from the batch before the loss)",
+    )
+
+
+class DynamicSampling(_Section):
+    """DAPO dynamic sampling: drop zero-variance groups and sample more prompts to refill."""
+
+    max_rounds: PositiveInt = Field(3, description="extra generation rounds allowed to "
+                                                   "refill one update's batch")
+
+
+class Overlong(_Section):
+    """DAPO soft overlong punishment over the last ``buffer_tokens`` of the response budget."""
+
+    buffer_tokens: PositiveInt
+    penalty: float = Field(1.0, gt=0.0, description="reward penalty at the hard limit")
+
+
+class GAE(_Section):
+    """Generalised advantage estimation for PPO with a learned critic."""
+
+    gamma: Probability = 1.0
+    lam: Probability = 0.95
+
+
+class Algorithm(_Section):
+    objective: Objective
+    group_size: PositiveInt = Field(description="samples per prompt")
+    clip: Clip
+    ratio_level: RatioLevel = Field(description="importance ratio per token, or per sequence "
+                                                "from the length-normalised log-prob difference")
+    loss_aggregation: LossAggregation
+    kl: KL | None
+    advantage: Advantage
+    dynamic_sampling: DynamicSampling | None
+    overlong: Overlong | None
+    entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus in the loss")
+    gae: GAE | None = Field(description="PPO only: critic-based advantages")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_objective_defaults(cls, data: Any) -> Any:
+        """Fill every key the user left out from the objective's published recipe.
+
+        Presence is what matters: ``"kl": null`` is an explicit choice and is kept.
+        """
+        if not isinstance(data, dict) or data.get("objective") not in OBJECTIVE_DEFAULTS:
+            return data
+        filled = dict(data)
+        for key, default in OBJECTIVE_DEFAULTS[data["objective"]].items():
+            if key not in filled:
+                filled[key] = default
+            elif isinstance(default, dict) and isinstance(filled[key], dict):
+                filled[key] = {**default, **filled[key]}
+        return filled
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Algorithm:
+        obj = self.objective
+        if obj in GROUP_OBJECTIVES - {"reinforce_pp"} and self.group_size < 2:
+            raise ValueError(f"{obj} compares samples within a group: group_size must be >= 2")
+        if obj == "gspo" and self.ratio_level != "sequence":
+            raise ValueError("gspo is defined by a sequence-level ratio: ratio_level must be "
+                             "'sequence'")
+        if obj == "ppo" and self.gae is None:
+            raise ValueError("ppo needs gae (its advantages come from a critic)")
+        if obj != "ppo" and self.gae is not None:
+            raise ValueError(f"gae applies to ppo only, not {obj}")
+        if self.dynamic_sampling is not None and \
+                self.advantage.zero_variance_groups != "exclude":
+            raise ValueError("dynamic_sampling removes zero-variance groups: set "
+                             "advantage.zero_variance_groups to 'exclude'")
+        return self
+
+
+_PPO_CLIP = {"low": 0.2, "high": 0.2}
+_GROUP_ADV = {"std_normalize": True}
+
+OBJECTIVE_DEFAULTS: dict[str, dict[str, Any]] = {
+    # GRPO (DeepSeekMath): group-normalised advantages, k3 KL in the loss, per-sequence mean.
+    "grpo": {"group_size": 8, "clip": _PPO_CLIP, "ratio_level": "token",
+             "loss_aggregation": "seq_mean_token_mean",
+             "kl": {"coef": 0.001, "estimator": "k3", "placement": "loss"},
+             "advantage": _GROUP_ADV, "dynamic_sampling": None, "overlong": None, "gae": None},
+    # Dr.GRPO: no std division, no length normalisation per sequence, no KL.
+    "dr_grpo": {"group_size": 8, "clip": _PPO_CLIP, "ratio_level": "token",
+                "loss_aggregation": "seq_mean_token_sum_norm", "kl": None,
+                "advantage": {"std_normalize": False}, "dynamic_sampling": None,
+                "overlong": None, "gae": None},
+    # DAPO: clip-higher, token-level mean, dynamic sampling, soft overlong punishment, no KL.
+    "dapo": {"group_size": 8, "clip": {"low": 0.2, "high": 0.28}, "ratio_level": "token",
+             "loss_aggregation": "token_mean", "kl": None,
+             "advantage": {"std_normalize": True, "zero_variance_groups": "exclude"},
+             "dynamic_sampling": {"max_rounds": 3},
+             "overlong": {"buffer_tokens": 64, "penalty": 1.0}, "gae": None},
+    # GSPO: sequence-level ratio with a very tight clip range.
+    "gspo": {"group_size": 8, "clip": {"low": 3e-4, "high": 4e-4}, "ratio_level": "sequence",
+             "loss_aggregation": "seq_mean_token_mean", "kl": None, "advantage": _GROUP_ADV,
+             "dynamic_sampling": None, "overlong": None, "gae": None},
+    # CISPO (MiniMax-M1): clipped, detached IS weight; no lower bound in practice.
+    "cispo": {"group_size": 8, "clip": {"low": 1.0, "high": 0.28}, "ratio_level": "token",
+              "loss_aggregation": "token_mean", "kl": None, "advantage": _GROUP_ADV,
+              "dynamic_sampling": None, "overlong": None, "gae": None},
+    # RLOO: leave-one-out baseline, no std division, KL folded into the reward.
+    "rloo": {"group_size": 8, "clip": _PPO_CLIP, "ratio_level": "token",
+             "loss_aggregation": "token_mean",
+             "kl": {"coef": 0.001, "estimator": "k1", "placement": "reward"},
+             "advantage": {"std_normalize": False}, "dynamic_sampling": None,
+             "overlong": None, "gae": None},
+    # REINFORCE++ with baseline: group-mean baseline, batch-level std normalisation.
+    "reinforce_pp": {"group_size": 8, "clip": _PPO_CLIP, "ratio_level": "token",
+                     "loss_aggregation": "token_mean",
+                     "kl": {"coef": 0.001, "estimator": "k2", "placement": "loss"},
+                     "advantage": _GROUP_ADV, "dynamic_sampling": None, "overlong": None,
+                     "gae": None},
+    # PPO: one sample per prompt, critic + GAE, KL penalty in the reward.
+    "ppo": {"group_size": 1, "clip": _PPO_CLIP, "ratio_level": "token",
+            "loss_aggregation": "token_mean",
+            "kl": {"coef": 0.001, "estimator": "k1", "placement": "reward"},
+            "advantage": {"std_normalize": True}, "dynamic_sampling": None, "overlong": None,
+            "gae": {"gamma": 1.0, "lam": 0.95}},
+}
+
+
+class LoRA(_Section):
+    rank: PositiveInt
+    alpha: float = Field(gt=0.0)
+    dropout: Probability = 0.0
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+
+class Model(_Section):
+    path: str = Field(min_length=1, description="hub id or local directory")
+    revision: str | None = Field(
+        None, description="commit for hub ids; 'sha256:<hex>' content digest for local dirs")
+    dtype: DType = "bfloat16"
+    lora: LoRA | None = None
+
+
+class DataSplit(_Section):
+    uri: str = Field(min_length=1, description="local path or URI of the split")
+    sha256: Sha256Hex
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+
+
+class Data(_Section):
+    train: DataSplit
+    validation: DataSplit | None = None
+    test: DataSplit | None = None
+    max_prompt_tokens: PositiveInt = 512
+    max_response_tokens: PositiveInt = 512
+
+
+_ENTRYPOINT = re.compile(r"^[^:]+\.py:[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Reward(_Section):
+    kind: RewardKind = "python"
+    entrypoint: str = Field(min_length=1, description="python: 'file.py:function'; model: "
+                                                      "model path; remote: URL")
+    sha256: Sha256Hex | None = Field(None, description="content of the reward file or model")
+
+    @model_validator(mode="after")
+    def _entrypoint_shape(self) -> Reward:
+        if self.kind == "python":
+            if not _ENTRYPOINT.match(self.entrypoint):
+                raise ValueError("a python reward entrypoint is 'file.py:function'")
+            if self.sha256 is None:
+                raise ValueError("a python reward needs sha256 of its file: the reward is "
+                                 "part of the experiment")
+        return self
+
+
+class Environment(_Section):
+    kind: EnvironmentKind = "single_turn"
+    entrypoint: str | None = None
+    sha256: Sha256Hex | None = None
+    max_turns: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def _turns(self) -> Environment:
+        if self.kind == "single_turn" and self.max_turns != 1:
+            raise ValueError("single_turn environments have max_turns 1")
+        if self.kind != "single_turn" and self.entrypoint is None:
+            raise ValueError(f"a {self.kind} environment needs an entrypoint")
+        return self
+
+
+class Rollout(_Section):
+    backend: RolloutBackend = "vllm"
+    temperature: float = Field(1.0, gt=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+
+
+class Optim(_Section):
+    lr: float = Field(1e-6, gt=0.0)
+    weight_decay: float = Field(0.01, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0, description="max global grad norm")
+    warmup_steps: int = Field(0, ge=0)
+
+
+class Budget(_Section):
+    total_updates: PositiveInt
+    prompts_per_update: PositiveInt = 32
+    ppo_epochs: PositiveInt = 1
+    mini_batches: PositiveInt = Field(1, description="optimizer steps per PPO epoch")
+
+
+class Checkpoint(_Section):
+    every: PositiveInt | None = Field(None, description="updates between checkpoints; "
+                                                        "null = only at the end")
+    keep: PositiveInt | None = Field(None, description="newest checkpoints kept; null = all")
+
+
+class Evaluation(_Section):
+    every: PositiveInt | None = Field(None, description="updates between validation runs")
+    select_by: str | None = Field(None, description="validation metric that picks the best "
+                                                    "checkpoint, e.g. 'val/reward/mean'")
+
+
+class Resources(_Section):
+    nodes: PositiveInt = 1
+    gpus_per_node: int = Field(0, ge=0)
+
+
+class ExperimentSpec(_Section):
+    """An experiment. Sections in NON_IDENTITY_FIELDS do not change its digest."""
+
+    name: str = Field(min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+    seed: int = Field(ge=0)
+    algorithm: Algorithm
+    model: Model
+    data: Data
+    reward: Reward
+    environment: Environment = Environment()
+    rollout: Rollout = Rollout()
+    optim: Optim = Optim()
+    budget: Budget
+    checkpoint: Checkpoint = Checkpoint()
+    evaluation: Evaluation = Evaluation()
+    resources: Resources = Resources()
+    engine_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="raw native keys per engine name; may not override "
+                                          "a key that a spec field maps to")
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> ExperimentSpec:
+        ov = self.algorithm.overlong
+        if ov is not None and ov.buffer_tokens >= self.data.max_response_tokens:
+            raise ValueError("algorithm.overlong.buffer_tokens must be smaller than "
+                             "data.max_response_tokens")
+        if self.evaluation.every is not None and self.data.validation is None:
+            raise ValueError("evaluation.every needs data.validation")
+        if self.budget.mini_batches > self.budget.prompts_per_update:
+            raise ValueError("budget.mini_batches cannot exceed budget.prompts_per_update")
+        return self
+
+
+NON_IDENTITY_FIELDS: frozenset[str] = frozenset({"name", "labels", "resources",
+                                                 "engine_options"})

@@ -1,0 +1,1 @@
+"""Generated JSON Schemas (spec, plan, result, contract), shipped as package data."""
