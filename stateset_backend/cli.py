@@ -104,7 +104,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_engines(args: argparse.Namespace) -> int:
     registry = _registry()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, entry in sorted(registry.adapters.items()):
         contract = entry.adapter.contract
         try:

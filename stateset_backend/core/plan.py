@@ -24,8 +24,8 @@ from .errors import InvalidInput, Unsupported
 from .jsonio import atomic_write_json, read_json
 from .registry import AdapterEntry
 from .rules import translate
-from .specfile import parse_spec
 from .spec import ExperimentSpec
+from .specfile import parse_spec
 
 PLAN_SCHEMA_ID = "stateset-backend/plan/v1"
 Provider = Literal["local", "ray"]
@@ -42,7 +42,7 @@ class LaunchPlan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    schema_id: Literal["stateset-backend/plan/v1"] = Field(PLAN_SCHEMA_ID, alias="schema")
+    schema_id: Literal["stateset-backend/plan/v1"] = Field("stateset-backend/plan/v1", alias="schema")
     run_id: str = Field(pattern=r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}$")
     created_at: str
     experiment_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")

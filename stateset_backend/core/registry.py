@@ -73,7 +73,7 @@ def _own_distribution() -> tuple[str, str]:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -86,6 +86,19 @@ def _selected_plugins() -> set[str] | None:
     if raw is None:
         return None
     return {p.strip() for p in raw.split(",") if p.strip()}
+
+
+def _accept(adapter: object, registry: Registry) -> str:
+    """Validate one registered adapter; loading its contract now makes a bad one its plugin's."""
+    if not isinstance(adapter, EngineAdapter):
+        raise TypeError(f"registered {type(adapter).__name__}, not an EngineAdapter")
+    if adapter.name in registry.adapters:
+        owner = registry.adapters[adapter.name].plugin
+        raise ValueError(f"engine name {adapter.name!r} is already registered by {owner!r}")
+    if adapter.contract.engine != adapter.name:
+        raise ValueError(f"adapter {adapter.name!r} carries the contract of "
+                         f"{adapter.contract.engine!r}")
+    return adapter.name
 
 
 def build_registry(*, strict: bool | None = None,
@@ -128,8 +141,9 @@ def build_registry(*, strict: bool | None = None,
         pm.unregister(exc.plugin)
         fail(bad, sources.get(bad, (None, ""))[0], exc)
 
-    # Call each implementation on its own so that one raising does not lose the rest.
-    for impl in reversed(pm.hook.register_adapters.get_hookimpls()):
+    # Call each implementation on its own, in registration order (built-ins first), so that
+    # one raising does not lose the rest and a taken engine name is the newcomer's failure.
+    for impl in pm.hook.register_adapters.get_hookimpls():
         plugin_name = impl.plugin_name
         dist, version = sources.get(plugin_name, (plugin_name, "unknown"))
         staged: list[EngineAdapter] = []
@@ -139,18 +153,12 @@ def build_registry(*, strict: bool | None = None,
 
         try:
             impl.function(**{arg: register for arg in impl.argnames})
-            for adapter in staged:
-                if not isinstance(adapter, EngineAdapter):
-                    raise TypeError(f"registered {type(adapter).__name__}, not an EngineAdapter")
-                if adapter.name in registry.adapters:
-                    owner = registry.adapters[adapter.name].plugin
-                    raise ValueError(f"engine name {adapter.name!r} is already registered by "
-                                     f"{owner!r}")
-                adapter.contract  # noqa: B018 - load it now so a bad contract is this plugin's
-                registry.adapters[adapter.name] = AdapterEntry(adapter, plugin_name, dist,
-                                                               version)
-        except StatesetError as exc:
-            fail(plugin_name, dist, exc)
+            names = [_accept(adapter, registry) for adapter in staged]
+            if len(set(names)) != len(names):
+                raise ValueError("registered the same engine name twice")
         except Exception as exc:
             fail(plugin_name, dist, exc)
+            continue
+        for adapter in staged:  # all or nothing per plugin
+            registry.adapters[adapter.name] = AdapterEntry(adapter, plugin_name, dist, version)
     return registry

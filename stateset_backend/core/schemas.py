@@ -20,12 +20,14 @@ NAMES = ("spec", "plan", "result", "contract")
 
 def generate(name: str) -> dict[str, Any]:
     """Build a schema from its model (imports pydantic models; not on the CLI's fast path)."""
+    from pydantic import BaseModel
+
     from .contracts import CONTRACT_SCHEMA_ID, Contract
     from .plan import PLAN_SCHEMA_ID, LaunchPlan
     from .results import RESULT_SCHEMA_ID, Result
     from .spec import SPEC_SCHEMA_ID, ExperimentSpec
 
-    models = {"spec": (ExperimentSpec, SPEC_SCHEMA_ID), "plan": (LaunchPlan, PLAN_SCHEMA_ID),
+    models: dict[str, tuple[type[BaseModel], str]] = {"spec": (ExperimentSpec, SPEC_SCHEMA_ID), "plan": (LaunchPlan, PLAN_SCHEMA_ID),
               "result": (Result, RESULT_SCHEMA_ID), "contract": (Contract, CONTRACT_SCHEMA_ID)}
     model, schema_id = models[name]
     schema = model.model_json_schema(by_alias=True, mode="validation")

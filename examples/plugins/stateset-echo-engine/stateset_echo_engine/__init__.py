@@ -1,0 +1,1 @@
+"""Example engine plugin for stateset-backend."""

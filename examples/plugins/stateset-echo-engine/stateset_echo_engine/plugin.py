@@ -1,0 +1,66 @@
+"""The plugin: one adapter registered through stateset-backend's hook."""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+
+from stateset_backend.core.adapter import (
+    PYTHON,
+    RUN_DIR,
+    Artifact,
+    Collected,
+    EngineAdapter,
+    LaunchContext,
+    NativeLaunch,
+)
+from stateset_backend.core.contracts import Contract, Dialect, load_packaged_contract
+from stateset_backend.core.hookspecs import hookimpl
+from stateset_backend.core.rules import RuleSet, Translation, na, to
+from stateset_backend.core.spec import ExperimentSpec
+
+
+class EchoAdapter(EngineAdapter):
+    name = "echo"
+
+    @cached_property
+    def contract(self) -> Contract:
+        return load_packaged_contract("stateset_echo_engine", "contract.json")
+
+    def rules(self, dialect: Dialect) -> RuleSet:
+        ignored = na("the echo engine does not train")
+        return {section: ignored for section in ExperimentSpec.model_fields} | {
+            "seed": to("seed"),
+            "budget.total_updates": to(dialect.keys["updates"]),
+        }
+
+    def render(self, translation: Translation, spec: ExperimentSpec,
+               ctx: LaunchContext) -> NativeLaunch:
+        native = dict(translation.native)
+        argv = [PYTHON, "-m", "stateset_echo_engine.engine", "--out", RUN_DIR,
+                "--run-id", ctx.run_id, "--digest", ctx.experiment_digest,
+                "--updates", str(native.pop("--updates")), "--seed", str(native.pop("seed")),
+                "--behaviour", str(native.pop("behaviour", "ok"))]
+        return NativeLaunch(argv=argv, set_env={"ECHO_MARKER": f"{RUN_DIR}/marker"})
+
+    def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
+        out = Collected(raw_metric_names={"reward/mean": "score"})
+        ident = attempt_dir / "identity.json"
+        if ident.is_file():
+            doc = json.loads(ident.read_text())
+            out.run_id, out.experiment_digest = doc["run_id"], doc["digest"]
+        lines = (attempt_dir / "log.jsonl").read_text().splitlines() \
+            if (attempt_dir / "log.jsonl").is_file() else []
+        for line in lines:
+            row = json.loads(line)
+            out.metrics.append({"step": row["update"], "reward/mean": row["score"]})
+        out.committed_updates = len(out.metrics)
+        if (attempt_dir / "weights.bin").is_file():
+            out.artifacts.append(Artifact("weights.bin", "model", out.committed_updates))
+        return out
+
+
+@hookimpl
+def register_adapters(register):
+    register(EchoAdapter())

@@ -1,0 +1,61 @@
+"""Specs the tests build on: a minimal one and two that switch every optional section on."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+SHA_A = "a" * 64
+SHA_B = "b" * 64
+
+MINIMAL: dict[str, Any] = {
+    "name": "minimal",
+    "seed": 7,
+    "algorithm": {"objective": "grpo", "group_size": 4},
+    "model": {"path": "org/tiny-model", "revision": "0123456789abcdef0123456789abcdef01234567"},
+    "data": {"train": {"uri": "data/train.jsonl", "sha256": SHA_A}},
+    "reward": {"entrypoint": "reward.py:score", "sha256": SHA_B},
+    "rollout": {"backend": "hf"},
+    "budget": {"total_updates": 3, "prompts_per_update": 2},
+}
+
+# Every optional section switched on, so every leaf of the schema is present (except gae,
+# which only PPO may have: see FULL_PPO).
+FULL_DAPO: dict[str, Any] = {
+    "name": "full", "labels": {"team": "rl"}, "seed": 11,
+    "algorithm": {
+        "objective": "dapo", "group_size": 8, "clip": {"low": 0.2, "high": 0.28},
+        "ratio_level": "token", "loss_aggregation": "token_mean",
+        "kl": {"coef": 0.01, "estimator": "k2", "placement": "loss"},
+        "advantage": {"std_normalize": True, "std": "population", "epsilon": 1e-5,
+                      "zero_variance_groups": "exclude"},
+        "dynamic_sampling": {"max_rounds": 4}, "overlong": {"buffer_tokens": 32, "penalty": 0.5},
+        "entropy_coef": 0.001, "gae": None,
+    },
+    "model": {"path": "org/model", "revision": "abc123", "dtype": "bfloat16",
+              "lora": {"rank": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj"]}},
+    "data": {
+        "train": {"uri": "train.jsonl", "sha256": SHA_A, "prompt_field": "q", "answer_field": "a"},
+        "validation": {"uri": "val.jsonl", "sha256": SHA_B, "prompt_field": "q",
+                       "answer_field": "a"},
+        "test": {"uri": "test.jsonl", "sha256": "c" * 64, "prompt_field": "q",
+                 "answer_field": "a"},
+        "max_prompt_tokens": 256, "max_response_tokens": 128,
+    },
+    "reward": {"kind": "python", "entrypoint": "reward.py:score", "sha256": SHA_B},
+    "environment": {"kind": "multi_turn", "entrypoint": "env.py:Env", "sha256": "d" * 64,
+                    "max_turns": 3},
+    "rollout": {"backend": "vllm", "temperature": 0.9, "top_p": 0.95},
+    "optim": {"lr": 2e-6, "weight_decay": 0.1, "grad_clip": 0.5, "warmup_steps": 5},
+    "budget": {"total_updates": 100, "prompts_per_update": 16, "ppo_epochs": 2,
+               "mini_batches": 4},
+    "checkpoint": {"every": 10, "keep": 3},
+    "evaluation": {"every": 5, "select_by": "val/reward/mean"},
+    "resources": {"nodes": 2, "gpus_per_node": 8},
+    "engine_options": {"verl": {"trainer.val_before_train": False}},
+}
+
+FULL_PPO: dict[str, Any] = copy.deepcopy(FULL_DAPO)
+FULL_PPO["algorithm"].update({"objective": "ppo", "group_size": 1, "dynamic_sampling": None,
+                              "gae": {"gamma": 0.99, "lam": 0.9}})
+FULL_PPO["algorithm"]["advantage"]["zero_variance_groups"] = "keep"

@@ -1,0 +1,103 @@
+"""Bad input: one clear line on stderr, the documented exit code, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def _one_line_error(proc, code: int, *fragments: str) -> None:
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("stateset-backend: error: ")
+    assert "Traceback" not in proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("command", ["validate", "digest"])
+def test_missing_file(cli, tmp_path, command):
+    _one_line_error(cli(command, tmp_path / "nope.json"), 2, "no such spec")
+
+
+def test_directory_instead_of_file(cli, tmp_path):
+    _one_line_error(cli("validate", tmp_path), 2, "is a directory")
+
+
+def test_empty_file(cli, write_json):
+    _one_line_error(cli("validate", write_json("  \n")), 2, "is empty")
+
+
+def test_invalid_json_gives_line_and_column(cli, write_json):
+    path = write_json('{\n  "name": "x",\n  "seed": 1,,\n}')
+    _one_line_error(cli("validate", path), 2, "invalid JSON at line 3, column 13")
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers_are_rejected(cli, write_json, minimal, literal):
+    text = json.dumps(minimal).replace('"seed": 7', f'"seed": {literal}')
+    _one_line_error(cli("validate", write_json(text)), 2, f"{literal} is not allowed")
+
+
+def test_duplicate_keys_are_rejected(cli, write_json):
+    _one_line_error(cli("validate", write_json('{"seed": 1, "seed": 2}')), 2,
+                    "key 'seed' appears twice")
+
+
+def test_wrong_types_each_named_by_path(cli, write_json, minimal):
+    minimal["seed"] = "seven"
+    minimal["algorithm"]["group_size"] = [4]
+    proc = cli("validate", write_json(minimal))
+    _one_line_error(proc, 2, "seed:", "algorithm.group_size:")
+
+
+def test_json_mode_carries_every_problem(cli, write_json, minimal):
+    minimal["algorithm"]["grup_size"] = 3
+    proc = cli("validate", "--json", write_json(minimal))
+    assert proc.returncode == 2
+    problems = json.loads(proc.stdout)["error"]["details"]["problems"]
+    assert problems == ["algorithm.grup_size: unknown key; did you mean 'group_size'?"]
+
+
+def test_not_an_object(cli, write_json):
+    _one_line_error(cli("validate", write_json("[1, 2]")), 2, "a spec is a JSON object")
+
+
+def test_unknown_engine(cli, write_json, minimal):
+    _one_line_error(cli("check", "--engine", "megatron", write_json(minimal)), 2,
+                    "unknown engine 'megatron'")
+
+
+def test_malformed_engine_version(cli, write_json, minimal):
+    _one_line_error(cli("check", "--engine", "verl", "--engine-version", "newest",
+                        write_json(minimal)), 2, "'newest' is not a PEP 440 version")
+
+
+def test_engine_not_installed_hints_at_engine_version(cli, write_json, minimal):
+    _one_line_error(cli("check", "--engine", "verl", write_json(minimal)), 3,
+                    "verl is not installed here; pass --engine-version")
+
+
+def test_unknown_argument_is_one_line_with_exit_2(cli):
+    _one_line_error(cli("digest", "--frobnicate", "x.json"), 2, "unrecognized arguments")
+
+
+def test_unknown_command(cli):
+    _one_line_error(cli("launch"), 2, "invalid choice")
+
+
+def test_failed_plan_writes_nothing(cli, write_json, minimal, tmp_path):
+    minimal["algorithm"] = {"objective": "cispo"}
+    out = tmp_path / "plan.json"
+    proc = cli("plan", "--engine", "verl", "--engine-version", "0.6.0", write_json(minimal),
+               "-o", out)
+    _one_line_error(proc, 3, "objective:cispo (available in verl >=0.7)")
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == [tmp_path / "spec.json"]
+
+
+def test_debug_shows_the_traceback(cli, tmp_path):
+    proc = cli("validate", "--debug", tmp_path / "nope.json")
+    assert proc.returncode != 0 and "Traceback" in proc.stderr

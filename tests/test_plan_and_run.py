@@ -1,0 +1,157 @@
+"""Plan and run through the core, end to end, with the example third-party engine plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def echo_spec(write_json, minimal):
+    def make(behaviour: str = "ok") -> Path:
+        doc = dict(minimal, engine_options={"echo": {"behaviour": behaviour}})
+        return write_json(doc, f"spec-{behaviour}.json")
+
+    return make
+
+
+def _result(runs: Path) -> dict:
+    (path,) = runs.glob("*/result.json")
+    return json.loads(path.read_text())
+
+
+def test_plan_document(cli, echo_spec, tmp_path):
+    out = tmp_path / "plan.json"
+    proc = cli("plan", "--engine", "echo", echo_spec(), "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(out.read_text())
+    for key in ("run_id", "experiment_digest", "binding_digest", "engine", "engine_version",
+                "provider", "argv", "env", "files", "checksum"):
+        assert key in plan
+    assert plan["engine_version"] == "1.2.0" and plan["provider"] == "local"
+    assert all(isinstance(a, str) for a in plan["argv"])
+    assert plan["native"]["--updates"] == 3
+
+
+def test_run_a_spec_end_to_end(cli, echo_spec, tmp_path):
+    runs = tmp_path / "runs"
+    proc = cli("run", "--engine", "echo", "--runs-dir", runs, echo_spec())
+    assert proc.returncode == 0, proc.stderr
+    result = _result(runs)
+    assert result["status"] == "succeeded" and result["committed_updates"] == 3
+    assert all(c["ok"] for c in result["checks"])
+    assert result["artifacts"][0]["path"] == "weights.bin"
+    assert len(result["artifacts"][0]["sha256"]) == 64
+    assert result["metrics"]["raw_names"] == {"reward/mean": "score"}
+    attempt = runs / result["run_id"] / "attempts" / "1"
+    assert (attempt / "stdout.log").read_text() == "echo engine: done\n"
+    assert (attempt / "marker").exists()  # set_env reached the engine, {run_dir} filled in
+
+
+def test_running_the_same_plan_again_is_an_exact_retry(cli, echo_spec, tmp_path):
+    plan, runs = tmp_path / "plan.json", tmp_path / "runs"
+    assert cli("plan", "--engine", "echo", echo_spec(), "-o", plan).returncode == 0
+    for _ in range(2):
+        assert cli("run", plan, env={"STATESET_BACKEND_RUNS_DIR": str(runs)}).returncode == 0
+    result = _result(runs)
+    assert result["attempt"] == 2
+    assert result["plan_checksum"] == json.loads(plan.read_text())["checksum"]
+    rows = sqlite3.connect(runs / "index.sqlite").execute(
+        "SELECT run_id, attempt, status FROM attempts ORDER BY attempt").fetchall()
+    assert [(r[1], r[2]) for r in rows] == [(1, "succeeded"), (2, "succeeded")]
+    assert len({r[0] for r in rows}) == 1
+
+
+def test_an_edited_plan_is_refused(cli, echo_spec, tmp_path):
+    plan = tmp_path / "plan.json"
+    cli("plan", "--engine", "echo", echo_spec(), "-o", plan)
+    doc = json.loads(plan.read_text())
+    doc["argv"].append("--extra")
+    plan.write_text(json.dumps(doc))
+    proc = cli("run", "--runs-dir", tmp_path / "runs", plan)
+    assert proc.returncode == 2 and "checksum mismatch" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_plan_for_another_engine_version_does_not_run(cli, echo_spec, tmp_path):
+    plan = tmp_path / "plan.json"
+    assert cli("plan", "--engine", "echo", "--engine-version", "1.3.0", echo_spec(),
+               "-o", plan).returncode == 0
+    proc = cli("run", "--runs-dir", tmp_path / "runs", plan)
+    assert proc.returncode == 3 and "made for echo 1.3.0 but 1.2.0 is installed" in proc.stderr
+
+
+@pytest.mark.parametrize("behaviour, code, status, failed_check", [
+    ("nan", 5, "invalid", "metrics_finite"),
+    ("no-identity", 5, "invalid", "identity"),
+    ("no-artifacts", 5, "invalid", "artifacts"),
+    ("crash", 4, "failed", "exit_code"),
+])
+def test_a_bad_outcome_is_never_reported_as_success(cli, echo_spec, tmp_path, behaviour, code,
+                                                    status, failed_check):
+    runs = tmp_path / "runs"
+    proc = cli("run", "--engine", "echo", "--runs-dir", runs, echo_spec(behaviour))
+    assert proc.returncode == code, proc.stderr
+    result = _result(runs)
+    assert result["status"] == status
+    assert failed_check in {c["name"] for c in result["checks"] if not c["ok"]}
+    assert proc.stderr.strip().splitlines()[-1].startswith("stateset-backend: error: run ")
+
+
+def _pids_running(*fragments: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if all(f in cmdline for f in fragments):
+                pids.append(int(entry.name))
+    return pids
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_timeout_kills_the_engine(cli, echo_spec, tmp_path):
+    runs = tmp_path / "runs"
+    t0 = time.monotonic()
+    proc = cli("run", "--engine", "echo", "--runs-dir", runs, "--timeout", "2",
+               echo_spec("hang"))
+    assert proc.returncode == 4 and time.monotonic() - t0 < 30
+    result = _result(runs)
+    assert result["status"] == "failed"
+    assert any(c["detail"] == "timed out" for c in result["checks"])
+
+
+def test_ctrl_c_kills_the_whole_process_group(echo_spec, tmp_path):
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "stateset_backend", "run", "--engine", "echo",
+                             "--runs-dir", str(runs), str(echo_spec("hang"))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(runs.glob("*/attempts/1/marker")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    engine_pids = _pids_running("stateset_echo_engine.engine", str(runs))
+    assert engine_pids
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert _result(runs)["status"] == "interrupted"
+    time.sleep(0.5)
+    for pid in engine_pids:
+        assert not _group_alive(pid)

@@ -1,0 +1,102 @@
+"""Plugin registry: built-ins and third-party adapters through one hook; broken plugins reported."""
+
+from __future__ import annotations
+
+import json
+from importlib import metadata
+
+import pytest
+
+from stateset_backend.core import registry as registry_module
+from stateset_backend.core.errors import InvalidInput
+from stateset_backend.core.registry import PluginError, build_registry
+
+
+def test_builtin_adapters_are_registered_through_the_hook():
+    reg = build_registry(only=set())
+    assert {"native", "verl", "openrlhf", "nemo-rl"} <= set(reg.adapters)
+    native = reg.adapters["native"]
+    assert (native.plugin, native.distribution) == ("builtin", "stateset-backend")
+
+
+def test_installed_example_plugin_is_discovered_by_entry_point():
+    reg = build_registry(only={"echo"})
+    echo = reg.adapters["echo"]
+    assert (echo.plugin, echo.distribution, echo.version) == ("echo", "stateset-echo-engine",
+                                                              "1.2.0")
+    assert echo.adapter.installed_version() == "1.2.0"
+
+
+def test_a_plugin_that_fails_to_import_is_listed_and_the_rest_keep_working():
+    reg = build_registry()
+    assert "echo" in reg.adapters and "native" in reg.adapters
+    failure = next(f for f in reg.failures if f.plugin == "broken")
+    assert failure.distribution == "stateset-broken-plugin"
+    assert "some_missing_dependency" in failure.error
+
+
+def test_strict_mode_makes_a_broken_plugin_fatal():
+    with pytest.raises(PluginError, match="plugin 'broken' failed to load"):
+        build_registry(strict=True)
+
+
+def test_unknown_engine_names_the_registered_ones():
+    with pytest.raises(InvalidInput, match=r"unknown engine 'vllm' \(registered: .*native"):
+        build_registry(only=set()).get("vllm")
+
+
+def _with_entry_points(monkeypatch, **targets: str):
+    eps = [metadata.EntryPoint(name, value, registry_module.ENTRY_POINT_GROUP)
+           for name, value in targets.items()]
+    monkeypatch.setattr(registry_module.metadata, "entry_points",
+                        lambda group: eps if group == registry_module.ENTRY_POINT_GROUP else [])
+
+
+@pytest.mark.parametrize("target, error", [
+    ("plugin_samples:raises_in_hook", "RuntimeError: adapter setup exploded"),
+    ("plugin_samples:takes_native_name", "already registered by 'builtin'"),
+    ("plugin_samples:registers_nonsense", "not an EngineAdapter"),
+    ("plugin_samples:wrong_hook_signature", "not_a_hook_argument"),
+    ("plugin_samples:does_not_exist", "AttributeError"),
+])
+def test_each_way_a_plugin_can_break_is_contained(monkeypatch, target, error):
+    _with_entry_points(monkeypatch, bad=target)
+    reg = build_registry(strict=False)
+    assert [f.plugin for f in reg.failures] == ["bad"]
+    assert error in reg.failures[0].error
+    assert reg.adapters["native"].plugin == "builtin"
+
+
+def test_hook_may_take_fewer_arguments(monkeypatch):
+    _with_entry_points(monkeypatch, quiet="plugin_samples:no_arguments")
+    assert build_registry(strict=False).failures == []
+
+
+def test_engines_json_lists_adapters_and_failures(cli):
+    proc = cli("engines", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    by_name = {e["engine"]: e for e in doc["engines"]}
+    assert by_name["verl"]["supported"] == ">=0.4.1"
+    assert by_name["native"]["installed"] is not None
+    assert by_name["echo"]["distribution"] == "stateset-echo-engine"
+    assert any(cap["versions"] == ">=0.7" and "objective:cispo" in cap["provides"]
+               for cap in by_name["verl"]["capabilities"])
+    assert [f["plugin"] for f in doc["failed_plugins"]] == ["broken"]
+
+
+def test_engines_table_mentions_the_broken_plugin(cli):
+    proc = cli("engines")
+    assert proc.returncode == 0
+    assert "verl" in proc.stdout and "plugin broken failed to load" in proc.stdout
+
+
+def test_plugin_selection_and_strict_mode_from_the_environment(cli):
+    proc = cli("engines", "--json", env={"STATESET_BACKEND_PLUGINS": "echo"})
+    doc = json.loads(proc.stdout)
+    assert doc["failed_plugins"] == [] and "echo" in {e["engine"] for e in doc["engines"]}
+    proc = cli("engines", env={"STATESET_BACKEND_PLUGINS": "broken",
+                               "STATESET_BACKEND_STRICT_PLUGINS": "1"})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("stateset-backend: error: plugin 'broken' failed")
+    assert "Traceback" not in proc.stderr
