@@ -56,8 +56,8 @@ class KL(_Section):
 
     coef: float = Field(gt=0.0, description="must be positive: a zero coefficient means no KL; "
                                             "say so with `kl: null`")
-    estimator: KLEstimator = Field("k3", description="k1 = log r, k2 = (log r)^2/2, "
-                                                     "k3 = r - 1 - log r (Schulman)")
+    estimator: KLEstimator = Field("k3", description="with d = log pi - log pi_ref: k1 = d, "
+                                                     "k2 = d^2/2, k3 = exp(-d) - 1 + d")
     placement: KLPlacement = Field("loss", description="added to the loss, or subtracted "
                                                        "from the token reward")
 
