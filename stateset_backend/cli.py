@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -211,7 +212,8 @@ def _make_plan(args: argparse.Namespace, registry: Registry) -> Any:
     spec = _spec(args.spec)
     entry = registry.get(args.engine)
     version = _engine_version(entry, args.engine_version, args.python)
-    return make_plan(spec, entry, version, provider=args.provider)
+    return make_plan(spec, entry, version, provider=args.provider,
+                     base_dir=Path(args.spec).resolve().parent)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

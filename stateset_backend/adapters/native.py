@@ -64,7 +64,7 @@ class NativeAdapter(EngineAdapter):
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
         config = {"run_id": ctx.run_id, "experiment_digest": ctx.experiment_digest,
-                  "settings": translation.native}
+                  "base_dir": ctx.base_dir, "settings": translation.native}
         return NativeLaunch(
             argv=[PYTHON, "-m", "stateset_backend.native", "--config",
                   f"{RUN_DIR}/{CONFIG_FILE}", "--output", RUN_DIR],

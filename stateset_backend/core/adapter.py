@@ -33,6 +33,7 @@ class LaunchContext:
     experiment_digest: str
     engine_version: str
     dialect: Dialect
+    base_dir: str | None = None  # where the spec's relative paths point (the spec's folder)
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def new_run_id() -> str:
 
 
 def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
-              provider: Provider = "local") -> LaunchPlan:
+              provider: Provider = "local", base_dir: Path | None = None) -> LaunchPlan:
     """Contract check, translation and identity; raises before anything could launch."""
     adapter = entry.adapter
     contract = adapter.contract
@@ -87,7 +87,8 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     translation = translate(spec, adapter.rules(dialect), adapter.name, engine_version)
     run_id = new_run_id()
     exp_digest = experiment_digest(spec)
-    ctx = LaunchContext(run_id, exp_digest, engine_version, dialect)
+    ctx = LaunchContext(run_id, exp_digest, engine_version, dialect,
+                        str((base_dir or Path.cwd()).resolve()))
     launch = adapter.render(translation, spec, ctx)
     resources = spec.resources.model_dump(mode="json")
     engine_options = spec.engine_options.get(adapter.name, {})

@@ -7,7 +7,6 @@ as ``invalid`` so nobody compares or ships it by mistake.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .adapter import Collected
+from .content import sha256_file
 from .launch import Exit
 from .plan import LaunchPlan
 
@@ -72,14 +72,6 @@ class Result(_Doc):
         return self.model_dump(mode="json", by_alias=True)
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _non_finite(rows: list[dict[str, Any]]) -> list[str]:
     bad = []
     for row in rows:
@@ -127,7 +119,7 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
                 continue
             artifacts.append(ArtifactRecord(path=art.path, kind=art.kind, step=art.step,
                                             bytes=path.stat().st_size,
-                                            sha256=_sha256_file(path)))
+                                            sha256=sha256_file(path)))
         add("artifacts", bool(artifacts) and not missing,
             f"missing: {', '.join(missing[:5])}" if missing else
             (f"{len(artifacts)} files hashed" if artifacts else "no artifacts were produced"))

@@ -1,0 +1,149 @@
+"""Complete checkpoints, written so that an interrupted write never looks complete.
+
+A checkpoint holds everything exact continuation needs: trainable weights (safetensors),
+optimizer and scheduler state, every RNG state, the data position, the update count and the
+experiment digest. It is written into a temporary directory with a manifest of each file's
+sha256, fsynced, and renamed into place; a directory without a valid manifest is not a
+checkpoint. Resuming verifies every hash and the experiment digest first.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..core.content import sha256_file
+
+MANIFEST = "manifest.json"
+PREFIX = "update-"
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint: missing, incomplete, corrupted, or of another experiment."""
+
+
+@dataclass
+class TrainerState:
+    update: int
+    policy_version: int
+    sampler: dict[str, Any]
+    extra: dict[str, Any]
+
+
+def checkpoint_name(update: int) -> str:
+    return f"{PREFIX}{update:06d}"
+
+
+def trainable_state(model: Any) -> dict[str, torch.Tensor]:
+    """Only what trains: all weights, or the LoRA adapter weights alone."""
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {n: t.detach().contiguous().clone() for n, t in model.state_dict().items()
+            if n in names}
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def save(root: Path, *, model: Any, optimizer: Any, scheduler: Any, generator: torch.Generator,
+         state: TrainerState, experiment_digest: str, keep: int | None) -> Path:
+    """Write ``root/update-NNNNNN`` atomically; prune to the newest ``keep``."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / checkpoint_name(state.update)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        save_file(trainable_state(model), str(tmp / "weights.safetensors"))
+        _fsync_write(tmp / "optimizer.pt", _torch_bytes(optimizer.state_dict()))
+        _fsync_write(tmp / "scheduler.pt", _torch_bytes(scheduler.state_dict()))
+        _fsync_write(tmp / "rng.pt", _torch_bytes({
+            "torch": torch.get_rng_state(), "generator": generator.get_state(),
+            "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}))
+        _fsync_write(tmp / "trainer_state.json", json.dumps({
+            "update": state.update, "policy_version": state.policy_version,
+            "sampler": state.sampler, "extra": state.extra,
+            "experiment_digest": experiment_digest}, indent=2, sort_keys=True).encode())
+        files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
+        _fsync_write(tmp / MANIFEST, json.dumps({
+            "experiment_digest": experiment_digest, "update": state.update,
+            "files": files}, indent=2, sort_keys=True).encode())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        dir_fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep is not None:
+        for old in complete_checkpoints(root)[:-keep]:
+            shutil.rmtree(old)
+    return final
+
+
+def verify(directory: Path, experiment_digest: str) -> dict[str, Any]:
+    """The manifest of a complete checkpoint of this experiment, or CheckpointError."""
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{directory} is not a complete checkpoint (no {MANIFEST})")
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("experiment_digest") != experiment_digest:
+        raise CheckpointError(f"{directory} belongs to experiment "
+                              f"{manifest.get('experiment_digest')}, not {experiment_digest}")
+    for name, digest in manifest["files"].items():
+        path = directory / name
+        if not path.is_file() or sha256_file(path) != digest:
+            raise CheckpointError(f"{directory}/{name} is missing or does not match its "
+                                  "manifest")
+    return dict(manifest)
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Checkpoint directories that have a manifest, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir()
+                  if p.is_dir() and p.name.startswith(PREFIX) and (p / MANIFEST).is_file())
+
+
+def load(directory: Path, *, experiment_digest: str, model: Any, optimizer: Any,
+         scheduler: Any, generator: torch.Generator) -> TrainerState:
+    verify(directory, experiment_digest)
+    weights = load_file(str(directory / "weights.safetensors"))
+    expected = set(trainable_state(model))
+    if set(weights) != expected:
+        raise CheckpointError(f"{directory}: weights do not match the model's trainable "
+                              "parameters")
+    model.load_state_dict(weights, strict=False)
+    optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=False))
+    rng = torch.load(directory / "rng.pt", weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    generator.set_state(rng["generator"])
+    random.setstate(rng["python"])
+    if rng["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    doc = json.loads((directory / "trainer_state.json").read_text())
+    return TrainerState(doc["update"], doc["policy_version"], doc["sampler"], doc["extra"])

@@ -1,0 +1,134 @@
+"""The learner: advantages, PPO epochs over mini-batches, and guarded optimizer steps.
+
+An optimizer step whose loss or gradient is not finite is never applied: the run stops with
+the reason, because a NaN that is stepped over poisons every later update while the run keeps
+reporting numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..core.spec import Algorithm
+from . import objectives
+from .batch import RolloutBatch
+from .rollout import response_logprobs
+
+
+class NonFiniteUpdate(RuntimeError):
+    """A loss or gradient was NaN/Inf; the step was not applied."""
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    algorithm: Algorithm
+    temperature: float
+    max_response_tokens: int
+    ppo_epochs: int
+    mini_batches: int
+    grad_clip: float
+
+
+def make_optimizer(model: Any, lr: float, weight_decay: float,
+                   warmup_steps: int) -> tuple[torch.optim.Optimizer, Any]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0)
+    return optimizer, scheduler
+
+
+def advantages_for(batch: RolloutBatch, algorithm: Algorithm) -> Tensor:
+    estimator, _ = objectives.RECIPES[algorithm.objective]
+    adv = algorithm.advantage
+    return objectives.ADVANTAGES[estimator](
+        batch.rewards, batch.group_ids, std_normalize=adv.std_normalize,
+        unbiased=adv.std == "unbiased", eps=adv.epsilon)
+
+
+@contextlib.contextmanager
+def _reference_mode(model: Any, reference: Any) -> Iterator[Any]:
+    if reference is not None:
+        yield reference
+    else:  # LoRA: the base weights are the reference
+        with model.disable_adapter():
+            yield model
+
+
+@torch.no_grad()
+def reference_logprobs(model: Any, reference: Any, batch: RolloutBatch,
+                       temperature: float) -> Tensor:
+    with _reference_mode(model, reference) as ref:
+        logp, _ = response_logprobs(ref, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                    batch.response_mask, temperature)
+    return logp
+
+
+def _split(n: int, parts: int, generator: torch.Generator) -> list[Tensor]:
+    order = torch.randperm(n, generator=generator)
+    return [chunk for chunk in order.chunk(parts) if chunk.numel()]
+
+
+def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: RolloutBatch,
+           advantages: Tensor, ref_logp: Tensor | None, cfg: LearnerConfig,
+           generator: torch.Generator) -> dict[str, float]:
+    """One learner update over a checked batch; returns canonical metrics."""
+    alg = cfg.algorithm
+    _, loss_name = objectives.RECIPES[alg.objective]
+    loss_fn = objectives.POLICY_LOSSES[loss_name]
+    kl_in_loss = alg.kl is not None and alg.kl.placement == "loss"
+    old_logp = torch.nan_to_num(batch.sample_logprobs, nan=0.0)
+    model.train()
+    totals = {"loss/policy": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0,
+              "grad_norm": 0.0}
+    steps = 0
+    params = [p for p in model.parameters() if p.requires_grad]
+    for _ in range(cfg.ppo_epochs):
+        for idx in _split(batch.size, cfg.mini_batches, generator):
+            mask = batch.response_mask[idx]
+            logp, entropy = response_logprobs(model, batch.prompt_ids[idx],
+                                              batch.prompt_mask[idx], batch.response_ids[idx],
+                                              mask, cfg.temperature)
+            pl = loss_fn(logp, old_logp[idx], advantages[idx], mask, clip_low=alg.clip.low,
+                         clip_high=alg.clip.high)
+            agg = alg.loss_aggregation
+            policy_loss = objectives.aggregate(pl.loss, mask, agg, cfg.max_response_tokens)
+            loss = policy_loss
+            kl_value = torch.zeros(())
+            if ref_logp is not None and alg.kl is not None:
+                kl_tokens = objectives.kl_estimate(logp, ref_logp[idx], alg.kl.estimator)
+                kl_value = objectives.aggregate(kl_tokens, mask, agg, cfg.max_response_tokens)
+                if kl_in_loss:
+                    loss = loss + alg.kl.coef * kl_value
+            mean_entropy = objectives.aggregate(entropy, mask, "token_mean", 1)
+            if alg.entropy_coef > 0:
+                loss = loss - alg.entropy_coef * mean_entropy
+            if not torch.isfinite(loss):
+                raise NonFiniteUpdate(f"loss is {loss.item()}; the step was not applied")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            if not torch.isfinite(grad_norm):
+                optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteUpdate(f"gradient norm is {grad_norm.item()}; the step was not "
+                                      "applied")
+            optimizer.step()
+            scheduler.step()
+            steps += 1
+            totals["loss/policy"] += float(policy_loss.detach())
+            totals["kl"] += float(kl_value.detach())
+            totals["entropy"] += float(mean_entropy.detach())
+            totals["clip_fraction"] += float(objectives.aggregate(pl.clipped, mask,
+                                                                  "token_mean", 1))
+            totals["grad_norm"] += float(grad_norm)
+    metrics = {k: v / max(steps, 1) for k, v in totals.items()}
+    metrics["lr"] = float(scheduler.get_last_lr()[0])
+    assert all(math.isfinite(v) for v in metrics.values())
+    return metrics

@@ -1,0 +1,88 @@
+"""Sampling with a KV cache, recording each token's log-prob at the moment it is sampled.
+
+The learner's importance ratios are taken against exactly these log-probs; they are never
+recomputed afterwards, so a mismatch between the sampler and the learner shows up as a ratio
+away from 1 instead of being hidden.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+def positions_from_mask(mask: Tensor) -> Tensor:
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _top_p_filter(probs: Tensor, top_p: float) -> Tensor:
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    drop = sorted_probs.cumsum(-1) - sorted_probs > top_p
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+    filtered = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return filtered / filtered.sum(-1, keepdim=True)
+
+
+@torch.no_grad()
+def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int,
+           temperature: float, top_p: float, eos_id: int, pad_id: int,
+           generator: torch.Generator | None, greedy: bool = False) -> tuple[Tensor, Tensor,
+                                                                            Tensor]:
+    """(response_ids, response_mask, sample_logprobs), each [N, T]; NaN log-prob after EOS."""
+    from transformers import DynamicCache
+
+    was_training = model.training
+    model.eval()
+    device = prompt_ids.device
+    n = prompt_ids.shape[0]
+    attn = prompt_mask.long()
+    positions = positions_from_mask(attn)
+    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=positions,
+                past_key_values=DynamicCache(), use_cache=True)
+    next_pos = positions[:, -1] + 1
+    finished = torch.zeros(n, dtype=torch.bool, device=device)
+    ids, masks, logps = [], [], []
+    for step in range(max_new_tokens):
+        logits = out.logits[:, -1, :].float() / temperature
+        log_probs = torch.log_softmax(logits, dim=-1)
+        if greedy:
+            token = log_probs.argmax(-1)
+        else:
+            probs = _top_p_filter(log_probs.exp(), top_p)
+            token = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1)
+            token = token.to(device)
+        lp = log_probs.gather(-1, token[:, None]).squeeze(-1)
+        live = ~finished
+        ids.append(torch.where(live, token, torch.full_like(token, pad_id)))
+        masks.append(live.float())
+        logps.append(torch.where(live, lp, torch.full_like(lp, float("nan"))))
+        finished = finished | (token == eos_id)
+        if bool(finished.all()) or step == max_new_tokens - 1:
+            break
+        attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=1)
+        out = model(input_ids=ids[-1][:, None], attention_mask=attn,
+                    position_ids=next_pos[:, None], past_key_values=out.past_key_values,
+                    use_cache=True)
+        next_pos = next_pos + 1
+    if was_training:
+        model.train()
+    return torch.stack(ids, 1), torch.stack(masks, 1), torch.stack(logps, 1)
+
+
+def response_logprobs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
+                      response_mask: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """Learner-side (log-prob, entropy) of each response token, with gradients."""
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
+    attn = torch.cat([prompt_mask, response_mask], dim=1).long()
+    logits = model(input_ids=input_ids, attention_mask=attn,
+                   position_ids=positions_from_mask(attn)).logits
+    p, t = prompt_ids.shape[1], response_ids.shape[1]
+    logits = logits[:, p - 1:p + t - 1, :].float() / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
+    token_logp = log_probs.gather(-1, response_ids[..., None]).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return token_logp, entropy

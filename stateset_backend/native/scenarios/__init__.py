@@ -1,0 +1,1 @@
+"""Bundled, generated-in-code scenarios: data, tokenizer vocabulary and reward together."""

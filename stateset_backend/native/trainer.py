@@ -1,0 +1,290 @@
+"""The native trainer loop: rollout → integrity check → learner update → receipts, metrics,
+checkpoints. Each step lives in its own module; this file only composes them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.digest import experiment_digest
+from ..core.jsonio import atomic_write_json
+from ..core.spec import ExperimentSpec
+from ..core.specfile import parse_spec
+from . import checkpoint, objectives
+from .batch import RolloutBatch, check_batch
+from .data import Example, PromptSampler, load_split
+from .learner import LearnerConfig, advantages_for, make_optimizer, reference_logprobs, update
+from .model import frozen_reference, load_policy, pick_device
+from .progress import Progress
+from .reward import RewardFn, load_reward
+from .rollout import sample
+
+
+class SettingsError(ValueError):
+    """The launch config does not describe the experiment it claims to."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    run_id: str
+    experiment_digest: str
+    spec: ExperimentSpec
+    base_dir: Path
+
+
+def load_settings(path: Path) -> RunSettings:
+    """Rebuild the spec from the flat native keys and prove the identity survived."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    nested: dict[str, Any] = {}
+    for key, value in doc["settings"].items():
+        *parents, last = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    spec = parse_spec(nested, source=str(path))
+    if experiment_digest(spec) != doc["experiment_digest"]:
+        raise SettingsError("the launch config's settings do not hash to the experiment "
+                            "digest it carries: the translation lost part of the experiment")
+    return RunSettings(doc["run_id"], doc["experiment_digest"], spec,
+                       Path(doc.get("base_dir") or Path.cwd()))
+
+
+@dataclass
+class Outputs:
+    """Where the engine writes, all inside the attempt directory."""
+
+    root: Path
+    metrics: Path = field(init=False)
+    receipts: Path = field(init=False)
+    trajectories: Path = field(init=False)
+    checkpoints: Path = field(init=False)
+    final: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = self.root / "metrics.jsonl"
+        self.receipts = self.root / "receipts.jsonl"
+        self.trajectories = self.root / "trajectories"
+        self.checkpoints = self.root / "checkpoints"
+        self.final = self.root / "final"
+
+    def append(self, path: Path, row: dict[str, Any]) -> None:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
+class Trainer:
+    def __init__(self, settings: RunSettings, output: Path) -> None:
+        self.settings = spec_settings = settings
+        self.spec = spec = spec_settings.spec
+        self.out = Outputs(output)
+        self.device = pick_device()
+        base = settings.base_dir
+        self.model, self.tokenizer = load_policy(spec.model, spec.seed, base, self.device)
+        self.reference = frozen_reference(self.model) if spec.algorithm.kl is not None else None
+        self.reward_fn: RewardFn = load_reward(spec.reward, base)
+        self.train_rows = load_split(spec.data.train, base)
+        self.val_rows = load_split(spec.data.validation, base) if spec.data.validation else []
+        self.sampler = PromptSampler(len(self.train_rows), spec.seed)
+        self.generator = torch.Generator().manual_seed(spec.seed)
+        self.optimizer, self.scheduler = make_optimizer(
+            self.model, spec.optim.lr, spec.optim.weight_decay, spec.optim.warmup_steps)
+        self.learner_cfg = LearnerConfig(
+            spec.algorithm, spec.rollout.temperature, spec.data.max_response_tokens,
+            spec.budget.ppo_epochs, spec.budget.mini_batches, spec.optim.grad_clip)
+        self.update_count = 0
+        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+
+    # -- state ---------------------------------------------------------------------------
+    def resume(self, directory: Path) -> None:
+        state = checkpoint.load(directory, experiment_digest=self.settings.experiment_digest,
+                                model=self.model, optimizer=self.optimizer,
+                                scheduler=self.scheduler, generator=self.generator)
+        self.sampler.load_state_dict(state.sampler)
+        self.update_count = state.update
+
+    def save_checkpoint(self) -> Path:
+        state = checkpoint.TrainerState(self.update_count, self.update_count,
+                                        self.sampler.state_dict(), {})
+        return checkpoint.save(self.out.checkpoints, model=self.model,
+                               optimizer=self.optimizer, scheduler=self.scheduler,
+                               generator=self.generator, state=state,
+                               experiment_digest=self.settings.experiment_digest,
+                               keep=self.spec.checkpoint.keep)
+
+    def commit(self) -> None:
+        atomic_write_json(self.out.root / "run_info.json", {
+            "engine": "native", "run_id": self.settings.run_id,
+            "experiment_digest": self.settings.experiment_digest,
+            "committed_updates": self.update_count})
+
+    # -- rollout -------------------------------------------------------------------------
+    def _encode(self, rows: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+        enc = self.tokenizer([r.prompt for r in rows], padding=True, padding_side="left",
+                             truncation=True, max_length=self.spec.data.max_prompt_tokens,
+                             return_tensors="pt")
+        return enc["input_ids"].to(self.device), enc["attention_mask"].float().to(self.device)
+
+    def _rollout(self, indices: list[int], group_size: int, greedy: bool = False,
+                 rows_source: list[Example] | None = None) -> RolloutBatch:
+        source = rows_source if rows_source is not None else self.train_rows
+        rows = [source[i] for i in indices for _ in range(group_size)]
+        prompt_ids, prompt_mask = self._encode(rows)
+        spec = self.spec
+        response_ids, response_mask, logps = sample(
+            self.model, prompt_ids, prompt_mask, max_new_tokens=spec.data.max_response_tokens,
+            temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
+            eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
+            generator=self.generator, greedy=greedy)
+        texts = self.tokenizer.batch_decode(
+            torch.where(response_mask.bool(), response_ids, self.tokenizer.pad_token_id),
+            skip_special_tokens=True)
+        rewards = torch.tensor([self.reward_fn(r.prompt, t, r.answer)
+                                for r, t in zip(rows, texts, strict=True)])
+        overlong = spec.algorithm.overlong
+        if overlong is not None:
+            rewards = rewards + objectives.overlong_penalty(
+                response_mask.sum(-1).cpu(), spec.data.max_response_tokens,
+                overlong.buffer_tokens, overlong.penalty)
+        groups = torch.arange(len(indices)).repeat_interleave(group_size)
+        index = torch.tensor(indices).repeat_interleave(group_size)
+        return RolloutBatch(prompt_ids.cpu(), prompt_mask.cpu(), response_ids.cpu(),
+                            response_mask.cpu(), logps.cpu(), groups, index, rewards.float(),
+                            self.update_count)
+
+    def collect_batch(self) -> tuple[RolloutBatch | None, int, torch.Tensor]:
+        """Sample one update's batch; with dynamic sampling, refill excluded groups."""
+        alg, want = self.spec.algorithm, self.spec.budget.prompts_per_update
+        exclude = alg.advantage.zero_variance_groups == "exclude"
+        max_rounds = alg.dynamic_sampling.max_rounds if alg.dynamic_sampling else 0
+        parts: list[RolloutBatch] = []
+        sampled: list[torch.Tensor] = []
+        have, rounds = 0, 0
+        while True:
+            part = self._rollout(self.sampler.take(want - have), alg.group_size)
+            sampled.append(part.rewards)
+            if exclude:
+                zero = objectives.zero_variance_groups(part.rewards, part.group_ids)
+                part = part.select(~zero) if bool(zero.any()) else part
+            if part.size:
+                parts.append(part)
+                have += part.size // alg.group_size
+            if have >= want or rounds >= max_rounds:
+                break
+            rounds += 1
+        return (RolloutBatch.concat(parts) if parts else None), rounds, torch.cat(sampled)
+
+    # -- evaluation ----------------------------------------------------------------------
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        rewards: list[float] = []
+        chunk = 64
+        for start in range(0, len(self.val_rows), chunk):
+            idx = list(range(start, min(start + chunk, len(self.val_rows))))
+            batch = self._rollout(idx, 1, greedy=True, rows_source=self.val_rows)
+            rewards.extend(batch.rewards.tolist())
+        return {"val/reward/mean": sum(rewards) / len(rewards)}
+
+    # -- the loop ------------------------------------------------------------------------
+    def train(self) -> None:
+        spec, out = self.spec, self.out
+        total = spec.budget.total_updates
+        out.trajectories.mkdir(parents=True, exist_ok=True)
+        self.commit()
+        progress = Progress(total, start=self.update_count)
+        every_eval = spec.evaluation.every
+        if every_eval and self.val_rows and self.update_count == 0:
+            out.append(out.metrics, {"step": 0, **self.validate()})
+        with progress:
+            while self.update_count < total:
+                t0 = time.perf_counter()
+                batch, rounds, sampled_rewards = self.collect_batch()
+                metrics = self.learn(batch)
+                metrics.update({"reward/mean": float(sampled_rewards.mean()),
+                                "reward/std": float(sampled_rewards.std())
+                                if sampled_rewards.numel() > 1 else 0.0})
+                self.update_count += 1
+                self.write_receipt(batch, rounds)
+                if every_eval and self.val_rows and self.update_count % every_eval == 0:
+                    metrics.update(self.validate())
+                elapsed = time.perf_counter() - t0
+                tokens = float(batch.response_mask.sum()) if batch is not None else 0.0
+                metrics.update({"step": self.update_count, "tokens_per_second":
+                                tokens / elapsed if elapsed > 0 else 0.0,
+                                "time/update_s": elapsed})
+                out.append(out.metrics, metrics)
+                every_ckpt = spec.checkpoint.every
+                if every_ckpt and self.update_count % every_ckpt == 0:
+                    self.save_checkpoint()
+                self.commit()
+                progress.advance(metrics)
+        self.save_final()
+
+    def learn(self, batch: RolloutBatch | None) -> dict[str, float]:
+        if batch is None:  # every group had zero variance and was excluded: nothing to learn
+            return {"groups/kept": 0.0}
+        spec = self.spec
+        check_batch(batch, vocab_size=self.vocab_size, group_size=spec.algorithm.group_size)
+        task_rewards = batch.rewards.clone()
+        kl = spec.algorithm.kl
+        ref_logp = None
+        if kl is not None:
+            ref_logp = reference_logprobs(self.model, self.reference, batch,
+                                          spec.rollout.temperature)
+            if kl.placement == "reward":
+                sampled = torch.nan_to_num(batch.sample_logprobs, nan=0.0)
+                kl_tokens = objectives.kl_estimate(sampled, ref_logp, kl.estimator)
+                batch.rewards = batch.rewards - kl.coef * (kl_tokens * batch.response_mask).sum(-1)
+        advantages = advantages_for(batch, spec.algorithm)
+        metrics = update(self.model, self.optimizer, self.scheduler, batch, advantages,
+                         ref_logp, self.learner_cfg, self.generator)
+        metrics.update({
+            "response_length/mean": float(batch.response_mask.sum(-1).mean()),
+            "groups/kept": float(batch.size // spec.algorithm.group_size)})
+        self._write_trajectories(batch, task_rewards)
+        return metrics
+
+    def write_receipt(self, batch: RolloutBatch | None, rounds: int) -> None:
+        """What was learned from, kept apart from the trajectories themselves."""
+        receipt: dict[str, Any] = {"update": self.update_count,
+                                   "policy_version": self.update_count - 1,
+                                   "extra_rounds": rounds}
+        if batch is None:
+            receipt.update(groups=[], samples=0, prompt_tokens=0, response_tokens=0)
+        else:
+            groups = sorted({(int(g), int(i)) for g, i in zip(batch.group_ids.tolist(),
+                                                              batch.prompt_index.tolist(),
+                                                              strict=True)})
+            receipt.update(groups=[{"group": g, "prompt_index": i} for g, i in groups],
+                           samples=batch.size, prompt_tokens=int(batch.prompt_mask.sum()),
+                           response_tokens=int(batch.response_mask.sum()))
+        self.out.append(self.out.receipts, receipt)
+
+    def _write_trajectories(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
+        texts = self.tokenizer.batch_decode(
+            torch.where(batch.response_mask.bool(), batch.response_ids,
+                        self.tokenizer.pad_token_id), skip_special_tokens=True)
+        path = self.out.trajectories / f"update-{self.update_count + 1:06d}.jsonl"
+        with open(path, "w", encoding="utf-8") as fh:
+            for i, text in enumerate(texts):
+                fh.write(json.dumps({"group": int(batch.group_ids[i]),
+                                     "prompt_index": int(batch.prompt_index[i]),
+                                     "response": text, "reward": float(rewards[i])}) + "\n")
+
+    def save_final(self) -> None:
+        """The trained model (adapters only under LoRA), renamed into place when complete."""
+        import shutil
+        import tempfile
+
+        tmp = Path(tempfile.mkdtemp(prefix=".final.", dir=self.out.root))
+        self.model.save_pretrained(tmp, safe_serialization=True)
+        self.tokenizer.save_pretrained(tmp)
+        if self.out.final.exists():
+            shutil.rmtree(self.out.final)
+        tmp.rename(self.out.final)
