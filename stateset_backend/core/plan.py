@@ -42,7 +42,8 @@ class LaunchPlan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    schema_id: Literal["stateset-backend/plan/v1"] = Field("stateset-backend/plan/v1", alias="schema")
+    schema_id: Literal["stateset-backend/plan/v1"] = Field(
+        "stateset-backend/plan/v1", alias="schema")
     run_id: str = Field(pattern=r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}$")
     created_at: str
     experiment_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")

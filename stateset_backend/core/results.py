@@ -48,7 +48,8 @@ class Metrics(_Doc):
 
 
 class Result(_Doc):
-    schema_id: Literal["stateset-backend/result/v1"] = Field("stateset-backend/result/v1", alias="schema")
+    schema_id: Literal["stateset-backend/result/v1"] = Field(
+        "stateset-backend/result/v1", alias="schema")
     run_id: str
     attempt: int = Field(ge=1)
     experiment_digest: str

@@ -27,8 +27,9 @@ def generate(name: str) -> dict[str, Any]:
     from .results import RESULT_SCHEMA_ID, Result
     from .spec import SPEC_SCHEMA_ID, ExperimentSpec
 
-    models: dict[str, tuple[type[BaseModel], str]] = {"spec": (ExperimentSpec, SPEC_SCHEMA_ID), "plan": (LaunchPlan, PLAN_SCHEMA_ID),
-              "result": (Result, RESULT_SCHEMA_ID), "contract": (Contract, CONTRACT_SCHEMA_ID)}
+    models: dict[str, tuple[type[BaseModel], str]] = {
+        "spec": (ExperimentSpec, SPEC_SCHEMA_ID), "plan": (LaunchPlan, PLAN_SCHEMA_ID),
+        "result": (Result, RESULT_SCHEMA_ID), "contract": (Contract, CONTRACT_SCHEMA_ID)}
     model, schema_id = models[name]
     schema = model.model_json_schema(by_alias=True, mode="validation")
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": schema_id,

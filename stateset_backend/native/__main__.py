@@ -24,7 +24,7 @@ def main() -> int:
         if args.resume_from is not None:
             trainer.resume(args.resume_from)
         trainer.train()
-    except Exception as exc:  # noqa: BLE001 - the process boundary: one line, non-zero exit
+    except Exception as exc:  # the process boundary: one line, non-zero exit
         print(f"native engine: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(f"native engine: {trainer.update_count} updates committed", file=sys.stderr)

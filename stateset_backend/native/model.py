@@ -70,8 +70,9 @@ def load_policy(spec_model: Model, seed: int, base_dir: Path,
         from peft import LoraConfig, get_peft_model
 
         lora = spec_model.lora
+        alpha: Any = lora.alpha  # peft annotates int; the scaling alpha / r takes any float
         model = get_peft_model(model, LoraConfig(
-            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+            r=lora.rank, lora_alpha=alpha, lora_dropout=lora.dropout,
             target_modules=lora.target_modules, task_type="CAUSAL_LM"))
     return model.to(device), tokenizer
 

@@ -23,8 +23,7 @@ class Progress:
     def __enter__(self) -> Progress:
         if self.live:
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
 
             self._bar = RichProgress(
