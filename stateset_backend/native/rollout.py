@@ -7,6 +7,7 @@ away from 1 instead of being hidden.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -15,6 +16,13 @@ from torch import Tensor
 
 def positions_from_mask(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _cache_name(model: Any) -> str:
+    """transformers renamed ``past_key_values`` to ``cache``; speak whichever is installed."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(base.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def _top_p_filter(probs: Tensor, top_p: float) -> Tensor:
@@ -41,8 +49,9 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
     n = prompt_ids.shape[0]
     attn = prompt_mask.long()
     positions = positions_from_mask(attn)
+    cache_arg = _cache_name(model)
     out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=positions,
-                past_key_values=DynamicCache(), use_cache=True)
+                use_cache=True, **{cache_arg: DynamicCache()})
     next_pos = positions[:, -1] + 1
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     ids, masks, logps = [], [], []
@@ -65,8 +74,8 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
             break
         attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=1)
         out = model(input_ids=ids[-1][:, None], attention_mask=attn,
-                    position_ids=next_pos[:, None], past_key_values=out.past_key_values,
-                    use_cache=True)
+                    position_ids=next_pos[:, None], use_cache=True,
+                    **{cache_arg: out[cache_arg]})
         next_pos = next_pos + 1
     if was_training:
         model.train()

@@ -192,9 +192,11 @@ class Trainer:
         return {"val/reward/mean": sum(rewards) / len(rewards)}
 
     # -- the loop ------------------------------------------------------------------------
-    def train(self) -> None:
+    def train(self, until: int | None = None) -> None:
+        """Train to ``total_updates`` (or stop after ``until``, as an interruption would)."""
         spec, out = self.spec, self.out
         total = spec.budget.total_updates
+        stop = total if until is None else min(until, total)
         out.trajectories.mkdir(parents=True, exist_ok=True)
         self.commit()
         progress = Progress(total, start=self.update_count)
@@ -202,7 +204,7 @@ class Trainer:
         if every_eval and self.val_rows and self.update_count == 0:
             out.append(out.metrics, {"step": 0, **self.validate()})
         with progress:
-            while self.update_count < total:
+            while self.update_count < stop:
                 t0 = time.perf_counter()
                 batch, rounds, sampled_rewards = self.collect_batch()
                 metrics = self.learn(batch)
@@ -224,7 +226,8 @@ class Trainer:
                     self.save_checkpoint()
                 self.commit()
                 progress.advance(metrics)
-        self.save_final()
+        if self.update_count == total:
+            self.save_final()
 
     def learn(self, batch: RolloutBatch | None) -> dict[str, float]:
         if batch is None:  # every group had zero variance and was excluded: nothing to learn

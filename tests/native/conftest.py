@@ -1,0 +1,67 @@
+"""Tiny native-engine specs over the bundled support-routing data, and in-process trainers."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def tiny_spec(**changes: Any) -> dict[str, Any]:
+    doc = json.loads((EXAMPLES / "support-routing.json").read_text())
+    for split in ("train", "validation", "test"):
+        doc["data"][split]["uri"] = str(EXAMPLES / doc["data"][split]["uri"])
+    doc["reward"]["entrypoint"] = str(EXAMPLES / doc["reward"]["entrypoint"])
+    doc["algorithm"] = {"objective": "grpo", "group_size": 4,
+                        "kl": {"coef": 0.01, "estimator": "k3", "placement": "loss"}}
+    doc["data"]["max_response_tokens"] = 2
+    doc["budget"] = {"total_updates": 6, "prompts_per_update": 4, "ppo_epochs": 2,
+                     "mini_batches": 2}
+    doc["checkpoint"] = {"every": 2, "keep": None}
+    doc["evaluation"] = {"every": 3, "select_by": "val/reward/mean"}
+    doc["optim"]["warmup_steps"] = 2
+    for path, value in changes.items():
+        *parents, last = path.split(".")
+        node = doc
+        for part in parents:
+            node = node[part]
+        node[last] = copy.deepcopy(value)
+    return doc
+
+
+@pytest.fixture
+def tiny():
+    return tiny_spec
+
+
+@pytest.fixture
+def spec_file(tmp_path):
+    """Write a spec anywhere: tiny specs use absolute paths."""
+
+    def write(doc: dict[str, Any]) -> Path:
+        path = tmp_path / "spec.json"
+        path.write_text(json.dumps(doc))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def make_trainer(tmp_path):
+    from stateset_backend.core.digest import experiment_digest
+    from stateset_backend.core.specfile import parse_spec
+    from stateset_backend.native.trainer import RunSettings, Trainer
+
+    def make(doc: dict[str, Any], out: str = "out") -> Trainer:
+        spec = parse_spec(doc)
+        settings = RunSettings("20260101T000000Z-00000000", experiment_digest(spec), spec,
+                               EXAMPLES)
+        (tmp_path / out).mkdir(exist_ok=True)
+        return Trainer(settings, tmp_path / out)
+
+    return make
