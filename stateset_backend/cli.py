@@ -246,8 +246,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         plan = load_plan(args.document)
     store = RunStore(runs_dir_from(args.runs_dir))
+    if args.resume and args.engine is not None:
+        raise InvalidInput("--resume continues an earlier run: pass its PLAN, not --engine SPEC")
     result, path = run_plan(plan, registry, store, python=args.python, timeout=args.timeout,
-                            echo_stderr=not args.quiet)
+                            echo_stderr=not args.quiet, resume=args.resume)
     raise_for_status(result, path)
     _emit(args, result.to_json(),
           f"run {result.run_id} attempt {result.attempt} succeeded: "
@@ -304,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", help="run store (default ./runs or $STATESET_BACKEND_RUNS_DIR)")
     p.add_argument("--timeout", type=float, help="seconds before the engine is stopped")
     p.add_argument("--quiet", action="store_true", help="do not echo the engine's stderr")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the plan's run from its newest complete checkpoint")
     p.add_argument("document", metavar="PLAN|SPEC")
     return parser
 

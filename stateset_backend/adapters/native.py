@@ -16,6 +16,7 @@ from ..core.adapter import (
     PYTHON,
     RUN_DIR,
     Artifact,
+    Checkpoint,
     Collected,
     EngineAdapter,
     LaunchContext,
@@ -25,10 +26,7 @@ from ..core.contracts import Contract, Dialect, load_packaged_contract
 from ..core.modeltree import all_leaf_paths
 from ..core.rules import RuleSet, Translation, na, only, reject, to
 from ..core.spec import ExperimentSpec
-
-CONFIG_FILE = "native_config.json"
-METRICS_FILE = "metrics.jsonl"
-RUN_INFO_FILE = "run_info.json"
+from ..native import layout
 
 
 class NativeAdapter(EngineAdapter):
@@ -67,28 +65,39 @@ class NativeAdapter(EngineAdapter):
                   "base_dir": ctx.base_dir, "settings": translation.native}
         return NativeLaunch(
             argv=[PYTHON, "-m", "stateset_backend.native", "--config",
-                  f"{RUN_DIR}/{CONFIG_FILE}", "--output", RUN_DIR],
-            files={CONFIG_FILE: json.dumps(config, indent=2, sort_keys=True) + "\n"},
+                  f"{RUN_DIR}/{layout.CONFIG_FILE}", "--output", RUN_DIR],
+            files={layout.CONFIG_FILE: json.dumps(config, indent=2, sort_keys=True) + "\n"},
             env=["CUDA_VISIBLE_DEVICES", "STATESET_BACKEND_PROGRESS"],
         )
 
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
         out = Collected()
-        info_path = attempt_dir / RUN_INFO_FILE
+        info_path = attempt_dir / layout.RUN_INFO_FILE
         if info_path.is_file():
             info = json.loads(info_path.read_text(encoding="utf-8"))
             out.run_id = info.get("run_id")
             out.experiment_digest = info.get("experiment_digest")
             out.committed_updates = int(info.get("committed_updates", 0))
-        metrics_path = attempt_dir / METRICS_FILE
+            out.resumed_from = info.get("resumed_from")
+        metrics_path = attempt_dir / layout.METRICS_FILE
         if metrics_path.is_file():
             for line in metrics_path.read_text(encoding="utf-8").splitlines():
                 if line.strip():
                     out.metrics.append(json.loads(line))
-        for kind in ("checkpoints", "final"):
+        for kind in (layout.CHECKPOINTS_DIR, layout.FINAL_DIR):
             root = attempt_dir / kind
             if root.is_dir():
                 out.artifacts.extend(
                     Artifact(str(p.relative_to(attempt_dir)), kind.rstrip("s"))
                     for p in sorted(root.rglob("*")) if p.is_file())
         return out
+
+    def latest_checkpoint(self, attempt_dir: Path) -> Checkpoint | None:
+        found = layout.complete_checkpoints(attempt_dir / layout.CHECKPOINTS_DIR)
+        if not found:
+            return None
+        newest = found[-1]
+        return Checkpoint(newest, int(newest.name.removeprefix(layout.CHECKPOINT_PREFIX)))
+
+    def resume_argv(self, checkpoint: Checkpoint) -> list[str]:
+        return ["--resume-from", str(checkpoint.path)]

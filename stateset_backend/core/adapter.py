@@ -72,7 +72,14 @@ class Collected:
     metrics: list[dict[str, Any]] = field(default_factory=list)  # {"step": n, name: value}
     raw_metric_names: dict[str, str] = field(default_factory=dict)  # canonical -> engine's
     artifacts: list[Artifact] = field(default_factory=list)
+    resumed_from: int | None = None  # the update the engine says it continued from
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    update: int
 
 
 class EngineAdapter(abc.ABC):
@@ -97,6 +104,14 @@ class EngineAdapter(abc.ABC):
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
         """Read the engine's outputs from the attempt directory (override per engine)."""
         raise NotImplementedError(f"{self.name}: collection is not implemented")
+
+    def latest_checkpoint(self, attempt_dir: Path) -> Checkpoint | None:
+        """The newest complete checkpoint an attempt left behind (None: nothing to resume)."""
+        return None
+
+    def resume_argv(self, checkpoint: Checkpoint) -> list[str]:
+        """Arguments appended to the plan's argv to continue from ``checkpoint``."""
+        raise NotImplementedError(f"{self.name}: resume is not implemented")
 
     def installed_version(self, python: str | None = None) -> str | None:
         """The engine version installed in this (or the given) Python environment, or None."""

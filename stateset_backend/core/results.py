@@ -83,8 +83,8 @@ def _non_finite(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt_dir: Path,
-             collect_error: str | None = None) -> tuple[Status, list[Check],
-                                                        list[ArtifactRecord]]:
+             collect_error: str | None = None, resumed_from: int | None = None,
+             ) -> tuple[Status, list[Check], list[ArtifactRecord]]:
     """Run every result check; the status follows from the exit and the checks."""
     checks: list[Check] = []
 
@@ -104,6 +104,11 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
             "run id and experiment digest found in the engine's outputs" if same_run and
             same_exp else f"outputs carry run_id={collected.run_id!r}, "
                           f"experiment_digest={collected.experiment_digest!r}")
+        if resumed_from is not None:
+            add("resume", collected.resumed_from == resumed_from,
+                f"continued from update {resumed_from}" if collected.resumed_from ==
+                resumed_from else f"asked to continue from update {resumed_from}, the engine "
+                                  f"reports {collected.resumed_from}")
         planned = plan.validated_spec().budget.total_updates
         add("committed_updates", 0 < collected.committed_updates <= planned,
             f"{collected.committed_updates} of {planned} planned updates committed")

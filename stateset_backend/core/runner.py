@@ -8,9 +8,16 @@ import sys
 import time
 from pathlib import Path
 
-from .adapter import PYTHON, RUN_DIR, LaunchContext
+from .adapter import PYTHON, RUN_DIR, Checkpoint, EngineAdapter, LaunchContext
 from .contracts import parse_version
-from .errors import EngineFailed, Interrupted, InvalidResult, StatesetError, Unsupported
+from .errors import (
+    EngineFailed,
+    Interrupted,
+    InvalidResult,
+    ResumeImpossible,
+    StatesetError,
+    Unsupported,
+)
 from .jsonio import atomic_write_bytes
 from .launch import run_local
 from .plan import LaunchPlan, verify_engine_version
@@ -29,9 +36,26 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore) -> Checkpoint:
+    """The newest complete checkpoint any earlier attempt of this run left, or exit 6."""
+    version = parse_version(plan.engine_version)
+    if "resume:exact" not in adapter.contract.provided(version):
+        raise Unsupported(f"{plan.engine} {plan.engine_version} cannot resume exactly "
+                          "(no resume:exact in its contract)")
+    attempts = store.run_dir(plan.run_id) / "attempts"
+    numbered = sorted((p for p in attempts.glob("*") if p.name.isdigit()),
+                      key=lambda p: int(p.name), reverse=True) if attempts.is_dir() else []
+    for attempt_dir in numbered:
+        found = adapter.latest_checkpoint(attempt_dir)
+        if found is not None:
+            return found
+    raise ResumeImpossible(f"run {plan.run_id} has no complete checkpoint to resume from in "
+                           f"{attempts} ({len(numbered)} earlier attempt(s))")
+
+
 def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
              python: str | None = None, timeout: float | None = None,
-             echo_stderr: bool = True) -> tuple[Result, Path]:
+             echo_stderr: bool = True, resume: bool = False) -> tuple[Result, Path]:
     """Run one attempt of a plan; raises the error whose exit code matches the outcome."""
     entry = registry.get(plan.engine)
     adapter = entry.adapter
@@ -44,6 +68,7 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
     if plan.provider != "local":
         raise Unsupported(f"provider {plan.provider!r} is not available in this release")
 
+    resume_from = find_resume_point(plan, adapter, store) if resume else None
     attempt = store.begin_attempt(plan)
     run_dir = attempt.directory.resolve()
     interpreter = python or sys.executable
@@ -52,6 +77,10 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
     env = dict(os.environ)
     env.update({k: _fill(v, run_dir, interpreter) for k, v in plan.set_env.items()})
     argv = [_fill(a, run_dir, interpreter) for a in plan.argv]
+    if resume_from is not None:
+        argv += adapter.resume_argv(resume_from)
+    if echo_stderr and sys.stderr.isatty():
+        env["STATESET_BACKEND_PROGRESS"] = "tty"
 
     started, t0 = _now(), time.monotonic()
     exit_ = run_local(argv, cwd=run_dir, env=env, stdout_path=run_dir / "stdout.log",
@@ -66,7 +95,8 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
         collected = adapter.collect(run_dir, ctx)
     except (OSError, ValueError, KeyError, NotImplementedError) as exc:
         collect_error = f"{type(exc).__name__}: {exc}"
-    status, checks, artifacts = evaluate(plan, exit_, collected, run_dir, collect_error)
+    status, checks, artifacts = evaluate(plan, exit_, collected, run_dir, collect_error,
+                                         resume_from.update if resume_from else None)
     series = None
     if collected is not None and collected.metrics:
         lines = "".join(json.dumps(row) + "\n" for row in collected.metrics)

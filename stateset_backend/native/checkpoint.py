@@ -23,9 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..core.content import sha256_file
-
-MANIFEST = "manifest.json"
-PREFIX = "update-"
+from .layout import MANIFEST, checkpoint_name, complete_checkpoints
 
 
 class CheckpointError(RuntimeError):
@@ -38,10 +36,6 @@ class TrainerState:
     policy_version: int
     sampler: dict[str, Any]
     extra: dict[str, Any]
-
-
-def checkpoint_name(update: int) -> str:
-    return f"{PREFIX}{update:06d}"
 
 
 def trainable_state(model: Any) -> dict[str, torch.Tensor]:
@@ -118,14 +112,6 @@ def verify(directory: Path, experiment_digest: str) -> dict[str, Any]:
             raise CheckpointError(f"{directory}/{name} is missing or does not match its "
                                   "manifest")
     return dict(manifest)
-
-
-def complete_checkpoints(root: Path) -> list[Path]:
-    """Checkpoint directories that have a manifest, oldest first."""
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir()
-                  if p.is_dir() and p.name.startswith(PREFIX) and (p / MANIFEST).is_file())
 
 
 def load(directory: Path, *, experiment_digest: str, model: Any, optimizer: Any,

@@ -16,7 +16,7 @@ from ..core.digest import experiment_digest
 from ..core.jsonio import atomic_write_json
 from ..core.spec import ExperimentSpec
 from ..core.specfile import parse_spec
-from . import checkpoint, objectives
+from . import checkpoint, layout, objectives
 from .batch import RolloutBatch, check_batch
 from .data import Example, PromptSampler, load_split
 from .learner import LearnerConfig, advantages_for, make_optimizer, reference_logprobs, update
@@ -68,11 +68,11 @@ class Outputs:
     final: Path = field(init=False)
 
     def __post_init__(self) -> None:
-        self.metrics = self.root / "metrics.jsonl"
-        self.receipts = self.root / "receipts.jsonl"
-        self.trajectories = self.root / "trajectories"
-        self.checkpoints = self.root / "checkpoints"
-        self.final = self.root / "final"
+        self.metrics = self.root / layout.METRICS_FILE
+        self.receipts = self.root / layout.RECEIPTS_FILE
+        self.trajectories = self.root / layout.TRAJECTORIES_DIR
+        self.checkpoints = self.root / layout.CHECKPOINTS_DIR
+        self.final = self.root / layout.FINAL_DIR
 
     def append(self, path: Path, row: dict[str, Any]) -> None:
         with open(path, "a", encoding="utf-8") as fh:
@@ -99,6 +99,7 @@ class Trainer:
             spec.algorithm, spec.rollout.temperature, spec.data.max_response_tokens,
             spec.budget.ppo_epochs, spec.budget.mini_batches, spec.optim.grad_clip)
         self.update_count = 0
+        self.resumed_from: int | None = None
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
 
     # -- state ---------------------------------------------------------------------------
@@ -107,7 +108,7 @@ class Trainer:
                                 model=self.model, optimizer=self.optimizer,
                                 scheduler=self.scheduler, generator=self.generator)
         self.sampler.load_state_dict(state.sampler)
-        self.update_count = state.update
+        self.update_count = self.resumed_from = state.update
 
     def save_checkpoint(self) -> Path:
         state = checkpoint.TrainerState(self.update_count, self.update_count,
@@ -119,10 +120,10 @@ class Trainer:
                                keep=self.spec.checkpoint.keep)
 
     def commit(self) -> None:
-        atomic_write_json(self.out.root / "run_info.json", {
+        atomic_write_json(self.out.root / layout.RUN_INFO_FILE, {
             "engine": "native", "run_id": self.settings.run_id,
             "experiment_digest": self.settings.experiment_digest,
-            "committed_updates": self.update_count})
+            "committed_updates": self.update_count, "resumed_from": self.resumed_from})
 
     # -- rollout -------------------------------------------------------------------------
     def _encode(self, rows: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:

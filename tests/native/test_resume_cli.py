@@ -1,0 +1,54 @@
+"""`run PLAN --resume` continues an interrupted run from its newest complete checkpoint."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+
+def test_interrupt_then_resume(cli, tiny, spec_file, tmp_path):
+    plan, runs = tmp_path / "plan.json", tmp_path / "runs"
+    doc = tiny(**{"budget.total_updates": 40, "evaluation.every": None})
+    assert cli("plan", "--engine", "native", spec_file(doc), "-o", plan).returncode == 0
+    run_id = json.loads(plan.read_text())["run_id"]
+    proc = subprocess.Popen([sys.executable, "-m", "stateset_backend", "run", "--runs-dir",
+                             str(runs), "--quiet", str(plan)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    ckpts = runs / run_id / "attempts" / "1" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not (ckpts / "update-000004" / "manifest.json").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    first = json.loads((runs / run_id / "result.json").read_text())
+    assert first["status"] == "interrupted" and first["committed_updates"] < 40
+
+    resumed = cli("run", "--runs-dir", runs, "--resume", "--quiet", plan)
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads((runs / run_id / "result.json").read_text())
+    assert result["attempt"] == 2 and result["status"] == "succeeded"
+    assert result["committed_updates"] == 40
+    check = next(c for c in result["checks"] if c["name"] == "resume")
+    assert check["ok"] and check["detail"].startswith("continued from update ")
+    steps = [json.loads(x)["step"] for x in
+             (runs / run_id / "attempts" / "2" / "metrics.jsonl").read_text().splitlines()]
+    start = int(check["detail"].rsplit(" ", 1)[1])
+    assert start >= 4 and steps == list(range(start + 1, 41))
+
+
+def test_resume_without_a_checkpoint_is_exit_6(cli, tiny, spec_file, tmp_path):
+    plan = tmp_path / "plan.json"
+    assert cli("plan", "--engine", "native", spec_file(tiny()), "-o", plan).returncode == 0
+    proc = cli("run", "--runs-dir", tmp_path / "runs", "--resume", plan)
+    assert proc.returncode == 6
+    assert "has no complete checkpoint to resume from" in proc.stderr
+
+
+def test_resume_needs_a_plan(cli, tiny, spec_file, tmp_path):
+    proc = cli("run", "--engine", "native", "--resume", spec_file(tiny()))
+    assert proc.returncode == 2 and "pass its PLAN" in proc.stderr
