@@ -120,6 +120,10 @@ def check_batch(batch: RolloutBatch, *, vocab_size: int, group_size: int) -> Non
         bad = int((counts != group_size).nonzero()[0].item())
         raise BatchIntegrityError(f"group {bad} has {int(counts[bad])} samples, expected "
                                   f"exactly {group_size}")
+    expected = torch.arange(counts.numel()).repeat_interleave(group_size)
+    if not torch.equal(batch.group_ids, expected):
+        raise BatchIntegrityError("groups are not contiguous: each group's samples must be "
+                                  "adjacent (the learner shares their prompt prefill)")
     for g in range(counts.numel()):
         rows = (batch.group_ids == g).nonzero().squeeze(-1)
         if bool((batch.prompt_index[rows] != batch.prompt_index[rows[0]]).any()) or \

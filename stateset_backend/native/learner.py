@@ -63,17 +63,21 @@ def _reference_mode(model: Any, reference: Any) -> Iterator[Any]:
 
 
 @torch.no_grad()
-def reference_logprobs(model: Any, reference: Any, batch: RolloutBatch,
-                       temperature: float) -> Tensor:
+def reference_logprobs(model: Any, reference: Any, batch: RolloutBatch, temperature: float,
+                       group_size: int) -> Tensor:
     with _reference_mode(model, reference) as ref:
         logp, _ = response_logprobs(ref, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                    batch.response_mask, temperature)
+                                    batch.response_mask, temperature, group_size)
     return logp
 
 
-def _split(n: int, parts: int, generator: torch.Generator) -> list[Tensor]:
-    order = torch.randperm(n, generator=generator)
-    return [chunk for chunk in order.chunk(parts) if chunk.numel()]
+def _split(n_groups: int, group_size: int, parts: int,
+           generator: torch.Generator) -> list[Tensor]:
+    """Mini-batches of whole groups (row indices), so each keeps its shared prompt prefill."""
+    order = torch.randperm(n_groups, generator=generator)
+    offsets = torch.arange(group_size)
+    return [(chunk[:, None] * group_size + offsets).flatten()
+            for chunk in order.chunk(parts) if chunk.numel()]
 
 
 def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: RolloutBatch,
@@ -90,12 +94,13 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
               "grad_norm": 0.0}
     steps = 0
     params = [p for p in model.parameters() if p.requires_grad]
+    group_size = alg.group_size
     for _ in range(cfg.ppo_epochs):
-        for idx in _split(batch.size, cfg.mini_batches, generator):
+        for idx in _split(batch.size // group_size, group_size, cfg.mini_batches, generator):
             mask = batch.response_mask[idx]
             logp, entropy = response_logprobs(model, batch.prompt_ids[idx],
                                               batch.prompt_mask[idx], batch.response_ids[idx],
-                                              mask, cfg.temperature)
+                                              mask, cfg.temperature, group_size)
             pl = loss_fn(logp, old_logp[idx], advantages[idx], mask, clip_low=alg.clip.low,
                          clip_high=alg.clip.high)
             agg = alg.loss_aggregation

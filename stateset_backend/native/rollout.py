@@ -7,6 +7,7 @@ away from 1 instead of being hidden.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -21,7 +22,12 @@ def positions_from_mask(mask: Tensor) -> Tensor:
 def _cache_name(model: Any) -> str:
     """transformers renamed ``past_key_values`` to ``cache``; speak whichever is installed."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(base.forward).parameters
+    return _cache_name_of(type(base))
+
+
+@functools.cache
+def _cache_name_of(model_type: type) -> str:
+    params = inspect.signature(model_type.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
@@ -35,29 +41,46 @@ def _top_p_filter(probs: Tensor, top_p: float) -> Tensor:
     return filtered / filtered.sum(-1, keepdim=True)
 
 
+def _prefill(model: Any, prompt_ids: Tensor, prompt_mask: Tensor,
+             group_size: int) -> tuple[Tensor, Any, Tensor]:
+    """Run each distinct prompt once and share its KV cache across its group.
+
+    Rows come in contiguous groups of ``group_size`` samples of one prompt, so the prompt's
+    keys and values are computed once per group instead of once per sample: with 16 samples
+    per prompt that removes ~15/16 of the prompt compute, in sampling and in the learner.
+    Returns (last-position logits per row, the expanded cache, positions of the next token).
+    """
+    from transformers import DynamicCache
+
+    cache_arg = _cache_name(model)
+    unique_ids, unique_mask = prompt_ids[::group_size], prompt_mask[::group_size].long()
+    out = model(input_ids=unique_ids, attention_mask=unique_mask,
+                position_ids=positions_from_mask(unique_mask), use_cache=True,
+                **{cache_arg: DynamicCache()})
+    cache = out[cache_arg]
+    if group_size > 1:
+        cache.batch_repeat_interleave(group_size)
+    last_logits = out.logits[:, -1, :].repeat_interleave(group_size, dim=0)
+    return last_logits, cache, prompt_mask.long().sum(-1)
+
+
 @torch.no_grad()
 def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int,
            temperature: float, top_p: float, eos_id: int, pad_id: int,
-           generator: torch.Generator | None, greedy: bool = False) -> tuple[Tensor, Tensor,
-                                                                            Tensor]:
+           generator: torch.Generator | None, greedy: bool = False,
+           group_size: int = 1) -> tuple[Tensor, Tensor, Tensor]:
     """(response_ids, response_mask, sample_logprobs), each [N, T]; NaN log-prob after EOS."""
-    from transformers import DynamicCache
-
     was_training = model.training
     model.eval()
     device = prompt_ids.device
     n = prompt_ids.shape[0]
-    attn = prompt_mask.long()
-    positions = positions_from_mask(attn)
     cache_arg = _cache_name(model)
-    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=positions,
-                use_cache=True, **{cache_arg: DynamicCache()})
-    next_pos = positions[:, -1] + 1
+    logits, cache, next_pos = _prefill(model, prompt_ids, prompt_mask, group_size)
+    attn = prompt_mask.long()
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     ids, masks, logps = [], [], []
     for step in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float() / temperature
-        log_probs = torch.log_softmax(logits, dim=-1)
+        log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
         if greedy:
             token = log_probs.argmax(-1)
         else:
@@ -74,8 +97,9 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
             break
         attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=1)
         out = model(input_ids=ids[-1][:, None], attention_mask=attn,
-                    position_ids=next_pos[:, None], use_cache=True,
-                    **{cache_arg: out[cache_arg]})
+                    position_ids=next_pos[:, None], use_cache=True, **{cache_arg: cache})
+        cache = out[cache_arg]
+        logits = out.logits[:, -1, :]
         next_pos = next_pos + 1
     if was_training:
         model.train()
@@ -83,15 +107,23 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
 
 
 def response_logprobs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
-                      response_mask: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
-    """Learner-side (log-prob, entropy) of each response token, with gradients."""
-    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
-    attn = torch.cat([prompt_mask, response_mask], dim=1).long()
-    logits = model(input_ids=input_ids, attention_mask=attn,
-                   position_ids=positions_from_mask(attn)).logits
-    p, t = prompt_ids.shape[1], response_ids.shape[1]
-    logits = logits[:, p - 1:p + t - 1, :].float() / temperature
-    log_probs = torch.log_softmax(logits, dim=-1)
+                      response_mask: Tensor, temperature: float,
+                      group_size: int = 1) -> tuple[Tensor, Tensor]:
+    """Learner-side (log-prob, entropy) of each response token, with gradients.
+
+    Uses the same shared-prompt prefill as sampling; gradients flow through the shared
+    prompt keys and values into every sample of the group.
+    """
+    first_logits, cache, prompt_len = _prefill(model, prompt_ids, prompt_mask, group_size)
+    logits = first_logits[:, None, :]
+    t = response_ids.shape[1]
+    if t > 1:
+        attn = torch.cat([prompt_mask, response_mask[:, :-1]], dim=1).long()
+        positions = prompt_len[:, None] + torch.arange(t - 1, device=prompt_ids.device)
+        out = model(input_ids=response_ids[:, :-1], attention_mask=attn,
+                    position_ids=positions, use_cache=True, **{_cache_name(model): cache})
+        logits = torch.cat([logits, out.logits], dim=1)
+    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
     token_logp = log_probs.gather(-1, response_ids[..., None]).squeeze(-1)
     entropy = -(log_probs.exp() * log_probs).sum(-1)
     return token_logp, entropy

@@ -136,13 +136,15 @@ class Trainer:
                  rows_source: list[Example] | None = None) -> RolloutBatch:
         source = rows_source if rows_source is not None else self.train_rows
         rows = [source[i] for i in indices for _ in range(group_size)]
-        prompt_ids, prompt_mask = self._encode(rows)
+        prompt_ids, prompt_mask = self._encode([source[i] for i in indices])
+        prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0)
         spec = self.spec
         response_ids, response_mask, logps = sample(
             self.model, prompt_ids, prompt_mask, max_new_tokens=spec.data.max_response_tokens,
             temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
             eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
-            generator=self.generator, greedy=greedy)
+            generator=self.generator, greedy=greedy, group_size=group_size)
         texts = self.tokenizer.batch_decode(
             torch.where(response_mask.bool(), response_ids, self.tokenizer.pad_token_id),
             skip_special_tokens=True)
@@ -240,7 +242,7 @@ class Trainer:
         ref_logp = None
         if kl is not None:
             ref_logp = reference_logprobs(self.model, self.reference, batch,
-                                          spec.rollout.temperature)
+                                          spec.rollout.temperature, spec.algorithm.group_size)
             if kl.placement == "reward":
                 sampled = torch.nan_to_num(batch.sample_logprobs, nan=0.0)
                 kl_tokens = objectives.kl_estimate(sampled, ref_logp, kl.estimator)
