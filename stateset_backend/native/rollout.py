@@ -22,12 +22,12 @@ def positions_from_mask(mask: Tensor) -> Tensor:
 def _cache_name(model: Any) -> str:
     """transformers renamed ``past_key_values`` to ``cache``; speak whichever is installed."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _cache_name_of(type(base))
+    return _cache_name_of(type(base).forward)
 
 
 @functools.cache
-def _cache_name_of(model_type: type) -> str:
-    params = inspect.signature(model_type.forward).parameters
+def _cache_name_of(forward: Any) -> str:
+    params = inspect.signature(forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
