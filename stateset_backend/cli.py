@@ -251,10 +251,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     result, path = run_plan(plan, registry, store, python=args.python, timeout=args.timeout,
                             echo_stderr=not args.quiet, resume=args.resume)
     raise_for_status(result, path)
-    _emit(args, result.to_json(),
-          f"run {result.run_id} attempt {result.attempt} succeeded: "
-          f"{result.committed_updates} updates committed (result: {path})")
+    _emit(args, result.to_json(), _run_summary(result, path))
     return 0
+
+
+def _run_summary(result: Any, path: Path) -> str:
+    """The few numbers a user looks at first, then where the rest is."""
+    lines = [f"run {result.run_id} attempt {result.attempt} succeeded: "
+             f"{result.committed_updates}/{result.planned_updates} updates committed in "
+             f"{result.duration_s:.1f}s"]
+    summary, initial = result.metrics.summary, result.metrics.initial
+    for name in ("reward/mean", "val/reward/mean", "loss/policy", "kl"):
+        if summary.get(name) is not None:
+            start = initial.get(name)
+            was = f"{start:.3f} -> " if start is not None and start != summary[name] else ""
+            lines.append(f"  {name:16} {was}{summary[name]:.3f}")
+    lines.append(f"  result: {path}")
+    return "\n".join(lines)
 
 
 # -- parser --------------------------------------------------------------------------------

@@ -44,6 +44,9 @@ class Metrics(_Doc):
     series: str | None = Field(description="canonical per-update series, relative to the "
                                            "attempt directory")
     summary: dict[str, float | None] = Field(description="last value of each canonical metric")
+    initial: dict[str, float | None] = Field(
+        default_factory=dict, description="first value of each canonical metric (for "
+                                          "validation metrics: the untrained policy's)")
     raw_names: dict[str, str] = Field(description="canonical name -> engine's own name")
 
 
@@ -140,11 +143,14 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
     return status, checks, artifacts
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Last value of each metric; non-finite values become null so result.json stays JSON."""
+def summarize(rows: list[dict[str, Any]], *, first: bool = False) -> dict[str, float | None]:
+    """Last (or first) value of each metric; non-finite values become null (JSON has no NaN)."""
     summary: dict[str, float | None] = {}
     for row in rows:
         for name, value in row.items():
-            if name != "step" and isinstance(value, int | float):
-                summary[name] = float(value) if math.isfinite(value) else None
+            if name == "step" or not isinstance(value, int | float):
+                continue
+            if first and name in summary:
+                continue
+            summary[name] = float(value) if math.isfinite(value) else None
     return summary

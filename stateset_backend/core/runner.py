@@ -111,6 +111,7 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
         committed_updates=collected.committed_updates if collected else 0,
         metrics=Metrics(series=series,
                         summary=summarize(collected.metrics) if collected else {},
+                        initial=summarize(collected.metrics, first=True) if collected else {},
                         raw_names=collected.raw_metric_names if collected else {}),
         artifacts=artifacts, checks=checks)
     path = store.finish(attempt, result)

@@ -174,3 +174,34 @@ def test_lora_trains_and_saves_only_adapters(tiny, make_trainer):
     assert all(torch.equal(p, base_before[n]) for n, p in trainer.model.named_parameters()
                if n in base_before)
     assert (trainer.out.final / "adapter_model.safetensors").is_file()
+
+
+def test_trains_a_local_hugging_face_directory_pinned_by_content(tiny, make_trainer, tmp_path):
+    from stateset_backend.core.content import directory_digest
+    from stateset_backend.native.model import ModelError
+
+    seed_model = make_trainer(tiny(), "seed")
+    local = tmp_path / "local-model"
+    seed_model.model.save_pretrained(local)
+    seed_model.tokenizer.save_pretrained(local)
+    doc = tiny(**{"budget.total_updates": 1, "checkpoint.every": None,
+                  "evaluation.every": None})
+    doc["model"] = {"path": str(local), "revision": directory_digest(local), "dtype": "float32"}
+    trainer = make_trainer(doc, "local")
+    assert torch.equal(next(iter(_weights(trainer).values())),
+                       next(iter(_weights(seed_model).values())))
+    trainer.train()
+    doc["model"]["revision"] = "sha256:" + "0" * 64
+    with pytest.raises(ModelError, match="content digest"):
+        make_trainer(doc, "tampered")
+
+
+def test_run_prints_a_summary(cli, tiny, spec_file, tmp_path):
+    proc = cli("run", "--engine", "native", "--runs-dir", tmp_path / "runs", "--quiet",
+               spec_file(tiny(**{"budget.total_updates": 3})))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "3/3 updates committed" in lines[0]
+    assert any(line.strip().startswith("reward/mean") and "->" in line for line in lines)
+    assert any(line.strip().startswith("val/reward/mean") for line in lines)
+    assert lines[-1].strip().startswith("result: ")
