@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specdata import FULL_DAPO, FULL_PPO, MINIMAL
+
+from stateset_backend.conformance.specs import FULL_DAPO, FULL_PPO, MINIMAL
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from specdata import FULL_DAPO, FULL_PPO
 
+from stateset_backend.conformance.specs import FULL_DAPO, FULL_PPO
 from stateset_backend.core.digest import experiment_digest, plan_checksum, sha256_of
 from stateset_backend.core.errors import InvalidInput
 from stateset_backend.core.jsonio import loads

@@ -1,4 +1,9 @@
-"""Specs the tests build on: a minimal one and two that switch every optional section on."""
+"""Sample specs for conformance and identity tests.
+
+A minimal spec, and two that switch every optional section on (``gae`` is PPO-only, hence
+two): together they contain every leaf the spec schema has, so a rule-coverage check over
+them covers every field.
+"""
 
 from __future__ import annotations
 
@@ -59,3 +64,6 @@ FULL_PPO: dict[str, Any] = copy.deepcopy(FULL_DAPO)
 FULL_PPO["algorithm"].update({"objective": "ppo", "group_size": 1, "dynamic_sampling": None,
                               "gae": {"gamma": 0.99, "lam": 0.9}})
 FULL_PPO["algorithm"]["advantage"]["zero_variance_groups"] = "keep"
+
+SAMPLES: dict[str, dict[str, Any]] = {"minimal": MINIMAL, "full_dapo": FULL_DAPO,
+                                      "full_ppo": FULL_PPO}

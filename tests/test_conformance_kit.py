@@ -1,0 +1,54 @@
+"""Every adapter we ship or exemplify passes the conformance kit third parties run."""
+
+from __future__ import annotations
+
+import pytest
+
+from stateset_backend.adapters.native import NativeAdapter
+from stateset_backend.adapters.pending import PendingAdapter
+from stateset_backend.conformance import AdapterConformance
+
+
+class TestNativeConformance(AdapterConformance):
+    @pytest.fixture
+    def adapter(self):
+        return NativeAdapter()
+
+    @pytest.fixture
+    def engine_versions(self):
+        return ["0.1.0"]
+
+
+class TestExamplePluginConformance(AdapterConformance):
+    @pytest.fixture
+    def adapter(self):
+        from stateset_echo_engine.plugin import EchoAdapter
+
+        return EchoAdapter()
+
+    @pytest.fixture
+    def engine_versions(self):
+        return ["1.0.0", "1.2.0"]
+
+
+CONTRACT_ONLY = {
+    "verl": ["0.4.1", "0.6.0", "0.7.1", "0.9.1"],
+    "openrlhf": ["0.9.10", "0.11.2"],
+    "nemo-rl": ["0.5.0", "0.6.0", "0.7.0"],
+}
+
+
+class TestContractOnlyConformance(AdapterConformance):
+    unsupported = frozenset({"render"})
+
+    @pytest.fixture(params=sorted(CONTRACT_ONLY))
+    def engine(self, request):
+        return request.param
+
+    @pytest.fixture
+    def adapter(self, engine):
+        return PendingAdapter(engine)
+
+    @pytest.fixture
+    def engine_versions(self, engine):
+        return CONTRACT_ONLY[engine]
