@@ -31,8 +31,19 @@ class TestExamplePluginConformance(AdapterConformance):
         return ["1.0.0", "1.2.0"]
 
 
+class TestVerlConformance(AdapterConformance):
+    @pytest.fixture
+    def adapter(self):
+        from stateset_backend.adapters.verl import VerlAdapter
+
+        return VerlAdapter()
+
+    @pytest.fixture
+    def engine_versions(self):
+        return ["0.4.1", "0.6.0", "0.7.1", "0.9.1"]
+
+
 CONTRACT_ONLY = {
-    "verl": ["0.4.1", "0.6.0", "0.7.1", "0.9.1"],
     "openrlhf": ["0.9.10", "0.11.2"],
     "nemo-rl": ["0.5.0", "0.6.0", "0.7.0"],
 }

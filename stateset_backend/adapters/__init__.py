@@ -12,7 +12,9 @@ from ..core.hookspecs import hookimpl
 def register_adapters(register: Callable[[EngineAdapter], None]) -> None:
     from .native import NativeAdapter
     from .pending import PendingAdapter
+    from .verl import VerlAdapter
 
     register(NativeAdapter())
-    for engine in ("verl", "openrlhf", "nemo-rl"):
+    register(VerlAdapter())
+    for engine in ("openrlhf", "nemo-rl"):
         register(PendingAdapter(engine))

@@ -99,5 +99,5 @@ class NativeAdapter(EngineAdapter):
         newest = found[-1]
         return Checkpoint(newest, int(newest.name.removeprefix(layout.CHECKPOINT_PREFIX)))
 
-    def resume_argv(self, checkpoint: Checkpoint) -> list[str]:
-        return ["--resume-from", str(checkpoint.path)]
+    def resume_argv(self, checkpoint: Checkpoint, argv: list[str]) -> list[str]:
+        return [*argv, "--resume-from", str(checkpoint.path)]

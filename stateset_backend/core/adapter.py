@@ -109,8 +109,8 @@ class EngineAdapter(abc.ABC):
         """The newest complete checkpoint an attempt left behind (None: nothing to resume)."""
         return None
 
-    def resume_argv(self, checkpoint: Checkpoint) -> list[str]:
-        """Arguments appended to the plan's argv to continue from ``checkpoint``."""
+    def resume_argv(self, checkpoint: Checkpoint, argv: list[str]) -> list[str]:
+        """The plan's argv changed to continue from ``checkpoint``."""
         raise NotImplementedError(f"{self.name}: resume is not implemented")
 
     def installed_version(self, python: str | None = None) -> str | None:

@@ -78,7 +78,7 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
     env.update({k: _fill(v, run_dir, interpreter) for k, v in plan.set_env.items()})
     argv = [_fill(a, run_dir, interpreter) for a in plan.argv]
     if resume_from is not None:
-        argv += adapter.resume_argv(resume_from)
+        argv = adapter.resume_argv(resume_from, argv)
     if echo_stderr and sys.stderr.isatty():
         env["STATESET_BACKEND_PROGRESS"] = "tty"
 

@@ -1,0 +1,393 @@
+"""Adapter for verl: ``python -m verl.trainer.main_ppo`` with Hydra overrides.
+
+verl accepts several values it never checks (an unknown ``adv_estimator``, ``loss_mode``,
+rollout name, logger, ``resume_mode`` or ``kl_loss_type`` is carried along until something
+fails far into a run, or never), so every value written here comes from a closed mapping,
+and anything verl cannot honour is rejected before launch with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from ..core import overrides
+from ..core.adapter import (
+    PYTHON,
+    RUN_DIR,
+    Artifact,
+    Checkpoint,
+    Collected,
+    EngineAdapter,
+    LaunchContext,
+    NativeLaunch,
+)
+from ..core.contracts import Contract, Dialect, load_packaged_contract
+from ..core.errors import InvalidInput
+from ..core.rules import (
+    Mapped,
+    NotApplicable,
+    Outcome,
+    Rejected,
+    RuleSet,
+    Translation,
+    na,
+    only,
+    reject,
+    to,
+)
+from ..core.spec import ExperimentSpec
+
+ACTOR = "actor_rollout_ref.actor"
+ROLLOUT = "actor_rollout_ref.rollout"
+MODEL = "actor_rollout_ref.model"
+SHIM_FILE = "stateset_reward.py"
+LOG_ROOT = "logs"
+CHECKPOINTS = "checkpoints"
+
+ESTIMATOR = {"grpo": "grpo", "dr_grpo": "grpo", "dapo": "grpo", "gspo": "grpo",
+             "cispo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus_baseline",
+             "ppo": "gae"}
+LOSS_MODE = {"gspo": "gspo", "cispo": "cispo"}  # everything else: "vanilla"
+AGGREGATION = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean",
+               "seq_mean_token_sum": "seq-mean-token-sum",
+               "seq_mean_token_sum_norm": "seq-mean-token-sum-norm"}
+KL_TYPE = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}  # names every release accepts
+VERL_STD_EPSILON = 1e-6
+
+# canonical metric -> verl's file-logger key
+METRICS = {"reward/mean": "critic/score/mean", "loss/policy": "actor/pg_loss",
+           "kl": "actor/kl_loss", "entropy": "actor/entropy", "clip_fraction": "actor/pg_clipfrac",
+           "grad_norm": "actor/grad_norm", "lr": "actor/lr",
+           "response_length/mean": "response_length/mean", "tokens_per_second": "perf/throughput"}
+_HUB_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def loss_mode(spec: ExperimentSpec) -> str:
+    return LOSS_MODE.get(spec.algorithm.objective, "vanilla")
+
+
+def hub_snapshot(repo_id: str, commit: str) -> str:
+    """The local path of one pinned revision in the Hugging Face cache.
+
+    verl has no revision key; pointing it at the snapshot directory of the pinned commit is
+    what makes the revision binding (a missing snapshot fails to load instead of silently
+    downloading ``main``).
+    """
+    import os
+
+    cache = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub")
+    return os.path.join(cache, "models--" + repo_id.replace("/", "--"), "snapshots", commit)
+
+
+# -- rules that need more than one field ---------------------------------------------------
+def _objective(value: Any, spec: ExperimentSpec) -> Outcome:
+    return Mapped({"algorithm.adv_estimator": ESTIMATOR[value],
+                   f"{ACTOR}.policy_loss.loss_mode": loss_mode(spec)})
+
+
+def _ratio_level(value: Any, spec: ExperimentSpec) -> Outcome:
+    if value == "sequence" and spec.algorithm.objective != "gspo":
+        return Rejected("verl computes a sequence-level ratio only in its gspo loss mode")
+    return Mapped({f"{ACTOR}.policy_loss.loss_mode": loss_mode(spec)})
+
+
+def _kl_off(value: Any, spec: ExperimentSpec) -> Outcome:
+    return Mapped({f"{ACTOR}.use_kl_loss": False, "algorithm.use_kl_in_reward": False})
+
+
+def _kl_coef(value: Any, spec: ExperimentSpec) -> Outcome:
+    assert spec.algorithm.kl is not None
+    key = f"{ACTOR}.kl_loss_coef" if spec.algorithm.kl.placement == "loss" \
+        else "algorithm.kl_ctrl.kl_coef"
+    return Mapped({key: value})
+
+
+def _kl_estimator(value: Any, spec: ExperimentSpec) -> Outcome:
+    assert spec.algorithm.kl is not None
+    key = f"{ACTOR}.kl_loss_type" if spec.algorithm.kl.placement == "loss" \
+        else "algorithm.kl_penalty"
+    return Mapped({key: KL_TYPE[value]})
+
+
+def _kl_placement(value: Any, spec: ExperimentSpec) -> Outcome:
+    return Mapped({f"{ACTOR}.use_kl_loss": value == "loss",
+                   "algorithm.use_kl_in_reward": value == "reward"})
+
+
+def _std_normalize(value: Any, spec: ExperimentSpec) -> Outcome:
+    objective = spec.algorithm.objective
+    if objective == "rloo":
+        return NotApplicable("verl's RLOO does not divide by a std") if not value \
+            else Rejected("verl's RLOO cannot divide advantages by a std")
+    if objective in ("reinforce_pp", "ppo"):
+        return NotApplicable("verl always whitens these advantages") if value \
+            else Rejected(f"verl always whitens {objective} advantages")
+    return Mapped({"algorithm.norm_adv_by_std_in_grpo": value})
+
+
+def _zero_variance(value: Any, spec: ExperimentSpec) -> Outcome:
+    if value == "keep":
+        return NotApplicable("verl keeps zero-variance groups (their advantages are 0)")
+    if spec.algorithm.dynamic_sampling is None:
+        return Rejected("verl excludes zero-variance groups only while refilling the batch "
+                        "(dynamic sampling)")
+    return Mapped({"algorithm.filter_groups.enable": True})
+
+
+def _max_rounds(value: Any, spec: ExperimentSpec) -> Outcome:
+    return Mapped({"algorithm.filter_groups.enable": True,
+                   "algorithm.filter_groups.metric": "score",
+                   "algorithm.filter_groups.max_num_gen_batches": value + 1})
+
+
+def _mini_batches(value: Any, spec: ExperimentSpec) -> Outcome:
+    prompts = spec.budget.prompts_per_update
+    if prompts % value:
+        return Rejected(f"verl's mini-batch size is in prompts: {prompts} prompts do not split "
+                        f"into {value} equal mini-batches")
+    return Mapped({f"{ACTOR}.ppo_mini_batch_size": prompts // value})
+
+
+def _model_path(value: Any, spec: ExperimentSpec) -> Outcome:
+    revision = spec.model.revision
+    path = hub_snapshot(value, revision) if revision and _HUB_COMMIT.match(revision) else value
+    keys = [f"{MODEL}.path"] + (["critic.model.path"] if spec.algorithm.gae else [])
+    return Mapped({k: path for k in keys})
+
+
+def _model_revision(value: Any, spec: ExperimentSpec) -> Outcome:
+    if value is None:
+        return NotApplicable("no revision pinned")
+    if _HUB_COMMIT.match(value):
+        return NotApplicable("pinned through model.path: verl loads the cached snapshot of "
+                             "this commit")
+    if value.startswith("sha256:"):
+        return NotApplicable("a local directory's content digest, recorded in the "
+                             "experiment digest")
+    return Rejected("verl has no revision key: pin a 40-hex commit (loaded from the "
+                    "Hugging Face cache snapshot) or a local directory's sha256")
+
+
+def _overlong_buffer(root: str) -> Any:
+    """The DAPO reward manager with its overlong buffer (reward_kwargs are not in the base
+    config, hence Hydra's ``+`` append)."""
+
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        kw = f"+{root}.reward_kwargs"
+        manager = f"{root}.reward_manager.name" if root == "reward" else f"{root}.reward_manager"
+        return Mapped({manager: "dapo", f"{kw}.overlong_buffer_cfg.enable": True,
+                       f"{kw}.overlong_buffer_cfg.len": value,
+                       f"{kw}.overlong_buffer_cfg.log": False,
+                       f"{kw}.max_resp_len": spec.data.max_response_tokens})
+
+    return rule
+
+
+def _data_file(key: str) -> Any:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        if not str(value).endswith(".parquet"):
+            return Rejected("verl reads parquet files in its own row format (prompt messages, "
+                            "reward_model.ground_truth); convert the split first")
+        return Mapped({key: value})
+
+    return rule
+
+
+class VerlAdapter(EngineAdapter):
+    name = "verl"
+
+    @cached_property
+    def contract(self) -> Contract:
+        return load_packaged_contract("stateset_backend.contracts", "verl.json")
+
+    def rules(self, dialect: Dialect) -> RuleSet:
+        keys = dialect.keys
+        reward_fn = keys["reward_function"]
+        seed_keys = [k for k in keys.get("seed", "").split(",") if k]
+        reward_root = reward_fn.split(".")[0] if "." in reward_fn else "reward_model"
+        verified = na("checked against the file by stateset-backend before launch")
+        return {
+            "name": to("trainer.project_name"),
+            "seed": to(*seed_keys) if seed_keys else reject(
+                f"verl {dialect.name} has no seed key: the run would not follow the spec's seed"),
+            "algorithm.objective": _objective,
+            "algorithm.group_size": to(f"{ROLLOUT}.n"),
+            "algorithm.clip.low": to(f"{ACTOR}.clip_ratio_low"),
+            "algorithm.clip.high": to(f"{ACTOR}.clip_ratio_high"),
+            "algorithm.ratio_level": _ratio_level,
+            "algorithm.loss_aggregation": to(f"{ACTOR}.loss_agg_mode",
+                                             convert=AGGREGATION.__getitem__),
+            "algorithm.kl": _kl_off,
+            "algorithm.kl.coef": _kl_coef,
+            "algorithm.kl.estimator": _kl_estimator,
+            "algorithm.kl.placement": _kl_placement,
+            "algorithm.advantage.std_normalize": _std_normalize,
+            "algorithm.advantage.std": only(lambda v: v == "unbiased", "verl's advantage std "
+                                            "is torch.std (unbiased, n-1); population std is "
+                                            "not available", na("verl uses the unbiased std")),
+            "algorithm.advantage.epsilon": only(lambda v: v == VERL_STD_EPSILON,
+                                                f"verl's epsilon is fixed at {VERL_STD_EPSILON}",
+                                                na(f"verl's fixed {VERL_STD_EPSILON}")),
+            "algorithm.advantage.zero_variance_groups": _zero_variance,
+            "algorithm.dynamic_sampling": to("algorithm.filter_groups.enable",
+                                             convert=lambda v: False),
+            "algorithm.dynamic_sampling.max_rounds": _max_rounds,
+            "algorithm.overlong": na("no overlong penalty (verl's default reward manager)"),
+            "algorithm.overlong.buffer_tokens": _overlong_buffer(reward_root),
+            "algorithm.overlong.penalty": to(
+                f"+{reward_root}.reward_kwargs.overlong_buffer_cfg.penalty_factor"),
+            "algorithm.entropy_coef": to(f"{ACTOR}.entropy_coeff"),
+            "algorithm.gae": na("no critic"),
+            "algorithm.gae.gamma": to("algorithm.gamma"),
+            "algorithm.gae.lam": to("algorithm.lam"),
+            "model.path": _model_path,
+            "model.revision": _model_revision,
+            "model.dtype": to(f"{ROLLOUT}.dtype"),
+            "model.lora": to(f"{MODEL}.lora_rank", convert=lambda v: 0),
+            "model.lora.rank": to(f"{MODEL}.lora_rank"),
+            "model.lora.alpha": to(f"{MODEL}.lora_alpha"),
+            "model.lora.target_modules": to(f"{MODEL}.target_modules"),
+            "model.lora.dropout": only(lambda v: v == 0.0, "verl has no LoRA dropout setting",
+                                       na("verl applies no LoRA dropout")),
+            "data.train.uri": _data_file("data.train_files"),
+            "data.train.sha256": verified,
+            "data.train.prompt_field": to("data.prompt_key"),
+            "data.train.answer_field": na("verl reads the ground truth from "
+                                          "reward_model.ground_truth in its parquet rows"),
+            "data.validation": na("no validation split"),
+            "data.validation.uri": _data_file("data.val_files"),
+            "data.validation.sha256": verified,
+            "data.validation.prompt_field": to("data.prompt_key"),
+            "data.validation.answer_field": na("verl reads the ground truth from "
+                                               "reward_model.ground_truth in its parquet rows"),
+            "data.test": na("the test split is never used during training"),
+            "data.max_prompt_tokens": to("data.max_prompt_length"),
+            "data.max_response_tokens": to("data.max_response_length"),
+            "reward.kind": only(lambda v: v == "python", "only python rewards are translated "
+                                "for verl", na("a custom reward function")),
+            "reward.entrypoint": lambda v, s: Mapped({
+                f"{reward_fn}.path": f"{RUN_DIR}/{SHIM_FILE}",
+                f"{reward_fn}.name": "compute_score"}),
+            "reward.sha256": verified,
+            "environment.kind": only(lambda v: v == "single_turn", "multi-turn environments "
+                                     "are not translated for verl", na("single-turn rollout")),
+            "environment.entrypoint": na("single-turn: the reward function is the environment"),
+            "environment.sha256": na("single-turn: the reward function is the environment"),
+            "environment.max_turns": na("single-turn"),
+            "rollout.backend": only(lambda v: v in ("vllm", "sglang"), "verl rolls out with "
+                                    "vllm or sglang", to(f"{ROLLOUT}.name")),
+            "rollout.temperature": to(f"{ROLLOUT}.temperature"),
+            "rollout.top_p": to(f"{ROLLOUT}.top_p"),
+            "optim.lr": to(f"{ACTOR}.optim.lr"),
+            "optim.weight_decay": to(f"{ACTOR}.optim.weight_decay"),
+            "optim.grad_clip": to(f"{ACTOR}.grad_clip"),
+            "optim.warmup_steps": to(f"{ACTOR}.optim.lr_warmup_steps"),
+            "budget.total_updates": to("trainer.total_training_steps"),
+            "budget.prompts_per_update": to("data.train_batch_size"),
+            "budget.ppo_epochs": to(f"{ACTOR}.ppo_epochs"),
+            "budget.mini_batches": _mini_batches,
+            "checkpoint.every": to("trainer.save_freq", convert=lambda v: -1 if v is None else v),
+            "checkpoint.keep": to("trainer.max_actor_ckpt_to_keep"),
+            "evaluation.every": to("trainer.test_freq", convert=lambda v: -1 if v is None else v),
+            "evaluation.select_by": only(lambda v: v is None, "verl does not pick a checkpoint "
+                                         "by a validation metric", na("no selection")),
+            "resources.nodes": to("trainer.nnodes"),
+            "resources.gpus_per_node": to("trainer.n_gpus_per_node"),
+        }
+
+    def render(self, translation: Translation, spec: ExperimentSpec,
+               ctx: LaunchContext) -> NativeLaunch:
+        # Memory/speed knobs the spec does not describe (they do not change the math):
+        # token-budget micro-batching, which verl requires some setting of.
+        tokens = spec.data.max_prompt_tokens + spec.data.max_response_tokens
+        native = {f"{ACTOR}.use_dynamic_bsz": True,
+                  f"{ACTOR}.ppo_max_token_len_per_gpu": max(16384, 2 * tokens),
+                  **translation.native}
+        # Identity and outputs: the run id and digest name the run inside verl's own outputs.
+        owned = {
+            "trainer.experiment_name": experiment_name(ctx.run_id, ctx.experiment_digest),
+            "trainer.default_local_dir": f"{RUN_DIR}/{CHECKPOINTS}",
+            "trainer.logger": ["console"] + (["file"] if ctx.dialect.keys["logger"] == "file"
+                                             else []),
+            "trainer.resume_mode": "disable",
+        }
+        taken = sorted(set(owned) & set(translation.native))
+        if taken:
+            raise InvalidInput(f"engine_options.verl.{taken[0]}: set by stateset-backend to keep "
+                               "the run's identity and outputs; it cannot be overridden")
+        native.update(owned)
+        reward_file, _, function = spec.reward.entrypoint.rpartition(":")
+        base = Path(ctx.base_dir or ".")
+        reward_path = str(Path(reward_file) if Path(reward_file).is_absolute()
+                          else base / reward_file)
+        shim = REWARD_SHIM.format(path=json.dumps(reward_path), function=json.dumps(function))
+        return NativeLaunch(
+            argv=[PYTHON, "-m", "verl.trainer.main_ppo", *overrides.render(native)],
+            files={SHIM_FILE: shim},
+            set_env={"VERL_FILE_LOGGER_ROOT": f"{RUN_DIR}/{LOG_ROOT}"},
+            env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "WANDB_API_KEY"])
+
+    def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
+        out = Collected(raw_metric_names=dict(METRICS))
+        logs = sorted((attempt_dir / LOG_ROOT).glob("*/*.jsonl"))
+        for log in logs:
+            run_id, _, digest = log.stem.partition(".")
+            if run_id == ctx.run_id and digest == ctx.experiment_digest.removeprefix("sha256:"):
+                out.run_id, out.experiment_digest = run_id, ctx.experiment_digest
+                for line in log.read_text(encoding="utf-8").splitlines():
+                    if line.strip():
+                        doc = json.loads(line)
+                        row = {"step": doc["step"]}
+                        row.update({c: doc["data"][r] for c, r in METRICS.items()
+                                    if r in doc["data"]})
+                        out.metrics.append(row)
+        out.committed_updates = max((r["step"] for r in out.metrics), default=0)
+        root = attempt_dir / CHECKPOINTS
+        if root.is_dir():
+            for step_dir in sorted(root.glob("global_step_*")):
+                step = int(step_dir.name.rsplit("_", 1)[1])
+                out.artifacts.extend(
+                    _artifact(p, attempt_dir, step) for p in sorted(step_dir.rglob("*"))
+                    if p.is_file())
+        return out
+
+    def latest_checkpoint(self, attempt_dir: Path) -> Checkpoint | None:
+        marker = attempt_dir / CHECKPOINTS / "latest_checkpointed_iteration.txt"
+        if not marker.is_file():
+            return None
+        step = int(marker.read_text().strip())
+        path = attempt_dir / CHECKPOINTS / f"global_step_{step}"
+        return Checkpoint(path, step) if path.is_dir() else None
+
+    def resume_argv(self, checkpoint: Checkpoint, argv: list[str]) -> list[str]:
+        kept = [a for a in argv if not a.startswith("trainer.resume_mode=")]
+        return [*kept, "trainer.resume_mode=resume_path",
+                f"trainer.resume_from_path={overrides.value(str(checkpoint.path))}"]
+
+
+def experiment_name(run_id: str, digest: str) -> str:
+    return f"{run_id}.{digest.removeprefix('sha256:')}"
+
+
+def _artifact(path: Path, attempt_dir: Path, step: int) -> Artifact:
+    return Artifact(str(path.relative_to(attempt_dir)), "checkpoint", step)
+
+
+REWARD_SHIM = '''"""Generated by stateset-backend: verl's reward signature -> the spec's reward."""
+import importlib.util
+
+_spec = importlib.util.spec_from_file_location("stateset_user_reward", {path})
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+_fn = getattr(_module, {function})
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    prompt = (extra_info or {{}}).get("prompt", "")
+    return float(_fn(prompt, solution_str, ground_truth))
+'''
