@@ -182,27 +182,48 @@ def _explain_rows(entry: AdapterEntry, spec: ExperimentSpec, version: str) -> li
     return rows
 
 
+def _outcome_text(row: dict[str, Any]) -> str:
+    if row["outcome"] == "mapped":
+        return ", ".join(f"{k} = {json.dumps(v)}" for k, v in row["native"].items())
+    return f"{row['outcome'].replace('_', ' ')}: {row['reason']}"
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
+    from .core.errors import InvalidInput
+
     spec = _spec(args.spec)
-    entry = _registry().get(args.engine)
-    version = _engine_version(entry, args.engine_version, args.python)
-    rows = _explain_rows(entry, spec, version)
+    registry = _registry()
+    if args.all_engines == (args.engine is not None):
+        raise InvalidInput("explain takes --engine E or --all-engines")
+    if args.all_engines and args.engine_version:
+        raise InvalidInput("--engine-version needs --engine (--all-engines uses each engine's "
+                           "installed or newest known version)")
+    engines = []
+    for name in (sorted(registry.adapters) if args.all_engines else [args.engine]):
+        entry = registry.get(name)
+        if args.all_engines:
+            version = entry.adapter.installed_version(args.python) or \
+                entry.adapter.contract.newest_known_version()
+        else:
+            version = _engine_version(entry, args.engine_version, args.python)
+        engines.append({"engine": name, "engine_version": version,
+                        "fields": _explain_rows(entry, spec, version)})
 
     def table() -> None:
         from rich.table import Table
 
-        t = Table(title=f"{args.engine} {version}")
-        for col in ("field", "value", "outcome"):
-            t.add_column(col, overflow="fold")
-        for r in rows:
-            if r["outcome"] == "mapped":
-                outcome = ", ".join(f"{k} = {json.dumps(v)}" for k, v in r["native"].items())
-            else:
-                outcome = f"{r['outcome'].replace('_', ' ')}: {r['reason']}"
-            t.add_row(r["field"], json.dumps(r["value"]), outcome)
+        t = Table(title=", ".join(f"{e['engine']} {e['engine_version']}" for e in engines))
+        t.add_column("field", overflow="fold")
+        t.add_column("value", overflow="fold")
+        for e in engines:
+            t.add_column(f"{e['engine']} {e['engine_version']}", overflow="fold")
+        for i, row in enumerate(engines[0]["fields"]):
+            t.add_row(row["field"], json.dumps(row["value"]),
+                      *(_outcome_text(e["fields"][i]) for e in engines))
         _console().print(t)
 
-    _emit(args, {"engine": args.engine, "engine_version": version, "fields": rows}, table)
+    doc: dict[str, Any] = {"engines": engines} if args.all_engines else engines[0]
+    _emit(args, doc, table)
     return 0
 
 
@@ -306,7 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine_args(p)
     p.add_argument("spec")
     p = command("explain", cmd_explain, "show what every spec field becomes on an engine")
-    engine_args(p)
+    engine_args(p, required=False)
+    p.add_argument("--all-engines", action="store_true",
+                   help="one column per registered engine, side by side")
     p.add_argument("spec")
     p = command("plan", cmd_plan, "make a reviewable launch plan")
     engine_args(p)

@@ -58,3 +58,22 @@ def test_help_lists_every_command(cli):
     for command in ("validate", "digest", "schema", "engines", "check", "explain", "plan",
                     "run"):
         assert command in proc.stdout
+
+
+def test_explain_all_engines_side_by_side(cli, write_json, minimal):
+    proc = cli("explain", "--all-engines", "--json", write_json(minimal))
+    assert proc.returncode == 0, proc.stderr
+    engines = {e["engine"]: e for e in json.loads(proc.stdout)["engines"]}
+    assert {"native", "verl", "openrlhf", "nemo-rl"} <= set(engines)
+    assert engines["verl"]["engine_version"] == "0.9.1"  # newest the contract names
+    fields = [[r["field"] for r in e["fields"]] for e in engines.values()]
+    assert all(f == fields[0] for f in fields)  # one row per field on every engine
+    verl = {r["field"]: r for r in engines["verl"]["fields"]}
+    assert verl["rollout.backend"]["outcome"] == "rejected"  # the spec asks for hf
+    table = cli("explain", "--all-engines", write_json(minimal), env={"COLUMNS": "250"})
+    assert table.returncode == 0 and "verl 0.9.1" in table.stdout
+
+
+def test_explain_needs_one_engine_or_all(cli, write_json, minimal):
+    proc = cli("explain", write_json(minimal))
+    assert proc.returncode == 2 and "--engine E or --all-engines" in proc.stderr

@@ -138,6 +138,13 @@ class Contract(_Doc):
         ranges = [r.versions for r in self.capabilities if capability in r.provides]
         return " or ".join(ranges) if ranges else None
 
+    def newest_known_version(self) -> str:
+        """The newest version the contract names: what ``explain --all-engines`` shows for an
+        engine that is not installed here."""
+        named = [p for p in self._probe_versions() if not p.is_postrelease
+                 and self.supports(p)]
+        return str(max(named)) if named else self.supported
+
     def dialect(self, version: Version) -> Dialect:
         for d in self.dialects:
             if d.contains(version):
