@@ -198,7 +198,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.all_engines and args.engine_version:
         raise InvalidInput("--engine-version needs --engine (--all-engines uses each engine's "
                            "installed or newest known version)")
-    engines = []
+    engines: list[dict[str, Any]] = []
     for name in (sorted(registry.adapters) if args.all_engines else [args.engine]):
         entry = registry.get(name)
         if args.all_engines:
