@@ -43,8 +43,19 @@ class TestVerlConformance(AdapterConformance):
         return ["0.4.1", "0.6.0", "0.7.1", "0.9.1"]
 
 
+class TestOpenRLHFConformance(AdapterConformance):
+    @pytest.fixture
+    def adapter(self):
+        from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
+
+        return OpenRLHFAdapter()
+
+    @pytest.fixture
+    def engine_versions(self):
+        return ["0.9.10", "0.10.2", "0.11.2"]
+
+
 CONTRACT_ONLY = {
-    "openrlhf": ["0.9.10", "0.11.2"],
     "nemo-rl": ["0.5.0", "0.6.0", "0.7.0"],
 }
 

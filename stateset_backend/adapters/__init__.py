@@ -11,10 +11,11 @@ from ..core.hookspecs import hookimpl
 @hookimpl
 def register_adapters(register: Callable[[EngineAdapter], None]) -> None:
     from .native import NativeAdapter
+    from .openrlhf import OpenRLHFAdapter
     from .pending import PendingAdapter
     from .verl import VerlAdapter
 
     register(NativeAdapter())
     register(VerlAdapter())
-    for engine in ("openrlhf", "nemo-rl"):
-        register(PendingAdapter(engine))
+    register(OpenRLHFAdapter())
+    register(PendingAdapter("nemo-rl"))

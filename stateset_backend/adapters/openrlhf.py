@@ -1,0 +1,255 @@
+"""Adapter for OpenRLHF: ``python -m openrlhf.cli.train_ppo_ray`` with argparse flags.
+
+OpenRLHF renamed every flag into a dotted hierarchy at 0.10.2, and argparse accepts any
+unambiguous abbreviation of a flag, so a stale or shortened flag can silently land on another
+option. Every flag here is an exact option string taken from the contract's dialect for the
+installed version.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from ..core.adapter import PYTHON, RUN_DIR, EngineAdapter, LaunchContext, NativeLaunch
+from ..core.contracts import Contract, Dialect, load_packaged_contract
+from ..core.errors import InvalidInput
+from ..core.rules import (
+    Mapped,
+    NotApplicable,
+    Outcome,
+    Rejected,
+    RuleSet,
+    Translation,
+    na,
+    only,
+    to,
+)
+from ..core.spec import ExperimentSpec
+
+SHIM_FILE = "stateset_reward.py"
+ESTIMATOR = {"grpo": "group_norm", "dr_grpo": "dr_grpo", "dapo": "group_norm",
+             "gspo": "group_norm", "rloo": "rloo", "reinforce_pp": "reinforce_baseline",
+             "ppo": "gae"}
+DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def render_flags(native: dict[str, Any]) -> list[str]:
+    """argparse argv: True -> bare flag, False/None -> omitted, lists -> several values."""
+    argv: list[str] = []
+    for flag, value in sorted(native.items()):
+        if value is False or value is None:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, list | tuple):
+            argv += [flag, *(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+class OpenRLHFAdapter(EngineAdapter):
+    name = "openrlhf"
+
+    @cached_property
+    def contract(self) -> Contract:
+        return load_packaged_contract("stateset_backend.contracts", "openrlhf.json")
+
+    def rules(self, dialect: Dialect) -> RuleSet:
+        f = dialect.keys
+
+        def objective(value: Any, spec: ExperimentSpec) -> Outcome:
+            native: dict[str, Any] = {f["estimator"]: ESTIMATOR[value]} if value in ESTIMATOR \
+                else {}
+            if not native:
+                return Rejected(f"OpenRLHF has no {value} objective")
+            native[f["policy_loss_type"]] = "gspo" if value == "gspo" else "ppo"
+            return Mapped(native)
+
+        def ratio_level(value: Any, spec: ExperimentSpec) -> Outcome:
+            if value == "sequence" and spec.algorithm.objective != "gspo":
+                return Rejected("OpenRLHF computes sequence-level ratios only for gspo")
+            return Mapped({f["policy_loss_type"]: "gspo" if value == "sequence" else "ppo"})
+
+        def aggregation(value: Any, spec: ExperimentSpec) -> Outcome:
+            if "loss_agg_mode" not in f:
+                return NotApplicable("OpenRLHF before 0.11.2 always averages over tokens") \
+                    if value == "token_mean" else Rejected("loss aggregation is configurable "
+                                                           "only from OpenRLHF 0.11.2")
+            modes = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean"}
+            return Mapped({f["loss_agg_mode"]: modes[value]}) if value in modes else \
+                Rejected(f"OpenRLHF has no {value} aggregation")
+
+        def clip(value: Any, spec: ExperimentSpec) -> Outcome:
+            return Mapped({f["eps_clip_low_high"]: [spec.algorithm.clip.low,
+                                                    spec.algorithm.clip.high]})
+
+        def kl_off(value: Any, spec: ExperimentSpec) -> Outcome:
+            return Mapped({f["kl_coef"]: 0.0, f["kl_use_loss"]: False})
+
+        def std_normalize(value: Any, spec: ExperimentSpec) -> Outcome:
+            if spec.algorithm.objective == "rloo":
+                return NotApplicable("OpenRLHF's RLOO does not divide by a std") if not value \
+                    else Rejected("OpenRLHF's RLOO cannot divide advantages by a std")
+            return Mapped({f["no_std_norm"]: not value})
+
+        def zero_variance(value: Any, spec: ExperimentSpec) -> Outcome:
+            if value == "keep":
+                return NotApplicable("OpenRLHF keeps zero-variance groups")
+            if spec.algorithm.dynamic_sampling is None:
+                return Rejected("OpenRLHF excludes zero-variance groups only with dynamic "
+                                "filtering")
+            return Mapped({f["dynamic_filtering"]: True})
+
+        def mini_batches(value: Any, spec: ExperimentSpec) -> Outcome:
+            samples = spec.budget.prompts_per_update * spec.algorithm.group_size
+            if samples % value:
+                return Rejected(f"{samples} samples per update do not split into {value} "
+                                "equal mini-batches")
+            return Mapped({f["train_batch_size"]: samples // value})
+
+        def warmup(value: Any, spec: ExperimentSpec) -> Outcome:
+            return Mapped({f["warmup_ratio"]: value / spec.budget.total_updates})
+
+        def total_updates(value: Any, spec: ExperimentSpec) -> Outcome:
+            # one pass, limited to exactly the prompts the planned updates consume
+            return Mapped({f["num_episodes"]: 1,
+                           f["max_samples"]: value * spec.budget.prompts_per_update})
+
+        def data_file(slot: str) -> Any:
+            return to(f[slot])
+
+        verified = na("checked against the file by stateset-backend before launch")
+        return {
+            "name": na("the run name carries the run id and digest instead (identity)"),
+            "seed": to(f["seed"]),
+            "algorithm.objective": objective,
+            "algorithm.group_size": to(f["group_size"]),
+            "algorithm.clip.low": clip,
+            "algorithm.clip.high": clip,
+            "algorithm.ratio_level": ratio_level,
+            "algorithm.loss_aggregation": aggregation,
+            "algorithm.kl": kl_off,
+            "algorithm.kl.coef": to(f["kl_coef"]),
+            "algorithm.kl.estimator": to(f["kl_estimator"]),
+            "algorithm.kl.placement": to(f["kl_use_loss"], convert=lambda v: v == "loss"),
+            "algorithm.advantage.std_normalize": std_normalize,
+            "algorithm.advantage.std": only(lambda v: v == "unbiased", "OpenRLHF divides by "
+                                            "torch.std (unbiased)", na("unbiased std")),
+            "algorithm.advantage.epsilon": only(lambda v: v == 1e-6, "OpenRLHF's epsilon is "
+                                                "fixed", na("OpenRLHF's fixed epsilon")),
+            "algorithm.advantage.zero_variance_groups": zero_variance,
+            "algorithm.dynamic_sampling": to(f["dynamic_filtering"], convert=lambda v: False),
+            "algorithm.dynamic_sampling.max_rounds": na("OpenRLHF refills the batch without a "
+                                                        "round limit"),
+            "algorithm.overlong": na("no overlong penalty"),
+            "algorithm.overlong.buffer_tokens": to(f["overlong_buffer_len"]),
+            "algorithm.overlong.penalty": to(f["overlong_penalty_factor"]),
+            "algorithm.entropy_coef": to(f["entropy_coef"]),
+            "algorithm.gae": na("no critic"),
+            "algorithm.gae.gamma": to(f["gamma"]),
+            "algorithm.gae.lam": to(f["lambd"]),
+            "model.path": to(f["model"]),
+            "model.revision": lambda v, s: NotApplicable("no revision pinned") if v is None
+            else Rejected("OpenRLHF has no revision flag: download the revision and point "
+                          "model.path at it"),
+            "model.dtype": only(lambda v: v in DTYPE, "OpenRLHF trains in bf16 or fp16",
+                                to(f["param_dtype"], convert=lambda v: DTYPE[v])),
+            "model.lora": to(f["lora_rank"], convert=lambda v: 0),
+            "model.lora.rank": to(f["lora_rank"]),
+            "model.lora.alpha": only(lambda v: float(v).is_integer(), "OpenRLHF takes an "
+                                     "integer LoRA alpha", to(f["lora_alpha"], convert=int)),
+            "model.lora.dropout": to(f["lora_dropout"]),
+            "model.lora.target_modules": to(f["target_modules"],
+                                            convert=lambda v: [v] if isinstance(v, str) else v),
+            "data.train.uri": data_file("prompt_data"),
+            "data.train.sha256": verified,
+            "data.train.prompt_field": to(f["input_key"]),
+            "data.train.answer_field": to(f["label_key"]),
+            "data.validation": na("no validation split"),
+            "data.validation.uri": data_file("eval_data"),
+            "data.validation.sha256": verified,
+            "data.validation.prompt_field": to(f["input_key"]),
+            "data.validation.answer_field": to(f["label_key"]),
+            "data.test": na("the test split is never used during training"),
+            "data.max_prompt_tokens": lambda v, s: Mapped(
+                {f["max_len"]: v + s.data.max_response_tokens}),
+            "data.max_response_tokens": to(f["max_new_tokens"]),
+            "reward.kind": only(lambda v: v == "python", "only python rewards are translated "
+                                "for OpenRLHF", na("a python reward function")),
+            "reward.entrypoint": lambda v, s: Mapped({f["reward_url"]: f"{RUN_DIR}/{SHIM_FILE}"}),
+            "reward.sha256": verified,
+            "environment.kind": only(lambda v: v == "single_turn", "multi-turn environments "
+                                     "are not translated for OpenRLHF", na("single-turn")),
+            "environment.entrypoint": na("single-turn"),
+            "environment.sha256": na("single-turn"),
+            "environment.max_turns": na("single-turn"),
+            "rollout.backend": only(lambda v: v == "vllm", "OpenRLHF rolls out with vLLM",
+                                    to(f["vllm_engines"], convert=lambda v: 1)),
+            "rollout.temperature": to(f["temperature"]),
+            "rollout.top_p": to(f["top_p"]),
+            "optim.lr": to(f["lr"]),
+            "optim.weight_decay": to(f["weight_decay"]),
+            "optim.grad_clip": to(f["max_norm"]),
+            "optim.warmup_steps": warmup,
+            "budget.total_updates": total_updates,
+            "budget.prompts_per_update": to(f["rollout_batch_size"]),
+            "budget.ppo_epochs": to(f["max_epochs"]),
+            "budget.mini_batches": mini_batches,
+            "checkpoint.every": to(f["save_steps"], convert=lambda v: -1 if v is None else v),
+            "checkpoint.keep": lambda v, s: NotApplicable("keeps every checkpoint") if v is None
+            else Mapped({f["max_ckpt_num"]: v}),
+            "evaluation.every": to(f["eval_steps"], convert=lambda v: -1 if v is None else v),
+            "evaluation.select_by": only(lambda v: v is None, "OpenRLHF does not pick a "
+                                         "checkpoint by a validation metric",
+                                         na("no selection")),
+            "resources.nodes": to(f["nodes"]),
+            "resources.gpus_per_node": to(f["gpus_per_node"]),
+        }
+
+    def render(self, translation: Translation, spec: ExperimentSpec,
+               ctx: LaunchContext) -> NativeLaunch:
+        f = ctx.dialect.keys
+        owned = {f["run_name"]: f"{ctx.run_id}.{ctx.experiment_digest.removeprefix('sha256:')}",
+                 f["tensorboard"]: f"{RUN_DIR}/tensorboard",
+                 f["ckpt_path"]: f"{RUN_DIR}/checkpoints",
+                 f["save_path"]: f"{RUN_DIR}/final"}
+        taken = sorted(set(owned) & set(translation.native))
+        if taken:
+            raise InvalidInput(f"engine_options.openrlhf.{taken[0]}: set by stateset-backend "
+                               "to keep the run's identity and outputs")
+        reward_file, _, function = spec.reward.entrypoint.rpartition(":")
+        path = Path(reward_file) if Path(reward_file).is_absolute() else \
+            Path(ctx.base_dir or ".") / reward_file
+        shim = REWARD_SHIM.format(path=json.dumps(str(path)), function=json.dumps(function))
+        # Micro-batch sizes only trade memory for speed; OpenRLHF requires at least one
+        # micro-batch per actor process, so pick the largest size (<= 8) that gives that.
+        processes = max(1, spec.resources.nodes * max(spec.resources.gpus_per_node, 1))
+        samples = spec.budget.prompts_per_update * spec.algorithm.group_size
+        micro = max(1, min(8, samples // processes))
+        defaults = {f["micro_rollout_batch_size"]: micro, f["micro_train_batch_size"]: micro}
+        return NativeLaunch(
+            argv=[PYTHON, "-m", "openrlhf.cli.train_ppo_ray",
+                  *render_flags({**defaults, **translation.native, **owned})],
+            files={SHIM_FILE: shim}, env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "WANDB_API_KEY"])
+
+
+REWARD_SHIM = '''"""Generated by stateset-backend: OpenRLHF's reward_func -> the spec's reward."""
+import importlib.util
+
+import torch
+
+_spec = importlib.util.spec_from_file_location("stateset_user_reward", {path})
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+_fn = getattr(_module, {function})
+
+
+def reward_func(queries, prompts, labels, **kwargs):
+    scores = [float(_fn(p, q[len(p):], a)) for q, p, a in zip(queries, prompts, labels)]
+    rewards = torch.tensor(scores)
+    return {{"rewards": rewards, "scores": rewards, "extra_logs": {{}}}}
+'''

@@ -1,0 +1,59 @@
+"""Run OpenRLHF's own train_ppo_ray ``__main__`` block (its real argparse parser and its
+post-parse checks) from a release wheel, with ``train`` replaced by a recorder, so no GPU
+package is needed. Usage: python openrlhf_parse.py WHEEL -- ARGV...; prints the parsed
+arguments as JSON (dotted names for the hierarchical releases)."""
+
+import argparse
+import ast
+import json
+import os
+import sys
+import types
+import zipfile
+from datetime import datetime
+from types import SimpleNamespace
+
+wheel, argv = sys.argv[1], sys.argv[sys.argv.index("--") + 1:]
+with zipfile.ZipFile(wheel) as zf:
+    names = zf.namelist()
+
+    def source(suffix):
+        match = [n for n in names if n.endswith(suffix)]
+        return zf.read(match[0]).decode() if match else None
+
+    main_source = source("openrlhf/cli/train_ppo_ray.py")
+    config_source = source("openrlhf/utils/config.py")
+
+if config_source is not None:  # the hierarchical releases import one pure helper
+    for name in ("openrlhf", "openrlhf.utils"):
+        package = types.ModuleType(name)
+        package.__path__ = []
+        sys.modules[name] = package
+    config = types.ModuleType("openrlhf.utils.config")
+    exec(compile(config_source, "openrlhf/utils/config.py", "exec"), config.__dict__)
+    sys.modules["openrlhf.utils.config"] = config
+
+tree = ast.parse(main_source)
+main = next(n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.dump(n.test))
+captured = {}
+
+
+def train(args):
+    captured["args"] = args
+
+
+def flatten(ns, prefix=""):
+    out = {}
+    for key, value in vars(ns).items():
+        if isinstance(value, SimpleNamespace):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+sys.argv = ["train_ppo_ray.py", *argv]
+namespace = {"__name__": "__main__", "argparse": argparse, "os": os, "datetime": datetime,
+             "train": train}
+exec(compile(ast.Module(main.body, []), "train_ppo_ray.py", "exec"), namespace)
+print(json.dumps(flatten(captured["args"]), default=str))
