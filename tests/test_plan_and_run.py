@@ -15,7 +15,18 @@ import pytest
 
 
 @pytest.fixture
-def echo_spec(write_json, minimal):
+def echo_spec(write_json, minimal, tmp_path):
+    """A spec whose data and reward files exist beside it, pinned by their real sha256."""
+    from stateset_backend.core.content import sha256_file
+
+    (tmp_path / "data").mkdir(exist_ok=True)
+    train = tmp_path / "data" / "train.jsonl"
+    train.write_text('{"prompt": "p", "answer": "a"}\n')
+    reward = tmp_path / "reward.py"
+    reward.write_text("def score(prompt, response, answer):\n    return 1.0\n")
+    minimal["data"]["train"]["sha256"] = sha256_file(train)
+    minimal["reward"]["sha256"] = sha256_file(reward)
+
     def make(behaviour: str = "ok") -> Path:
         doc = dict(minimal, engine_options={"echo": {"behaviour": behaviour}})
         return write_json(doc, f"spec-{behaviour}.json")
@@ -79,6 +90,13 @@ def test_an_edited_plan_is_refused(cli, echo_spec, tmp_path):
     proc = cli("run", "--runs-dir", tmp_path / "runs", plan)
     assert proc.returncode == 2 and "checksum mismatch" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_changed_reward_file_is_refused_before_launch(cli, echo_spec, tmp_path):
+    spec = echo_spec()
+    (tmp_path / "reward.py").write_text("def score(prompt, response, answer):\n    return 2.0\n")
+    proc = cli("run", "--engine", "echo", "--runs-dir", tmp_path / "runs", spec)
+    assert proc.returncode == 2 and "reward:" in proc.stderr and "the file changed" in proc.stderr
 
 
 def test_a_plan_for_another_engine_version_does_not_run(cli, echo_spec, tmp_path):

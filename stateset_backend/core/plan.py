@@ -53,6 +53,7 @@ class LaunchPlan(BaseModel):
     adapter: AdapterInfo
     contract_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     provider: Provider = "local"
+    base_dir: str = Field(description="the spec's folder: where its relative paths point")
     required_capabilities: list[str]
     spec: dict[str, Any] = Field(description="the validated spec, defaults filled")
     native: dict[str, Any] = Field(description="native keys the spec and engine_options "
@@ -88,8 +89,8 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     translation = translate(spec, adapter.rules(dialect), adapter.name, engine_version)
     run_id = new_run_id()
     exp_digest = experiment_digest(spec)
-    ctx = LaunchContext(run_id, exp_digest, engine_version, dialect,
-                        str((base_dir or Path.cwd()).resolve()))
+    base = str((base_dir or Path.cwd()).resolve())
+    ctx = LaunchContext(run_id, exp_digest, engine_version, dialect, base)
     launch = adapter.render(translation, spec, ctx)
     resources = spec.resources.model_dump(mode="json")
     engine_options = spec.engine_options.get(adapter.name, {})
@@ -108,6 +109,7 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
         "adapter": {"distribution": entry.distribution, "version": entry.version},
         "contract_digest": contract.digest,
         "provider": provider,
+        "base_dir": base,
         "required_capabilities": sorted(required),
         "spec": spec.model_dump(mode="json"),
         "native": translation.native,

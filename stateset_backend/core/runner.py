@@ -18,6 +18,7 @@ from .errors import (
     StatesetError,
     Unsupported,
 )
+from .inputs import verify_inputs
 from .jsonio import atomic_write_bytes
 from .launch import run_local
 from .plan import LaunchPlan, verify_engine_version
@@ -68,6 +69,9 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
     if plan.provider != "local":
         raise Unsupported(f"provider {plan.provider!r} is not available in this release")
 
+    spec = plan.validated_spec()
+    if plan.provider == "local":
+        verify_inputs(spec, Path(plan.base_dir))
     resume_from = find_resume_point(plan, adapter, store) if resume else None
     attempt = store.begin_attempt(plan)
     run_dir = attempt.directory.resolve()

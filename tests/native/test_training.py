@@ -44,21 +44,30 @@ def test_run_native_end_to_end(cli, tiny, spec_file, tmp_path):
     assert "update 6/6" in proc.stderr  # progress reached the user
 
 
-def test_the_test_split_is_never_touched(cli, tiny, spec_file, tmp_path):
-    doc = tiny()
-    doc["data"]["test"]["sha256"] = "0" * 64  # would fail loudly if it were ever read
-    proc = cli("run", "--engine", "native", "--runs-dir", tmp_path / "runs", spec_file(doc))
-    assert proc.returncode == 0, proc.stderr
+def test_the_test_split_is_never_touched(tiny, make_trainer):
+    doc = tiny(**{"budget.total_updates": 2})
+    doc["data"]["test"]["sha256"] = "0" * 64  # the engine would fail loudly if it read it
+    trainer = make_trainer(doc)
+    trainer.train()
+    assert trainer.update_count == 2
 
 
-def test_changed_training_data_fails_the_run(cli, tiny, spec_file, tmp_path):
+def test_changed_training_data_is_refused_before_launch(cli, tiny, spec_file, tmp_path):
     doc = tiny()
     doc["data"]["train"]["sha256"] = "0" * 64
     proc = cli("run", "--engine", "native", "--runs-dir", tmp_path / "runs", spec_file(doc))
-    assert proc.returncode == 4
-    assert "the data changed" in proc.stderr
-    result, _ = _attempt(tmp_path / "runs")
-    assert result["status"] == "failed" and result["committed_updates"] == 0
+    assert proc.returncode == 2
+    assert "data.train:" in proc.stderr and "the file changed" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_engine_itself_refuses_changed_data(tiny, make_trainer):
+    from stateset_backend.native.data import DataError
+
+    doc = tiny()
+    doc["data"]["train"]["sha256"] = "0" * 64
+    with pytest.raises(DataError, match="the data changed"):
+        make_trainer(doc)
 
 
 def test_a_nan_reward_fails_the_run(cli, tiny, spec_file, tmp_path):
