@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from stateset_backend.adapters.native import NativeAdapter
-from stateset_backend.adapters.pending import PendingAdapter
 from stateset_backend.conformance import AdapterConformance
 
 
@@ -55,22 +54,13 @@ class TestOpenRLHFConformance(AdapterConformance):
         return ["0.9.10", "0.10.2", "0.11.2"]
 
 
-CONTRACT_ONLY = {
-    "nemo-rl": ["0.5.0", "0.6.0", "0.7.0"],
-}
+class TestNemoRLConformance(AdapterConformance):
+    @pytest.fixture
+    def adapter(self):
+        from stateset_backend.adapters.nemo_rl import NemoRLAdapter
 
-
-class TestContractOnlyConformance(AdapterConformance):
-    unsupported = frozenset({"render"})
-
-    @pytest.fixture(params=sorted(CONTRACT_ONLY))
-    def engine(self, request):
-        return request.param
+        return NemoRLAdapter()
 
     @pytest.fixture
-    def adapter(self, engine):
-        return PendingAdapter(engine)
-
-    @pytest.fixture
-    def engine_versions(self, engine):
-        return CONTRACT_ONLY[engine]
+    def engine_versions(self):
+        return ["0.5.0", "0.6.0", "0.7.0"]

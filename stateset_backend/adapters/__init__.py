@@ -11,11 +11,11 @@ from ..core.hookspecs import hookimpl
 @hookimpl
 def register_adapters(register: Callable[[EngineAdapter], None]) -> None:
     from .native import NativeAdapter
+    from .nemo_rl import NemoRLAdapter
     from .openrlhf import OpenRLHFAdapter
-    from .pending import PendingAdapter
     from .verl import VerlAdapter
 
     register(NativeAdapter())
     register(VerlAdapter())
     register(OpenRLHFAdapter())
-    register(PendingAdapter("nemo-rl"))
+    register(NemoRLAdapter())

@@ -23,6 +23,7 @@ from .spec import ExperimentSpec
 
 RUN_DIR = "{run_dir}"
 PYTHON = "{python}"
+ENGINE_HOME = "{engine_home}"  # an engine run from a source checkout (--engine-home)
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from .adapter import PYTHON, RUN_DIR, Checkpoint, EngineAdapter, LaunchContext
+from .adapter import ENGINE_HOME, PYTHON, RUN_DIR, Checkpoint, EngineAdapter, LaunchContext
 from .contracts import parse_version
 from .errors import (
     EngineFailed,
     Interrupted,
+    InvalidInput,
     InvalidResult,
     ResumeImpossible,
     StatesetError,
@@ -29,7 +30,9 @@ from .store import RunStore
 CANONICAL_SERIES = "canonical_metrics.jsonl"
 
 
-def _fill(text: str, run_dir: Path, python: str) -> str:
+def _fill(text: str, run_dir: Path, python: str, engine_home: str | None) -> str:
+    if engine_home is not None:
+        text = text.replace(ENGINE_HOME, engine_home)
     return text.replace(RUN_DIR, str(run_dir)).replace(PYTHON, python)
 
 
@@ -56,7 +59,8 @@ def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore)
 
 def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
              python: str | None = None, timeout: float | None = None,
-             echo_stderr: bool = True, resume: bool = False) -> tuple[Result, Path]:
+             echo_stderr: bool = True, resume: bool = False,
+             engine_home: str | None = None) -> tuple[Result, Path]:
     """Run one attempt of a plan; raises the error whose exit code matches the outcome."""
     entry = registry.get(plan.engine)
     adapter = entry.adapter
@@ -72,6 +76,9 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
     spec = plan.validated_spec()
     if plan.provider == "local":
         verify_inputs(spec, Path(plan.base_dir))
+    if engine_home is None and any(ENGINE_HOME in a for a in plan.argv):
+        raise InvalidInput("this plan runs an engine from its source checkout: pass "
+                           "--engine-home DIR")
     resume_from = find_resume_point(plan, adapter, store) if resume else None
     attempt = store.begin_attempt(plan)
     run_dir = attempt.directory.resolve()
@@ -79,8 +86,9 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
     for rel, content in plan.files.items():
         atomic_write_bytes(run_dir / rel, content.encode("utf-8"))
     env = dict(os.environ)
-    env.update({k: _fill(v, run_dir, interpreter) for k, v in plan.set_env.items()})
-    argv = [_fill(a, run_dir, interpreter) for a in plan.argv]
+    env.update({k: _fill(v, run_dir, interpreter, engine_home)
+                for k, v in plan.set_env.items()})
+    argv = [_fill(a, run_dir, interpreter, engine_home) for a in plan.argv]
     if resume_from is not None:
         argv = adapter.resume_argv(resume_from, argv)
     if echo_stderr and sys.stderr.isatty():

@@ -1,0 +1,250 @@
+"""Adapter for NeMo RL: a source checkout run as ``examples/run_grpo.py --config <yaml>``
+with Hydra-style overrides applied in struct mode.
+
+In struct mode an unknown key is an error unless it is added with ``+``; every override here
+is a key of the release's own ``grpo_math_1B.yaml`` (checked against the pinned configs of each
+supported tag), or explicitly added with ``+`` where NeMo RL documents an optional key.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from ..core import overrides
+from ..core.adapter import ENGINE_HOME, RUN_DIR, EngineAdapter, LaunchContext, NativeLaunch
+from ..core.contracts import Contract, Dialect, load_packaged_contract
+from ..core.errors import InvalidInput
+from ..core.rules import (
+    Mapped,
+    NotApplicable,
+    Outcome,
+    Rejected,
+    RuleSet,
+    Translation,
+    na,
+    only,
+    reject,
+    to,
+)
+from ..core.spec import ExperimentSpec
+
+LORA_TARGETS_ALL = "all-linear"
+
+
+class NemoRLAdapter(EngineAdapter):
+    name = "nemo-rl"
+
+    @cached_property
+    def contract(self) -> Contract:
+        return load_packaged_contract("stateset_backend.contracts", "nemo-rl.json")
+
+    def rules(self, dialect: Dialect) -> RuleSet:
+        k = dialect.keys
+
+        def objective(value: Any, spec: ExperimentSpec) -> Outcome:
+            native: dict[str, Any] = {
+                "grpo.use_leave_one_out_baseline": value == "rloo",
+                "loss_fn.sequence_level_importance_ratios": value == "gspo"}
+            if k["adv_estimator"]:
+                native[k["adv_estimator"]] = "reinforce_plus_plus" \
+                    if value == "reinforce_pp" else "grpo"
+            elif value == "reinforce_pp":
+                return Rejected(f"NeMo RL {dialect.name} has no REINFORCE++ estimator")
+            if k["cispo"]:
+                native[k["cispo"]] = value == "cispo"
+            elif value == "cispo":
+                return Rejected(f"NeMo RL {dialect.name} has no CISPO loss")
+            return Mapped(native)
+
+        def ratio_level(value: Any, spec: ExperimentSpec) -> Outcome:
+            if value == "sequence" and spec.algorithm.objective != "gspo":
+                return Rejected("NeMo RL uses sequence-level ratios only for GSPO")
+            return Mapped({"loss_fn.sequence_level_importance_ratios": value == "sequence"})
+
+        def aggregation(value: Any, spec: ExperimentSpec) -> Outcome:
+            levels = {"token_mean": True, "seq_mean_token_mean": False}
+            return Mapped({"loss_fn.token_level_loss": levels[value]}) if value in levels else \
+                Rejected(f"NeMo RL has no {value} aggregation")
+
+        def kl_off(value: Any, spec: ExperimentSpec) -> Outcome:
+            native: dict[str, Any] = {"loss_fn.reference_policy_kl_penalty": 0.0}
+            if k["kl_in_reward"]:
+                native[k["kl_in_reward"]] = False
+            return Mapped(native)
+
+        def kl_placement(value: Any, spec: ExperimentSpec) -> Outcome:
+            if not k["kl_in_reward"]:
+                return NotApplicable("KL is in the loss") if value == "loss" else \
+                    Rejected(f"NeMo RL {dialect.name} puts KL only in the loss")
+            return Mapped({k["kl_in_reward"]: value == "reward"})
+
+        def zero_variance(value: Any, spec: ExperimentSpec) -> Outcome:
+            if value == "keep":
+                return NotApplicable("NeMo RL keeps zero-variance groups")
+            if spec.algorithm.dynamic_sampling is None:
+                return Rejected("NeMo RL excludes zero-variance groups only with dynamic "
+                                "sampling")
+            return Mapped({"grpo.use_dynamic_sampling": True})
+
+        def mini_batches(value: Any, spec: ExperimentSpec) -> Outcome:
+            samples = spec.budget.prompts_per_update * spec.algorithm.group_size
+            if samples % value:
+                return Rejected(f"{samples} samples per update do not split into {value} "
+                                "equal mini-batches")
+            return Mapped({"policy.train_global_batch_size": samples // value})
+
+        def warmup(value: Any, spec: ExperimentSpec) -> Outcome:
+            constant = {"name": "torch.optim.lr_scheduler.ConstantLR",
+                        "kwargs": {"factor": 1.0, "total_iters": 10_000_000_000}}
+            if value == 0:
+                return Mapped({"policy.scheduler": [constant]})
+            linear = {"name": "torch.optim.lr_scheduler.LinearLR",
+                      "kwargs": {"start_factor": 1.0 / value, "end_factor": 1.0,
+                                 "total_iters": value}}
+            return Mapped({"policy.scheduler": [linear, constant, {"milestones": [value]}]})
+
+        def lengths(value: Any, spec: ExperimentSpec) -> Outcome:
+            return Mapped({"policy.max_total_sequence_length":
+                           spec.data.max_prompt_tokens + spec.data.max_response_tokens})
+
+        def split(name: str) -> Any:
+            def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+                if k["custom_data"] != "nested":
+                    return Rejected(f"NeMo RL {dialect.name} reads only its named datasets")
+                s = getattr(spec.data, name)
+                if name == "train":
+                    return Mapped({"data.train.dataset_name": "ResponseDataset",
+                                   "data.train.split_validation_size": 0.0,
+                                   "+data.train.data_path": s.uri,
+                                   "+data.train.input_key": s.prompt_field,
+                                   "+data.train.output_key": s.answer_field})
+                return Mapped({"data.validation": {"dataset_name": "ResponseDataset",
+                                                   "data_path": s.uri,
+                                                   "input_key": s.prompt_field,
+                                                   "output_key": s.answer_field}})
+
+            return rule
+
+        def lora(sub: str) -> Any:
+            if not k["lora"]:
+                return reject(f"NeMo RL {dialect.name} has no LoRA")
+            key = f"{k['lora']}.{sub}"
+            if sub == "target_modules":
+                def targets(value: Any, spec: ExperimentSpec) -> Outcome:
+                    every = value == LORA_TARGETS_ALL
+                    return Mapped({key: [] if every else list(value),
+                                   f"{k['lora']}.match_all_linear": every})
+                return targets
+            if sub == "dim":  # the rank is always present when LoRA is on: it switches it on
+                return lambda v, s: Mapped({key: v, f"{k['lora']}.enabled": True})
+            return to(key)
+
+        verified = na("checked against the file by stateset-backend before launch")
+        return {
+            "name": na("the logger run names carry the run id and digest instead (identity)"),
+            "seed": to("grpo.seed"),
+            "algorithm.objective": objective,
+            "algorithm.group_size": to("grpo.num_generations_per_prompt"),
+            "algorithm.clip.low": to("loss_fn.ratio_clip_min"),
+            "algorithm.clip.high": to("loss_fn.ratio_clip_max"),
+            "algorithm.ratio_level": ratio_level,
+            "algorithm.loss_aggregation": aggregation,
+            "algorithm.kl": kl_off,
+            "algorithm.kl.coef": to("loss_fn.reference_policy_kl_penalty"),
+            "algorithm.kl.estimator": to("loss_fn.reference_policy_kl_type"),
+            "algorithm.kl.placement": kl_placement,
+            "algorithm.advantage.std_normalize": to("grpo.normalize_rewards"),
+            "algorithm.advantage.std": only(lambda v: v == "unbiased", "NeMo RL divides by the "
+                                            "unbiased std", na("unbiased std")),
+            "algorithm.advantage.epsilon": only(lambda v: v == 1e-6, "NeMo RL's epsilon is "
+                                                "fixed", na("NeMo RL's fixed epsilon")),
+            "algorithm.advantage.zero_variance_groups": zero_variance,
+            "algorithm.dynamic_sampling": to("grpo.use_dynamic_sampling", convert=lambda v: False),
+            "algorithm.dynamic_sampling.max_rounds": lambda v, s: Mapped({
+                "grpo.use_dynamic_sampling": True,
+                "grpo.dynamic_sampling_max_gen_batches": v + 1}),
+            "algorithm.overlong": to("grpo.reward_shaping.enabled", convert=lambda v: False),
+            "algorithm.overlong.buffer_tokens": lambda v, s: Mapped({
+                "grpo.reward_shaping.enabled": True,
+                "grpo.reward_shaping.overlong_buffer_length": v,
+                "grpo.reward_shaping.max_response_length": s.data.max_response_tokens}),
+            "algorithm.overlong.penalty": to("grpo.reward_shaping.overlong_buffer_penalty"),
+            "algorithm.entropy_coef": only(lambda v: v == 0, "NeMo RL's GRPO loss has no entropy "
+                                           "bonus", na("no entropy bonus")),
+            "algorithm.gae": na("no critic"),
+            "algorithm.gae.gamma": reject("NeMo RL's GRPO has no critic"),
+            "algorithm.gae.lam": reject("NeMo RL's GRPO has no critic"),
+            "model.path": to("policy.model_name"),
+            "model.revision": lambda v, s: NotApplicable("no revision pinned") if v is None
+            else Rejected("NeMo RL has no revision key: point model.path at the downloaded "
+                          "revision"),
+            "model.dtype": to("policy.precision"),
+            "model.lora": (to(f"{k['lora']}.enabled", convert=lambda v: False) if k["lora"]
+                           else na("no LoRA")),
+            "model.lora.rank": lora("dim"),
+            "model.lora.alpha": lora("alpha"),
+            "model.lora.dropout": lora("dropout"),
+            "model.lora.target_modules": lora("target_modules"),
+            "data.train.uri": split("train"),
+            "data.train.sha256": verified,
+            "data.train.prompt_field": na("passed as the dataset's input_key"),
+            "data.train.answer_field": na("passed as the dataset's output_key"),
+            "data.validation": na("no validation split"),
+            "data.validation.uri": split("validation"),
+            "data.validation.sha256": verified,
+            "data.validation.prompt_field": na("passed as the dataset's input_key"),
+            "data.validation.answer_field": na("passed as the dataset's output_key"),
+            "data.test": na("the test split is never used during training"),
+            "data.max_prompt_tokens": lengths,
+            "data.max_response_tokens": to("policy.generation.max_new_tokens"),
+            "reward.kind": reject("NeMo RL scores with its own environments; a python reward "
+                                  "function is not translated"),
+            "reward.entrypoint": reject("NeMo RL scores with its own environments"),
+            "reward.sha256": verified,
+            "environment.kind": only(lambda v: v == "single_turn", "multi-turn environments "
+                                     "are not translated for NeMo RL", na("single-turn")),
+            "environment.entrypoint": na("single-turn"),
+            "environment.sha256": na("single-turn"),
+            "environment.max_turns": to("grpo.max_rollout_turns"),
+            "rollout.backend": only(lambda v: v == "vllm", "NeMo RL generates with vLLM here",
+                                    to("policy.generation.backend")),
+            "rollout.temperature": to("policy.generation.temperature"),
+            "rollout.top_p": to("policy.generation.top_p"),
+            "optim.lr": to("policy.optimizer.kwargs.lr"),
+            "optim.weight_decay": to("policy.optimizer.kwargs.weight_decay"),
+            "optim.grad_clip": to("policy.max_grad_norm"),
+            "optim.warmup_steps": warmup,
+            "budget.total_updates": to("grpo.max_num_steps"),
+            "budget.prompts_per_update": to("grpo.num_prompts_per_step"),
+            "budget.ppo_epochs": only(lambda v: v == 1, "NeMo RL's GRPO takes one pass per "
+                                      "batch", na("one pass per batch")),
+            "budget.mini_batches": mini_batches,
+            "checkpoint.every": lambda v, s: Mapped({"checkpointing.enabled": False})
+            if v is None else Mapped({"checkpointing.enabled": True,
+                                      "checkpointing.save_period": v}),
+            "checkpoint.keep": to("checkpointing.keep_top_k"),
+            "evaluation.every": to("grpo.val_period", convert=lambda v: 0 if v is None else v),
+            "evaluation.select_by": only(lambda v: v is None, "choosing checkpoints by a "
+                                         "metric is not translated for NeMo RL",
+                                         na("no selection")),
+            "resources.nodes": to("cluster.num_nodes"),
+            "resources.gpus_per_node": to("cluster.gpus_per_node"),
+        }
+
+    def render(self, translation: Translation, spec: ExperimentSpec,
+               ctx: LaunchContext) -> NativeLaunch:
+        name = f"{ctx.run_id}.{ctx.experiment_digest.removeprefix('sha256:')}"
+        owned = {"logger.log_dir": f"{RUN_DIR}/logs", "logger.tensorboard_enabled": True,
+                 "logger.wandb.name": name, "checkpointing.checkpoint_dir":
+                 f"{RUN_DIR}/checkpoints"}
+        taken = sorted(set(owned) & set(translation.native))
+        if taken:
+            raise InvalidInput(f"engine_options.nemo-rl.{taken[0]}: set by stateset-backend "
+                               "to keep the run's identity and outputs")
+        config = f"{ENGINE_HOME}/{ctx.dialect.keys['config']}"
+        return NativeLaunch(
+            argv=["uv", "run", "--project", ENGINE_HOME, "python",
+                  f"{ENGINE_HOME}/examples/run_grpo.py", "--config", config,
+                  *overrides.render({**translation.native, **owned})],
+            env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "WANDB_API_KEY"])
