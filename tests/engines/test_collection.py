@@ -1,0 +1,157 @@
+"""Collection: engine outputs written with the engines' own writers are read back into
+canonical metrics and hashed artifacts, and a bad outcome is never a success."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+from test_openrlhf import golden as openrlhf_golden
+from test_verl import VERL_PYTHON, needs_verl
+from test_verl import golden as verl_golden
+
+from stateset_backend.adapters.openrlhf import OpenRLHFAdapter, run_name
+from stateset_backend.adapters.verl import VerlAdapter, experiment_name
+from stateset_backend.core.adapter import Checkpoint, LaunchContext
+from stateset_backend.core.launch import Exit
+from stateset_backend.core.plan import make_plan
+from stateset_backend.core.registry import AdapterEntry
+from stateset_backend.core.results import evaluate
+from stateset_backend.core.specfile import parse_spec
+
+RUN_ID = "20260101T000000Z-0000abcd"
+DIGEST = "sha256:" + "1" * 64
+
+
+def _ctx(adapter, version: str) -> LaunchContext:
+    return LaunchContext(RUN_ID, DIGEST, version, adapter.contract.dialect(Version(version)))
+
+
+def _plan_like(adapter, doc, version):
+    entry = AdapterEntry(adapter, "builtin", "stateset-backend", "0.1.0")
+    plan = make_plan(parse_spec(doc), entry, version, base_dir=Path("/"))
+    return plan.model_copy(update={"run_id": RUN_ID, "experiment_digest": DIGEST})
+
+
+# -- OpenRLHF: TensorBoard events, written as OpenRLHF's TensorboardLogger writes them ----------
+def _write_openrlhf_run(attempt: Path, name: str, steps: int, nan_at: int | None = None) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(attempt / "tensorboard" / name))
+    for step in range(1, steps + 1):
+        logs = {"policy_loss": 0.1 / step, "reward": 0.2 * step, "kl": 0.01,
+                "response_length": 100.0, "actor_lr": 1e-6, "actor_grad_norm": 0.5}
+        if nan_at == step:
+            logs["policy_loss"] = math.nan
+        for key, value in logs.items():  # OpenRLHF: add_scalar(f"train/{k}", v, global_step)
+            writer.add_scalar(f"train/{key}", value, step)
+    writer.close()
+    ckpt = attempt / "checkpoints" / "_actor" / f"global_step{steps}"
+    ckpt.mkdir(parents=True)
+    (ckpt / "mp_rank_00_model_states.pt").write_bytes(b"weights")
+
+
+def test_openrlhf_tensorboard_is_collected_and_checked(tmp_path):
+    adapter = OpenRLHFAdapter()
+    ctx = _ctx(adapter, "0.11.2")
+    _write_openrlhf_run(tmp_path, run_name(ctx), 4)
+    got = adapter.collect(tmp_path, ctx)
+    assert (got.run_id, got.experiment_digest, got.committed_updates) == (RUN_ID, DIGEST, 4)
+    assert got.metrics[-1]["reward/mean"] == pytest.approx(0.8)
+    assert got.metrics[0]["loss/policy"] == pytest.approx(0.1)
+    assert got.raw_metric_names["loss/policy"] == "train/policy_loss"
+    plan = _plan_like(adapter, openrlhf_golden({"objective": "grpo"}), "0.11.2")
+    status, checks, artifacts = evaluate(plan, Exit(0), got, tmp_path)
+    assert status == "succeeded", checks
+    assert artifacts[0].path.endswith("global_step4/mp_rank_00_model_states.pt")
+
+
+def test_openrlhf_nan_metric_makes_the_result_invalid(tmp_path):
+    adapter = OpenRLHFAdapter()
+    ctx = _ctx(adapter, "0.11.2")
+    _write_openrlhf_run(tmp_path, run_name(ctx), 3, nan_at=2)
+    plan = _plan_like(adapter, openrlhf_golden({"objective": "grpo"}), "0.11.2")
+    status, checks, _ = evaluate(plan, Exit(0), adapter.collect(tmp_path, ctx), tmp_path)
+    assert status == "invalid"
+    assert not next(c for c in checks if c.name == "metrics_finite").ok
+
+
+def test_openrlhf_run_under_another_name_loses_identity(tmp_path):
+    adapter = OpenRLHFAdapter()
+    ctx = _ctx(adapter, "0.11.2")
+    _write_openrlhf_run(tmp_path, "someone-elses-run", 3)
+    plan = _plan_like(adapter, openrlhf_golden({"objective": "grpo"}), "0.11.2")
+    status, checks, _ = evaluate(plan, Exit(0), adapter.collect(tmp_path, ctx), tmp_path)
+    assert status == "invalid"
+    assert {c.name for c in checks if not c.ok} >= {"identity", "committed_updates"}
+
+
+def test_openrlhf_resume_points_at_the_checkpoints_and_loads_them(tmp_path):
+    adapter = OpenRLHFAdapter()
+    _write_openrlhf_run(tmp_path, "run", 3)
+    found = adapter.latest_checkpoint(tmp_path)
+    assert found == Checkpoint(tmp_path / "checkpoints" / "_actor" / "global_step3", 3)
+    for version, ckpt_flag, load_flag in (("0.11.2", "--ckpt.path", "--ckpt.load_enable"),
+                                          ("0.9.10", "--ckpt_path", "--load_checkpoint")):
+        argv = _plan_like(adapter, openrlhf_golden({"objective": "grpo"}), version).argv
+        resumed = adapter.resume_argv(found, argv)
+        assert resumed[resumed.index(ckpt_flag) + 1] == str(tmp_path / "checkpoints")
+        assert resumed[-1] == load_flag and len(resumed) == len(argv) + 1
+
+
+# -- verl: the file logger's jsonl, written by verl's own FileLogger ------------------------------
+VERL_WRITER = """
+import os, sys
+from verl.utils.tracking import FileLogger
+logger = FileLogger(project_name=sys.argv[1], experiment_name=sys.argv[2])
+for step in range(1, 4):
+    logger.log({"critic/score/mean": 0.1 * step, "actor/pg_loss": 0.5 / step,
+                "actor/kl_loss": 0.01, "actor/entropy": 1.2, "actor/pg_clipfrac": 0.0,
+                "actor/grad_norm": 0.3, "actor/lr": 1e-6, "response_length/mean": 40.0,
+                "perf/throughput": 1000.0}, step=step)
+logger.finish()
+"""
+
+
+@needs_verl
+def test_verl_file_logger_is_collected(tmp_path):
+    adapter = VerlAdapter()
+    ctx = _ctx(adapter, "0.9.1")
+    env = {**os.environ, "VERL_FILE_LOGGER_ROOT": str(tmp_path / "logs")}
+    proc = subprocess.run([VERL_PYTHON or "", "-c", VERL_WRITER, "golden",
+                           experiment_name(RUN_ID, DIGEST)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (tmp_path / "checkpoints" / "global_step_3" / "actor").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "global_step_3" / "actor" / "model.pt").write_bytes(b"w")
+    (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("3")
+    got = adapter.collect(tmp_path, ctx)
+    assert (got.run_id, got.experiment_digest, got.committed_updates) == (RUN_ID, DIGEST, 3)
+    assert got.metrics[-1]["reward/mean"] == pytest.approx(0.3)
+    plan = _plan_like(adapter, verl_golden({"objective": "grpo"}), "0.9.1")
+    status, checks, _ = evaluate(plan, Exit(0), got, tmp_path)
+    assert status == "succeeded", checks
+    found = adapter.latest_checkpoint(tmp_path)
+    assert found is not None and found.update == 3
+    resumed = adapter.resume_argv(found, plan.argv)
+    assert "trainer.resume_mode=resume_path" in resumed
+    assert "trainer.resume_mode=disable" not in resumed
+    assert any(a.startswith("trainer.resume_from_path=") for a in resumed)
+
+
+def test_verl_zero_exit_without_updates_is_invalid(tmp_path):
+    adapter = VerlAdapter()
+    ctx = _ctx(adapter, "0.9.1")
+    log = tmp_path / "logs" / "golden" / f"{experiment_name(RUN_ID, DIGEST)}.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text("")
+    plan = _plan_like(adapter, verl_golden({"objective": "grpo"}), "0.9.1")
+    status, checks, _ = evaluate(plan, Exit(0), adapter.collect(tmp_path, ctx), tmp_path)
+    assert status == "invalid"
+    assert not next(c for c in checks if c.name == "committed_updates").ok
+    json.dumps([c.model_dump() for c in checks])
