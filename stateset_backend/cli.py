@@ -271,7 +271,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise InvalidInput("--resume continues an earlier run: pass its PLAN, not --engine SPEC")
     result, path = run_plan(plan, registry, store, python=args.python, timeout=args.timeout,
                             echo_stderr=not args.quiet, resume=args.resume,
-                            engine_home=args.engine_home)
+                            engine_home=args.engine_home, ray_address=args.ray_address)
     raise_for_status(result, path)
     _emit(args, result.to_json(), _run_summary(result, path))
     return 0
@@ -343,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", help="run store (default ./runs or $STATESET_BACKEND_RUNS_DIR)")
     p.add_argument("--timeout", type=float, help="seconds before the engine is stopped")
     p.add_argument("--quiet", action="store_true", help="do not echo the engine's stderr")
+    p.add_argument("--ray-address", help="Ray dashboard address for --provider ray (default "
+                                         "$RAY_ADDRESS), e.g. http://127.0.0.1:8265")
     p.add_argument("--engine-home", help="the engine's source checkout (engines run from "
                                          "one, e.g. NeMo RL)")
     p.add_argument("--resume", action="store_true",

@@ -60,7 +60,8 @@ def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore)
 def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
              python: str | None = None, timeout: float | None = None,
              echo_stderr: bool = True, resume: bool = False,
-             engine_home: str | None = None) -> tuple[Result, Path]:
+             engine_home: str | None = None,
+             ray_address: str | None = None) -> tuple[Result, Path]:
     """Run one attempt of a plan; raises the error whose exit code matches the outcome."""
     entry = registry.get(plan.engine)
     adapter = entry.adapter
@@ -70,8 +71,6 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
                           f"{plan.adapter.version} but {entry.distribution} {entry.version} "
                           "is installed; make a new plan")
     verify_engine_version(plan, adapter.installed_version(python))
-    if plan.provider != "local":
-        raise Unsupported(f"provider {plan.provider!r} is not available in this release")
 
     spec = plan.validated_spec()
     if plan.provider == "local":
@@ -95,9 +94,18 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
         env["STATESET_BACKEND_PROGRESS"] = "tty"
 
     started, t0 = _now(), time.monotonic()
-    exit_ = run_local(argv, cwd=run_dir, env=env, stdout_path=run_dir / "stdout.log",
-                      stderr_path=run_dir / "stderr.log", timeout=timeout,
-                      echo_stderr=echo_stderr)
+    logs = {"stdout_path": run_dir / "stdout.log", "stderr_path": run_dir / "stderr.log"}
+    if plan.provider == "ray":
+        from .ray_jobs import run_ray
+
+        job_env = {k: _fill(v, run_dir, interpreter, engine_home)
+                   for k, v in plan.set_env.items()}
+        exit_ = run_ray(argv, address=ray_address or os.environ.get("RAY_ADDRESS"),
+                        env=job_env, submission_id=f"stateset-{plan.run_id}-{attempt.number}",
+                        timeout=timeout, **logs)
+    else:
+        exit_ = run_local(argv, cwd=run_dir, env=env, timeout=timeout,
+                          echo_stderr=echo_stderr, **logs)
     duration = time.monotonic() - t0
 
     ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,

@@ -1,0 +1,89 @@
+"""The ray provider against a real Ray head on loopback: the native engine runs as a Ray job
+on the CPU, its outputs are collected and checked like any local run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray.job_submission", reason="ray is not installed")
+
+DASHBOARD_PORT = 8399
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    ray_cli = Path(sys.executable).with_name("ray")
+    if not ray_cli.exists():
+        ray_cli = Path(shutil.which("ray") or "ray")
+    temp = tmp_path_factory.mktemp("ray")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    subprocess.run([str(ray_cli), "start", "--head", "--node-ip-address=127.0.0.1",
+                    "--port=6399", f"--dashboard-port={DASHBOARD_PORT}",
+                    "--dashboard-host=127.0.0.1", "--include-dashboard=true", "--num-cpus=2",
+                    f"--temp-dir={temp}", "--disable-usage-stats"],
+                   check=True, capture_output=True, env=env, timeout=180)
+    address = f"http://127.0.0.1:{DASHBOARD_PORT}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            ray.JobSubmissionClient(address).list_jobs()
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+    yield address
+    subprocess.run([str(ray_cli), "stop", "--force"], capture_output=True, timeout=120)
+
+
+def test_native_engine_runs_as_a_ray_job(cli, ray_head, tmp_path):
+    from native.conftest import tiny_spec
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(tiny_spec(**{"budget.total_updates": 3})))
+    runs = tmp_path / "runs"
+    proc = cli("run", "--engine", "native", "--provider", "ray", "--ray-address", ray_head,
+               "--runs-dir", runs, spec, timeout=600)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (result_path,) = runs.glob("*/result.json")
+    result = json.loads(result_path.read_text())
+    assert result["provider"] == "ray" and result["status"] == "succeeded"
+    assert result["committed_updates"] == 3
+    client = ray.JobSubmissionClient(ray_head)
+    job = client.get_job_info(f"stateset-{result['run_id']}-1")
+    assert str(job.status) in ("SUCCEEDED", "JobStatus.SUCCEEDED")
+
+
+def test_a_failing_ray_job_is_a_failed_run(cli, ray_head, tmp_path):
+    from native.conftest import tiny_spec
+
+    doc = tiny_spec()
+    doc["model"]["path"] = "builtin:no-such-model"
+    doc["model"]["revision"] = None
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(doc))
+    runs = tmp_path / "runs"
+    proc = cli("run", "--engine", "native", "--provider", "ray", "--ray-address", ray_head,
+               "--runs-dir", runs, spec, timeout=600)
+    assert proc.returncode == 4, proc.stderr
+    (result_path,) = runs.glob("*/result.json")
+    assert json.loads(result_path.read_text())["status"] == "failed"
+
+
+def test_an_unreachable_cluster_is_one_clear_error(cli, tmp_path):
+    from native.conftest import tiny_spec
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(tiny_spec()))
+    proc = cli("run", "--engine", "native", "--provider", "ray", "--ray-address",
+               "http://127.0.0.1:9", "--runs-dir", tmp_path / "runs", spec, timeout=300)
+    assert proc.returncode == 4
+    assert "cannot submit to the Ray cluster" in proc.stderr.strip().splitlines()[-1]
