@@ -15,6 +15,7 @@ from ..core import overrides
 from ..core.adapter import ENGINE_HOME, RUN_DIR, EngineAdapter, LaunchContext, NativeLaunch
 from ..core.contracts import Contract, Dialect, load_packaged_contract
 from ..core.errors import InvalidInput
+from ..core.hub import pinned_model_path, revision_outcome
 from ..core.rules import (
     Mapped,
     NotApplicable,
@@ -175,10 +176,8 @@ class NemoRLAdapter(EngineAdapter):
             "algorithm.gae": na("no critic"),
             "algorithm.gae.gamma": reject("NeMo RL's GRPO has no critic"),
             "algorithm.gae.lam": reject("NeMo RL's GRPO has no critic"),
-            "model.path": to("policy.model_name"),
-            "model.revision": lambda v, s: NotApplicable("no revision pinned") if v is None
-            else Rejected("NeMo RL has no revision key: point model.path at the downloaded "
-                          "revision"),
+            "model.path": lambda v, s: Mapped({"policy.model_name": pinned_model_path(s)}),
+            "model.revision": revision_outcome("NeMo RL"),
             "model.dtype": to("policy.precision"),
             "model.lora": (to(f"{k['lora']}.enabled", convert=lambda v: False) if k["lora"]
                            else na("no LoRA")),

@@ -25,6 +25,7 @@ from ..core.adapter import (
 )
 from ..core.contracts import Contract, Dialect, load_packaged_contract
 from ..core.errors import InvalidInput
+from ..core.hub import pinned_model_path, revision_outcome
 from ..core.rules import (
     Mapped,
     NotApplicable,
@@ -168,10 +169,8 @@ class OpenRLHFAdapter(EngineAdapter):
             "algorithm.gae": na("no critic"),
             "algorithm.gae.gamma": to(f["gamma"]),
             "algorithm.gae.lam": to(f["lambd"]),
-            "model.path": to(f["model"]),
-            "model.revision": lambda v, s: NotApplicable("no revision pinned") if v is None
-            else Rejected("OpenRLHF has no revision flag: download the revision and point "
-                          "model.path at it"),
+            "model.path": lambda v, s: Mapped({f["model"]: pinned_model_path(s)}),
+            "model.revision": revision_outcome("OpenRLHF"),
             "model.dtype": only(lambda v: v in DTYPE, "OpenRLHF trains in bf16 or fp16",
                                 to(f["param_dtype"], convert=lambda v: DTYPE[v])),
             "model.lora": to(f["lora_rank"], convert=lambda v: 0),

@@ -9,7 +9,6 @@ and anything verl cannot honour is rejected before launch with the reason.
 from __future__ import annotations
 
 import json
-import re
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from ..core.adapter import (
 )
 from ..core.contracts import Contract, Dialect, load_packaged_contract
 from ..core.errors import InvalidInput
+from ..core.hub import pinned_model_path, revision_outcome
 from ..core.rules import (
     Mapped,
     NotApplicable,
@@ -63,25 +63,10 @@ METRICS = {"reward/mean": "critic/score/mean", "loss/policy": "actor/pg_loss",
            "kl": "actor/kl_loss", "entropy": "actor/entropy", "clip_fraction": "actor/pg_clipfrac",
            "grad_norm": "actor/grad_norm", "lr": "actor/lr",
            "response_length/mean": "response_length/mean", "tokens_per_second": "perf/throughput"}
-_HUB_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def loss_mode(spec: ExperimentSpec) -> str:
     return LOSS_MODE.get(spec.algorithm.objective, "vanilla")
-
-
-def hub_snapshot(repo_id: str, commit: str) -> str:
-    """The local path of one pinned revision in the Hugging Face cache.
-
-    verl has no revision key; pointing it at the snapshot directory of the pinned commit is
-    what makes the revision binding (a missing snapshot fails to load instead of silently
-    downloading ``main``).
-    """
-    import os
-
-    cache = os.environ.get("HF_HUB_CACHE") or os.path.join(
-        os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub")
-    return os.path.join(cache, "models--" + repo_id.replace("/", "--"), "snapshots", commit)
 
 
 # -- rules that need more than one field ---------------------------------------------------
@@ -154,23 +139,9 @@ def _mini_batches(value: Any, spec: ExperimentSpec) -> Outcome:
 
 
 def _model_path(value: Any, spec: ExperimentSpec) -> Outcome:
-    revision = spec.model.revision
-    path = hub_snapshot(value, revision) if revision and _HUB_COMMIT.match(revision) else value
+    path = pinned_model_path(spec)
     keys = [f"{MODEL}.path"] + (["critic.model.path"] if spec.algorithm.gae else [])
     return Mapped({k: path for k in keys})
-
-
-def _model_revision(value: Any, spec: ExperimentSpec) -> Outcome:
-    if value is None:
-        return NotApplicable("no revision pinned")
-    if _HUB_COMMIT.match(value):
-        return NotApplicable("pinned through model.path: verl loads the cached snapshot of "
-                             "this commit")
-    if value.startswith("sha256:"):
-        return NotApplicable("a local directory's content digest, recorded in the "
-                             "experiment digest")
-    return Rejected("verl has no revision key: pin a 40-hex commit (loaded from the "
-                    "Hugging Face cache snapshot) or a local directory's sha256")
 
 
 def _overlong_buffer(root: str) -> Any:
@@ -246,7 +217,7 @@ class VerlAdapter(EngineAdapter):
             "algorithm.gae.gamma": to("algorithm.gamma"),
             "algorithm.gae.lam": to("algorithm.lam"),
             "model.path": _model_path,
-            "model.revision": _model_revision,
+            "model.revision": revision_outcome("verl"),
             "model.dtype": to(f"{ROLLOUT}.dtype"),
             "model.lora": to(f"{MODEL}.lora_rank", convert=lambda v: 0),
             "model.lora.rank": to(f"{MODEL}.lora_rank"),

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from stateset_backend.adapters.verl import VerlAdapter, experiment_name, hub_snapshot
+from stateset_backend.adapters.verl import VerlAdapter, experiment_name
 from stateset_backend.core.errors import Unsupported
+from stateset_backend.core.hub import hub_snapshot
 from stateset_backend.core.plan import make_plan
 from stateset_backend.core.registry import AdapterEntry
 from stateset_backend.core.specfile import parse_spec
