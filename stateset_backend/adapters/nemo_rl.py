@@ -9,10 +9,18 @@ supported tag), or explicitly added with ``+`` where NeMo RL documents an option
 from __future__ import annotations
 
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from ..core import overrides
-from ..core.adapter import ENGINE_HOME, RUN_DIR, EngineAdapter, LaunchContext, NativeLaunch
+from ..core.adapter import (
+    ENGINE_HOME,
+    RUN_DIR,
+    Checkpoint,
+    EngineAdapter,
+    LaunchContext,
+    NativeLaunch,
+)
 from ..core.contracts import Contract, Dialect, load_packaged_contract
 from ..core.errors import InvalidInput
 from ..core.hub import pinned_model_path, revision_outcome
@@ -31,6 +39,10 @@ from ..core.rules import (
 from ..core.spec import ExperimentSpec
 
 LORA_TARGETS_ALL = "all-linear"
+
+
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_DIR = "checkpointing.checkpoint_dir"
 
 
 class NemoRLAdapter(EngineAdapter):
@@ -235,8 +247,8 @@ class NemoRLAdapter(EngineAdapter):
                ctx: LaunchContext) -> NativeLaunch:
         name = f"{ctx.run_id}.{ctx.experiment_digest.removeprefix('sha256:')}"
         owned = {"logger.log_dir": f"{RUN_DIR}/logs", "logger.tensorboard_enabled": True,
-                 "logger.wandb.name": name, "checkpointing.checkpoint_dir":
-                 f"{RUN_DIR}/checkpoints"}
+                 "logger.wandb.name": name,
+                 CHECKPOINT_DIR: f"{RUN_DIR}/{CHECKPOINTS}"}
         taken = sorted(set(owned) & set(translation.native))
         if taken:
             raise InvalidInput(f"engine_options.nemo-rl.{taken[0]}: set by stateset-backend "
@@ -247,3 +259,19 @@ class NemoRLAdapter(EngineAdapter):
                   f"{ENGINE_HOME}/examples/run_grpo.py", "--config", config,
                   *overrides.render({**translation.native, **owned})],
             env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "WANDB_API_KEY"])
+
+    def latest_checkpoint(self, attempt_dir: Path) -> Checkpoint | None:
+        """NeMo RL's complete checkpoints are ``step_N`` folders with ``training_info.json``."""
+        steps = [p for p in (attempt_dir / CHECKPOINTS).glob("step_*")
+                 if (p / "training_info.json").is_file()]
+        if not steps:
+            return None
+        newest = max(steps, key=lambda p: int(p.name.removeprefix("step_")))
+        return Checkpoint(newest, int(newest.name.removeprefix("step_")))
+
+    def resume_argv(self, checkpoint: Checkpoint, argv: list[str]) -> list[str]:
+        """NeMo RL resumes from the newest checkpoint in its checkpoint_dir: point that at
+        the earlier attempt's checkpoints."""
+        prefix = f"{CHECKPOINT_DIR}="
+        folder = overrides.value(str(checkpoint.path.parent))
+        return [f"{prefix}{folder}" if a.startswith(prefix) else a for a in argv]

@@ -168,3 +168,18 @@ def test_what_nemo_rl_cannot_honour_is_refused_before_launch(version, change, mi
     entry = AdapterEntry(NemoRLAdapter(), "builtin", "stateset-backend", "0.1.0")
     with pytest.raises(Unsupported, match=missing.replace("(", r"\(").replace(")", r"\)")):
         make_plan(parse_spec(golden(change)), entry, version, base_dir=Path("/"))
+
+
+def test_resume_points_checkpoint_dir_at_the_earlier_attempt(tmp_path):
+    adapter = NemoRLAdapter()
+    for step in (10, 20):
+        (tmp_path / "checkpoints" / f"step_{step}").mkdir(parents=True)
+        (tmp_path / "checkpoints" / f"step_{step}" / "training_info.json").write_text("{}")
+    (tmp_path / "checkpoints" / "step_30").mkdir()  # incomplete: no training_info.json
+    found = adapter.latest_checkpoint(tmp_path)
+    assert found is not None and found.update == 20
+    argv = _overrides(GOLDEN["grpo"], "0.7.0", "/runs/x/attempts/2")
+    resumed = adapter.resume_argv(found, argv)
+    assert f"checkpointing.checkpoint_dir={tmp_path}/checkpoints" in resumed
+    assert len(resumed) == len(argv)
+    _apply("0.7.0", resumed)  # still applies in struct mode

@@ -242,3 +242,14 @@ def test_reward_key_moved_at_0_7():
     old = _translation("0.6.0").native
     new = _translation("0.9.1").native
     assert "custom_reward_function.path" in old and "reward.custom_reward_function.path" in new
+
+
+@needs_verl
+def test_the_installed_version_is_detected_in_another_interpreter(cli, tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(golden({"objective": "grpo"})))
+    proc = cli("check", "--engine", "verl", "--python", VERL_PYTHON, "--json", spec)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["engine_version"] == "0.9.1"
+    engines = json.loads(cli("engines", "--json", "--python", VERL_PYTHON).stdout)["engines"]
+    assert next(e for e in engines if e["engine"] == "verl")["installed"] == "0.9.1"
