@@ -8,7 +8,6 @@ engine, as a child process, so nothing about it is special-cased in the core.
 from __future__ import annotations
 
 import json
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from ..core.adapter import (
     LaunchContext,
     NativeLaunch,
 )
-from ..core.contracts import Contract, Dialect, load_packaged_contract
+from ..core.contracts import Dialect
 from ..core.modeltree import all_leaf_paths
 from ..core.rules import RuleSet, Translation, na, only, reject, to
 from ..core.spec import ExperimentSpec
@@ -31,10 +30,7 @@ from ..native import layout
 
 class NativeAdapter(EngineAdapter):
     name = "native"
-
-    @cached_property
-    def contract(self) -> Contract:
-        return load_packaged_contract("stateset_backend.contracts", "native.json")
+    contract_file = "native.json"
 
     def rules(self, dialect: Dialect) -> RuleSet:
         rules: dict[str, Any] = {path: to(path) for path in all_leaf_paths(ExperimentSpec)}

@@ -8,7 +8,6 @@ supported tag), or explicitly added with ``+`` where NeMo RL documents an option
 
 from __future__ import annotations
 
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from ..core.adapter import (
     LaunchContext,
     NativeLaunch,
 )
-from ..core.contracts import Contract, Dialect, load_packaged_contract
+from ..core.contracts import Dialect
 from ..core.errors import InvalidInput
 from ..core.hub import pinned_model_path, revision_outcome
 from ..core.rules import (
@@ -47,10 +46,7 @@ CHECKPOINT_DIR = "checkpointing.checkpoint_dir"
 
 class NemoRLAdapter(EngineAdapter):
     name = "nemo-rl"
-
-    @cached_property
-    def contract(self) -> Contract:
-        return load_packaged_contract("stateset_backend.contracts", "nemo-rl.json")
+    contract_file = "nemo-rl.json"
 
     def rules(self, dialect: Dialect) -> RuleSet:
         k = dialect.keys

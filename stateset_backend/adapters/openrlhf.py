@@ -9,7 +9,6 @@ installed version.
 from __future__ import annotations
 
 import json
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from ..core.adapter import (
     LaunchContext,
     NativeLaunch,
 )
-from ..core.contracts import Contract, Dialect, load_packaged_contract
+from ..core.contracts import Dialect
 from ..core.errors import InvalidInput
 from ..core.hub import pinned_model_path, revision_outcome
 from ..core.rules import (
@@ -70,10 +69,7 @@ def render_flags(native: dict[str, Any]) -> list[str]:
 
 class OpenRLHFAdapter(EngineAdapter):
     name = "openrlhf"
-
-    @cached_property
-    def contract(self) -> Contract:
-        return load_packaged_contract("stateset_backend.contracts", "openrlhf.json")
+    contract_file = "openrlhf.json"
 
     def rules(self, dialect: Dialect) -> RuleSet:
         f = dialect.keys

@@ -9,7 +9,6 @@ and anything verl cannot honour is rejected before launch with the reason.
 from __future__ import annotations
 
 import json
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from ..core.adapter import (
     LaunchContext,
     NativeLaunch,
 )
-from ..core.contracts import Contract, Dialect, load_packaged_contract
+from ..core.contracts import Dialect
 from ..core.errors import InvalidInput
 from ..core.hub import pinned_model_path, revision_outcome
 from ..core.rules import (
@@ -171,10 +170,7 @@ def _data_file(key: str) -> Any:
 
 class VerlAdapter(EngineAdapter):
     name = "verl"
-
-    @cached_property
-    def contract(self) -> Contract:
-        return load_packaged_contract("stateset_backend.contracts", "verl.json")
+    contract_file = "verl.json"
 
     def rules(self, dialect: Dialect) -> RuleSet:
         keys = dialect.keys

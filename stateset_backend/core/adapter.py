@@ -9,14 +9,15 @@ check, identity, the plan, launching, result checks — stays in the core.
 from __future__ import annotations
 
 import abc
+import functools
 import json
 import subprocess
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from .contracts import Contract, Dialect
+from .contracts import Contract, Dialect, load_packaged_contract
 from .errors import InvalidInput
 from .rules import RuleSet, Translation
 from .spec import ExperimentSpec
@@ -83,15 +84,25 @@ class Checkpoint:
     update: int
 
 
+@functools.cache
+def _packaged_contract(package: str, filename: str) -> Contract:
+    return load_packaged_contract(package, filename)
+
+
 class EngineAdapter(abc.ABC):
-    """Base class for adapters. Subclasses set ``name`` and implement the abstract methods."""
+    """Base class for adapters. Subclasses set ``name`` and where their contract ships
+    (``contract_package``, ``contract_file``), and implement the abstract methods."""
 
     name: str
+    contract_package: ClassVar[str] = "stateset_backend.contracts"
+    contract_file: ClassVar[str | None] = None
 
     @property
-    @abc.abstractmethod
     def contract(self) -> Contract:
-        """The engine's contract (usually loaded once from package data)."""
+        """The engine's contract, loaded once from package data."""
+        if self.contract_file is None:
+            raise NotImplementedError(f"{type(self).__name__} sets no contract_file")
+        return _packaged_contract(self.contract_package, self.contract_file)
 
     @abc.abstractmethod
     def rules(self, dialect: Dialect) -> RuleSet:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from golden import variant
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
@@ -45,10 +46,8 @@ BASE: dict[str, Any] = {
 
 
 def golden(algorithm: dict[str, Any], **model: Any) -> dict[str, Any]:
-    doc = copy.deepcopy(BASE)
-    doc["algorithm"] = {"loss_aggregation": "token_mean", **algorithm}
-    doc["model"].update(model)
-    return doc
+    """Token-mean aggregation unless asked: the only one every release has."""
+    return variant(BASE, algorithm, algorithm_defaults={"loss_aggregation": "token_mean"}, **model)
 
 
 GOLDEN = {

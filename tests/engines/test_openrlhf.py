@@ -7,7 +7,6 @@ STATESET_TEST_OPENRLHF_WHEELS names a folder holding the release wheels
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from golden import variant
 
 from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
 from stateset_backend.core.errors import Unsupported
@@ -46,11 +46,8 @@ BASE: dict[str, Any] = {
 
 
 def golden(algorithm: dict[str, Any], **model: Any) -> dict[str, Any]:
-    """Token-mean aggregation unless asked: the only one every OpenRLHF release has."""
-    doc = copy.deepcopy(BASE)
-    doc["algorithm"] = {"loss_aggregation": "token_mean", **algorithm}
-    doc["model"].update(model)
-    return doc
+    """Token-mean aggregation unless asked: the only one every release has."""
+    return variant(BASE, algorithm, algorithm_defaults={"loss_aggregation": "token_mean"}, **model)
 
 
 GOLDEN = {

@@ -7,7 +7,6 @@ STATESET_TEST_VERL_PYTHON names its interpreter (``.ci/run`` builds it with verl
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from golden import variant
 
 from stateset_backend.adapters.verl import VerlAdapter, experiment_name
 from stateset_backend.core.errors import Unsupported
@@ -45,10 +45,7 @@ BASE: dict[str, Any] = {
 
 
 def golden(algorithm: dict[str, Any], **model: Any) -> dict[str, Any]:
-    doc = copy.deepcopy(BASE)
-    doc["algorithm"] = algorithm
-    doc["model"].update(model)
-    return doc
+    return variant(BASE, algorithm, **model)
 
 
 GOLDEN = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from functools import cached_property
 from pathlib import Path
 
 from stateset_backend.core.adapter import (
@@ -15,7 +14,7 @@ from stateset_backend.core.adapter import (
     LaunchContext,
     NativeLaunch,
 )
-from stateset_backend.core.contracts import Contract, Dialect, load_packaged_contract
+from stateset_backend.core.contracts import Dialect
 from stateset_backend.core.hookspecs import hookimpl
 from stateset_backend.core.rules import RuleSet, Translation, na, to
 from stateset_backend.core.spec import ExperimentSpec
@@ -23,10 +22,8 @@ from stateset_backend.core.spec import ExperimentSpec
 
 class EchoAdapter(EngineAdapter):
     name = "echo"
-
-    @cached_property
-    def contract(self) -> Contract:
-        return load_packaged_contract("stateset_echo_engine", "contract.json")
+    contract_package = "stateset_echo_engine"
+    contract_file = "contract.json"
 
     def rules(self, dialect: Dialect) -> RuleSet:
         ignored = na("the echo engine does not train")
