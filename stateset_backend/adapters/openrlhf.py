@@ -25,6 +25,7 @@ from ..core.adapter import (
 from ..core.contracts import Dialect
 from ..core.errors import InvalidInput
 from ..core.hub import pinned_model_path, revision_outcome
+from ..core.inputs import reward_function
 from ..core.rules import (
     Mapped,
     NotApplicable,
@@ -232,10 +233,8 @@ class OpenRLHFAdapter(EngineAdapter):
         if taken:
             raise InvalidInput(f"engine_options.openrlhf.{taken[0]}: set by stateset-backend "
                                "to keep the run's identity and outputs")
-        reward_file, _, function = spec.reward.entrypoint.rpartition(":")
-        path = Path(reward_file) if Path(reward_file).is_absolute() else \
-            Path(ctx.base_dir or ".") / reward_file
-        shim = REWARD_SHIM.format(path=json.dumps(str(path)), function=json.dumps(function))
+        path, function = reward_function(spec, ctx.base_dir)
+        shim = REWARD_SHIM.format(path=json.dumps(path), function=json.dumps(function))
         # Micro-batch sizes only trade memory for speed; OpenRLHF requires at least one
         # micro-batch per actor process, so pick the largest size (<= 8) that gives that.
         processes = max(1, spec.resources.nodes * max(spec.resources.gpus_per_node, 1))

@@ -26,6 +26,7 @@ from ..core.adapter import (
 from ..core.contracts import Dialect
 from ..core.errors import InvalidInput
 from ..core.hub import pinned_model_path, revision_outcome
+from ..core.inputs import reward_function
 from ..core.rules import (
     Mapped,
     NotApplicable,
@@ -288,11 +289,8 @@ class VerlAdapter(EngineAdapter):
             raise InvalidInput(f"engine_options.verl.{taken[0]}: set by stateset-backend to keep "
                                "the run's identity and outputs; it cannot be overridden")
         native.update(owned)
-        reward_file, _, function = spec.reward.entrypoint.rpartition(":")
-        base = Path(ctx.base_dir or ".")
-        reward_path = str(Path(reward_file) if Path(reward_file).is_absolute()
-                          else base / reward_file)
-        shim = REWARD_SHIM.format(path=json.dumps(reward_path), function=json.dumps(function))
+        path, function = reward_function(spec, ctx.base_dir)
+        shim = REWARD_SHIM.format(path=json.dumps(path), function=json.dumps(function))
         return NativeLaunch(
             argv=[PYTHON, "-m", "verl.trainer.main_ppo", *overrides.render(native)],
             files={SHIM_FILE: shim},

@@ -21,6 +21,13 @@ def _local(uri: str, base_dir: Path) -> Path | None:
     return path if path.is_absolute() else base_dir / path
 
 
+def reward_function(spec: ExperimentSpec, base_dir: str | None) -> tuple[str, str]:
+    """(absolute file path, function name) of a python reward, for engines that import it."""
+    file_part, _, function = spec.reward.entrypoint.rpartition(":")
+    path = Path(file_part)
+    return str(path if path.is_absolute() else Path(base_dir or ".") / path), function
+
+
 def pinned_files(spec: ExperimentSpec, base_dir: Path) -> list[tuple[str, Path, str]]:
     """(spec field, local path, expected sha256) for every local file the spec pins."""
     pins: list[tuple[str, Path, str]] = []
