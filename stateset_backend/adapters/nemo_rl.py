@@ -15,7 +15,9 @@ from ..core import overrides
 from ..core.adapter import (
     ENGINE_HOME,
     RUN_DIR,
+    Artifact,
     Checkpoint,
+    Collected,
     EngineAdapter,
     LaunchContext,
     NativeLaunch,
@@ -41,7 +43,14 @@ LORA_TARGETS_ALL = "all-linear"
 
 
 CHECKPOINTS = "checkpoints"
+LOGS = "logs"
 CHECKPOINT_DIR = "checkpointing.checkpoint_dir"
+RUN_NAME_KEY = "logger.wandb.name"  # NeMo RL records its whole config as hparams
+# canonical metric -> NeMo RL's TensorBoard tag (log_metrics(prefix="train"/"validation"))
+METRICS = {"reward/mean": "train/reward", "loss/policy": "train/loss",
+           "grad_norm": "train/grad_norm",
+           "response_length/mean": "train/mean_gen_tokens_per_sample",
+           "val/reward/mean": "validation/accuracy"}
 
 
 class NemoRLAdapter(EngineAdapter):
@@ -242,8 +251,8 @@ class NemoRLAdapter(EngineAdapter):
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
         name = f"{ctx.run_id}.{ctx.experiment_digest.removeprefix('sha256:')}"
-        owned = {"logger.log_dir": f"{RUN_DIR}/logs", "logger.tensorboard_enabled": True,
-                 "logger.wandb.name": name,
+        owned = {"logger.log_dir": f"{RUN_DIR}/{LOGS}", "logger.tensorboard_enabled": True,
+                 RUN_NAME_KEY: name,
                  CHECKPOINT_DIR: f"{RUN_DIR}/{CHECKPOINTS}"}
         taken = sorted(set(owned) & set(translation.native))
         if taken:
@@ -256,14 +265,39 @@ class NemoRLAdapter(EngineAdapter):
                   *overrides.render({**translation.native, **owned})],
             env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "WANDB_API_KEY"])
 
-    def latest_checkpoint(self, attempt_dir: Path) -> Checkpoint | None:
-        """NeMo RL's complete checkpoints are ``step_N`` folders with ``training_info.json``."""
+    def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
+        """TensorBoard under ``logs/exp_NNN/tensorboard`` (run_grpo numbers each run), the
+        run name from the config NeMo RL records as hparams, ``step_N`` checkpoints."""
+        from ..core.tensorboard import canonical_rows, read_hparams, read_scalars
+
+        out = Collected(raw_metric_names=dict(METRICS))
+        logs = attempt_dir / LOGS
+        if logs.is_dir():
+            expected = f"{ctx.run_id}.{ctx.experiment_digest.removeprefix('sha256:')}"
+            if read_hparams(logs).get(RUN_NAME_KEY) == expected:
+                out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
+            out.metrics = canonical_rows(read_scalars(logs), METRICS)
+        out.committed_updates = max((int(r["step"]) for r in out.metrics
+                                     if "loss/policy" in r), default=0)
+        for step_dir in self._complete_steps(attempt_dir):
+            step = int(step_dir.name.removeprefix("step_"))
+            out.artifacts += [Artifact(str(p.relative_to(attempt_dir)), "checkpoint", step)
+                              for p in sorted(step_dir.rglob("*")) if p.is_file()]
+        return out
+
+    @staticmethod
+    def _complete_steps(attempt_dir: Path) -> list[Path]:
+        """``step_N`` folders (NeMo RL renames ``tmp_step_N`` once complete), oldest first."""
         steps = [p for p in (attempt_dir / CHECKPOINTS).glob("step_*")
                  if (p / "training_info.json").is_file()]
+        return sorted(steps, key=lambda p: int(p.name.removeprefix("step_")))
+
+    def latest_checkpoint(self, attempt_dir: Path) -> Checkpoint | None:
+        """NeMo RL's complete checkpoints are ``step_N`` folders with ``training_info.json``."""
+        steps = self._complete_steps(attempt_dir)
         if not steps:
             return None
-        newest = max(steps, key=lambda p: int(p.name.removeprefix("step_")))
-        return Checkpoint(newest, int(newest.name.removeprefix("step_")))
+        return Checkpoint(steps[-1], int(steps[-1].name.removeprefix("step_")))
 
     def resume_argv(self, checkpoint: Checkpoint, argv: list[str]) -> list[str]:
         """NeMo RL resumes from the newest checkpoint in its checkpoint_dir: point that at

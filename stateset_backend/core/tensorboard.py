@@ -27,6 +27,28 @@ def read_scalars(log_dir: Path) -> dict[int, dict[str, float]]:
     return rows
 
 
+def read_hparams(log_dir: Path) -> dict[str, str | float | bool]:
+    """Hyperparameters recorded with ``add_hparams`` under ``log_dir`` (e.g. a run's config)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+
+    found: dict[str, str | float | bool] = {}
+    for run_dir in sorted({p.parent for p in log_dir.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(run_dir))
+        acc.Reload()
+        try:
+            contents = acc.PluginTagToContent(metadata.PLUGIN_NAME)
+        except KeyError:
+            continue
+        for raw in contents.values():
+            data = plugin_data_pb2.HParamsPluginData.FromString(raw)
+            if data.HasField("session_start_info"):
+                for key, value in data.session_start_info.hparams.items():
+                    kind = value.WhichOneof("kind")
+                    found[key] = getattr(value, kind) if kind else ""
+    return found
+
+
 def canonical_rows(scalars: dict[int, dict[str, float]],
                    names: dict[str, str]) -> list[dict[str, float]]:
     """Rows of canonical metrics (``names``: canonical -> engine tag), in step order.

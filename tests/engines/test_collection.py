@@ -155,3 +155,47 @@ def test_verl_zero_exit_without_updates_is_invalid(tmp_path):
     assert status == "invalid"
     assert not next(c for c in checks if c.name == "committed_updates").ok
     json.dumps([c.model_dump() for c in checks])
+
+
+# -- NeMo RL: TensorBoard with the config recorded as hparams, step_N checkpoints --------------
+def test_nemo_rl_tensorboard_and_checkpoints_are_collected(tmp_path):
+    from test_nemo_rl import golden as nemo_golden
+    from torch.utils.tensorboard import SummaryWriter
+
+    from stateset_backend.adapters.nemo_rl import NemoRLAdapter
+
+    adapter = NemoRLAdapter()
+    ctx = _ctx(adapter, "0.7.0")
+    tb = tmp_path / "logs" / "exp_001" / "tensorboard"
+    writer = SummaryWriter(log_dir=str(tb))  # as NeMo RL's TensorboardLogger does
+    writer.add_hparams({"logger.wandb.name": f"{RUN_ID}.{DIGEST.removeprefix('sha256:')}",
+                        "grpo.seed": 5}, {})
+    for step in (1, 2):
+        writer.add_scalar("train/loss", 0.3 / step, step)
+        writer.add_scalar("train/reward", 0.4 * step, step)
+    writer.add_scalar("validation/accuracy", 0.75, 2)
+    writer.close()
+    for step in (1, 2):
+        ckpt = tmp_path / "checkpoints" / f"step_{step}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "training_info.json").write_text(json.dumps({"step": step}))
+    (tmp_path / "checkpoints" / "tmp_step_3").mkdir()  # an unfinished one
+    got = adapter.collect(tmp_path, ctx)
+    assert (got.run_id, got.committed_updates) == (RUN_ID, 2)
+    assert got.metrics[-1]["val/reward/mean"] == pytest.approx(0.75)
+    plan = _plan_like_unchecked(adapter, nemo_golden({"objective": "grpo"}), "0.7.0")
+    status, checks, artifacts = evaluate(plan, Exit(0), got, tmp_path)
+    assert status == "succeeded", checks
+    assert {a.step for a in artifacts} == {1, 2}
+    other = adapter.collect(tmp_path, LaunchContext("20990101T000000Z-ffffffff", DIGEST,
+                                                    "0.7.0", ctx.dialect))
+    assert other.run_id is None  # somebody else's run name is not this run
+
+
+def _plan_like_unchecked(adapter, doc, version):
+    """A plan document for checks only: NeMo RL refuses python rewards before launch."""
+    from stateset_backend.core.plan import LaunchPlan
+
+    spec = parse_spec(doc)
+    return LaunchPlan.model_construct(run_id=RUN_ID, experiment_digest=DIGEST,
+                                      spec=spec.model_dump(mode="json"))
