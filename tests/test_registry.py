@@ -46,6 +46,8 @@ def test_unknown_engine_names_the_registered_ones():
 
 
 def _with_entry_points(monkeypatch, **targets: str):
+    """Only the built-ins and the given (misbehaving) plugins are installed."""
+    targets = {"builtin": "stateset_backend.adapters", **targets}
     eps = [metadata.EntryPoint(name, value, registry_module.ENTRY_POINT_GROUP)
            for name, value in targets.items()]
     monkeypatch.setattr(registry_module.metadata, "entry_points",

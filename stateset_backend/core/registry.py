@@ -15,7 +15,6 @@ from typing import Any
 
 import pluggy
 
-from .. import __version__
 from . import hookspecs
 from .adapter import EngineAdapter
 from .errors import InvalidInput, StatesetError
@@ -65,13 +64,6 @@ class Registry:
         raise InvalidInput(f"unknown engine {engine!r} (registered: {known}){hint}")
 
 
-def _own_distribution() -> tuple[str, str]:
-    try:
-        return "stateset-backend", metadata.version("stateset-backend")
-    except metadata.PackageNotFoundError:
-        return "stateset-backend", __version__
-
-
 def _describe(exc: BaseException) -> str:
     text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -117,13 +109,11 @@ def build_registry(*, strict: bool | None = None,
             raise PluginError(f"plugin {plugin!r} failed to load: {failure.error}")
         registry.failures.append(failure)
 
-    from .. import adapters as builtin
-
-    pm.register(builtin, name=BUILTIN)
-    sources[BUILTIN] = _own_distribution()
-
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if only is not None and ep.name not in only:
+    # Built-ins first, so a third-party adapter that takes a built-in name is the one refused.
+    entry_points = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP),
+                          key=lambda ep: (ep.name != BUILTIN, ep.name))
+    for ep in entry_points:
+        if only is not None and ep.name not in only and ep.name != BUILTIN:
             continue
         dist_name = ep.dist.name if ep.dist is not None else None
         dist_version = ep.dist.version if ep.dist is not None else "unknown"
