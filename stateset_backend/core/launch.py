@@ -46,7 +46,7 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
 
 
 @contextmanager
-def _forward_interrupts(on_signal: Any) -> Iterator[None]:
+def forward_interrupts(on_signal: Any) -> Iterator[None]:
     """While the engine runs, Ctrl-C and SIGTERM stop the engine instead of killing us first."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -77,7 +77,7 @@ def run_local(argv: list[str], *, cwd: Path, env: dict[str, str], stdout_path: P
 
     echo = sys.stderr.buffer if echo_stderr else None
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err, \
-            _forward_interrupts(on_signal):
+            forward_interrupts(on_signal):
         assert proc.stdout is not None and proc.stderr is not None
         pumps = [threading.Thread(target=_pump, args=(proc.stdout, out, None), daemon=True),
                  threading.Thread(target=_pump, args=(proc.stderr, err, echo), daemon=True)]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import EngineFailed, InvalidInput
-from .launch import Exit, _forward_interrupts
+from .launch import Exit, forward_interrupts
 
 POLL_SECONDS = 0.5
 _EXIT_CODE = re.compile(r"exit code (-?\d+)")
@@ -52,7 +52,7 @@ def run_ray(argv: list[str], *, address: str | None, env: dict[str, str], submis
     deadline = None if timeout is None else time.monotonic() + timeout
     timed_out = False
     terminal = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
-    with _forward_interrupts(on_signal):
+    with forward_interrupts(on_signal):
         stop_sent = False
         while True:
             info = client.get_job_info(job_id)
