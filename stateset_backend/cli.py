@@ -63,14 +63,15 @@ def _registry() -> Registry:
     return build_registry()
 
 
-def _engine_version(entry: AdapterEntry, requested: str | None, python: str | None) -> str:
+def _engine_version(entry: AdapterEntry, requested: str | None, python: str | None,
+                    home: str | None = None) -> str:
     from .core.contracts import parse_version
     from .core.errors import Unsupported
 
     if requested is not None:
         parse_version(requested)
         return requested
-    installed = entry.adapter.installed_version(python)
+    installed = entry.adapter.installed_version(python, home)
     if installed is None:
         raise Unsupported(f"{entry.adapter.name} is not installed here; pass --engine-version "
                           "V to plan for a machine that has it "
@@ -149,7 +150,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     spec = _spec(args.spec)
     entry = _registry().get(args.engine)
-    version = _engine_version(entry, args.engine_version, args.python)
+    version = _engine_version(entry, args.engine_version, args.python, args.engine_home)
     report = check(entry.adapter.contract, version, required_capabilities(spec))
     if report.ok:
         _emit(args, report.to_json(),
@@ -202,10 +203,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     for name in (sorted(registry.adapters) if args.all_engines else [args.engine]):
         entry = registry.get(name)
         if args.all_engines:
-            version = entry.adapter.installed_version(args.python) or \
+            version = entry.adapter.installed_version(args.python, args.engine_home) or \
                 entry.adapter.contract.newest_known_version()
         else:
-            version = _engine_version(entry, args.engine_version, args.python)
+            version = _engine_version(entry, args.engine_version, args.python, args.engine_home)
         engines.append({"engine": name, "engine_version": version,
                         "fields": _explain_rows(entry, spec, version)})
 
@@ -232,7 +233,7 @@ def _make_plan(args: argparse.Namespace, registry: Registry) -> Any:
 
     spec = _spec(args.spec)
     entry = registry.get(args.engine)
-    version = _engine_version(entry, args.engine_version, args.python)
+    version = _engine_version(entry, args.engine_version, args.python, args.engine_home)
     return make_plan(spec, entry, version, provider=args.provider,
                      base_dir=Path(args.spec).resolve().parent)
 
@@ -315,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--engine-version", help="plan for this engine version instead of "
                                                 "the installed one")
         p.add_argument("--python", help="interpreter of the environment the engine lives in")
+        p.add_argument("--engine-home", help="the engine's source checkout (engines run from "
+                                             "one, e.g. NeMo RL)")
 
     p = command("validate", cmd_validate, "check a spec; every problem as path: message")
     p.add_argument("spec")
@@ -345,8 +348,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="do not echo the engine's stderr")
     p.add_argument("--ray-address", help="Ray dashboard address for --provider ray (default "
                                          "$RAY_ADDRESS), e.g. http://127.0.0.1:8265")
-    p.add_argument("--engine-home", help="the engine's source checkout (engines run from "
-                                         "one, e.g. NeMo RL)")
     p.add_argument("--resume", action="store_true",
                    help="continue the plan's run from its newest complete checkpoint")
     p.add_argument("document", metavar="PLAN|SPEC")

@@ -8,6 +8,7 @@ supported tag), or explicitly added with ``+`` where NeMo RL documents an option
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +265,27 @@ class NemoRLAdapter(EngineAdapter):
                   f"{ENGINE_HOME}/examples/run_grpo.py", "--config", config,
                   *overrides.render({**translation.native, **owned})],
             env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "WANDB_API_KEY"])
+
+    def installed_version(self, python: str | None = None,
+                          home: str | None = None) -> str | None:
+        """A NeMo RL checkout states its version in ``nemo_rl/package_info.py``."""
+        if home is None:
+            return None
+        info = Path(home) / "nemo_rl" / "package_info.py"
+        if not info.is_file():
+            raise InvalidInput(f"--engine-home {home}: not a NeMo RL checkout (no {info.name})")
+        values: dict[str, Any] = {}
+        for node in ast.parse(info.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                try:
+                    values[node.targets[0].id] = ast.literal_eval(node.value)
+                except ValueError:
+                    continue
+        try:
+            return (f"{values['MAJOR']}.{values['MINOR']}.{values['PATCH']}"
+                    f"{values.get('PRE_RELEASE', '')}")
+        except KeyError:
+            raise InvalidInput(f"{info}: no MAJOR/MINOR/PATCH version") from None
 
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
         """TensorBoard under ``logs/exp_NNN/tensorboard`` (run_grpo numbers each run), the

@@ -125,8 +125,10 @@ class EngineAdapter(abc.ABC):
         """The plan's argv changed to continue from ``checkpoint``."""
         raise NotImplementedError(f"{self.name}: resume is not implemented")
 
-    def installed_version(self, python: str | None = None) -> str | None:
-        """The engine version installed in this (or the given) Python environment, or None."""
+    def installed_version(self, python: str | None = None,
+                          home: str | None = None) -> str | None:
+        """The engine version installed in this (or the given) Python environment, or in
+        the source checkout ``home`` for engines run from one; None when not found."""
         dist = self.contract.distribution
         return None if dist is None else distribution_version(dist, python)
 

@@ -70,7 +70,7 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
         raise Unsupported(f"the plan was made with {plan.adapter.distribution} "
                           f"{plan.adapter.version} but {entry.distribution} {entry.version} "
                           "is installed; make a new plan")
-    verify_engine_version(plan, adapter.installed_version(python))
+    verify_engine_version(plan, adapter.installed_version(python, engine_home))
 
     spec = plan.validated_spec()
     if plan.provider == "local":

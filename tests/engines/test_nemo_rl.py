@@ -6,6 +6,7 @@ the override check covers every field that is mapped."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,25 @@ def test_resume_points_checkpoint_dir_at_the_earlier_attempt(tmp_path):
     assert f"checkpointing.checkpoint_dir={tmp_path}/checkpoints" in resumed
     assert len(resumed) == len(argv)
     _apply("0.7.0", resumed)  # still applies in struct mode
+
+
+@pytest.mark.parametrize("constants, version", [
+    ('MAJOR = 0\nMINOR = 7\nPATCH = 0\nPRE_RELEASE = ""\n', "0.7.0"),
+    ('MAJOR = 0\nMINOR = 5\nPATCH = 0\nPRE_RELEASE = "rc0"\n', "0.5.0rc0"),  # the v0.5.0 tag
+])
+def test_the_version_is_read_from_the_checkout(cli, tmp_path, constants, version):
+    home = tmp_path / "nemo-rl"
+    (home / "nemo_rl").mkdir(parents=True)
+    (home / "nemo_rl" / "package_info.py").write_text(constants + "__version__ = 'x'\n")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(golden({"objective": "grpo"})))
+    proc = cli("check", "--engine", "nemo-rl", "--engine-home", home, "--json", spec)
+    assert proc.returncode == 3  # python rewards are not translated for NeMo RL
+    assert json.loads(proc.stdout.split("\n}\n")[0] + "\n}")["engine_version"] == version
+
+
+def test_a_folder_that_is_not_a_checkout_is_refused(cli, tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(golden({"objective": "grpo"})))
+    proc = cli("check", "--engine", "nemo-rl", "--engine-home", tmp_path, spec)
+    assert proc.returncode == 2 and "not a NeMo RL checkout" in proc.stderr
