@@ -37,6 +37,8 @@ from ..core.rules import (
     only,
     reject,
     to,
+    with_owned_keys,
+    zero_variance_rule,
 )
 from ..core.spec import ExperimentSpec
 
@@ -97,14 +99,6 @@ class NemoRLAdapter(EngineAdapter):
                 return NotApplicable("KL is in the loss") if value == "loss" else \
                     Rejected(f"NeMo RL {dialect.name} puts KL only in the loss")
             return Mapped({k["kl_in_reward"]: value == "reward"})
-
-        def zero_variance(value: Any, spec: ExperimentSpec) -> Outcome:
-            if value == "keep":
-                return NotApplicable("NeMo RL keeps zero-variance groups")
-            if spec.algorithm.dynamic_sampling is None:
-                return Rejected("NeMo RL excludes zero-variance groups only with dynamic "
-                                "sampling")
-            return Mapped({"grpo.use_dynamic_sampling": True})
 
         def mini_batches(value: Any, spec: ExperimentSpec) -> Outcome:
             samples = spec.budget.prompts_per_update * spec.algorithm.group_size
@@ -178,7 +172,8 @@ class NemoRLAdapter(EngineAdapter):
                                             "unbiased std", na("unbiased std")),
             "algorithm.advantage.epsilon": only(lambda v: v == 1e-6, "NeMo RL's epsilon is "
                                                 "fixed", na("NeMo RL's fixed epsilon")),
-            "algorithm.advantage.zero_variance_groups": zero_variance,
+            "algorithm.advantage.zero_variance_groups": zero_variance_rule(
+                "NeMo RL", "dynamic sampling", {"grpo.use_dynamic_sampling": True}),
             "algorithm.dynamic_sampling": to("grpo.use_dynamic_sampling", convert=lambda v: False),
             "algorithm.dynamic_sampling.max_rounds": lambda v, s: Mapped({
                 "grpo.use_dynamic_sampling": True,
@@ -251,19 +246,14 @@ class NemoRLAdapter(EngineAdapter):
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
-        name = f"{ctx.run_id}.{ctx.experiment_digest.removeprefix('sha256:')}"
         owned = {"logger.log_dir": f"{RUN_DIR}/{LOGS}", "logger.tensorboard_enabled": True,
-                 RUN_NAME_KEY: name,
+                 RUN_NAME_KEY: ctx.run_name,
                  CHECKPOINT_DIR: f"{RUN_DIR}/{CHECKPOINTS}"}
-        taken = sorted(set(owned) & set(translation.native))
-        if taken:
-            raise InvalidInput(f"engine_options.nemo-rl.{taken[0]}: set by stateset-backend "
-                               "to keep the run's identity and outputs")
         config = f"{ENGINE_HOME}/{ctx.dialect.keys['config']}"
         return NativeLaunch(
             argv=["uv", "run", "--project", ENGINE_HOME, "python",
                   f"{ENGINE_HOME}/examples/run_grpo.py", "--config", config,
-                  *overrides.render({**translation.native, **owned})],
+                  *overrides.render(with_owned_keys("nemo-rl", translation.native, owned))],
             env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "WANDB_API_KEY"])
 
     def installed_version(self, python: str | None = None,
@@ -295,8 +285,7 @@ class NemoRLAdapter(EngineAdapter):
         out = Collected(raw_metric_names=dict(METRICS))
         logs = attempt_dir / LOGS
         if logs.is_dir():
-            expected = f"{ctx.run_id}.{ctx.experiment_digest.removeprefix('sha256:')}"
-            if read_hparams(logs).get(RUN_NAME_KEY) == expected:
+            if read_hparams(logs).get(RUN_NAME_KEY) == ctx.run_name:
                 out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
             out.metrics = canonical_rows(read_scalars(logs), METRICS)
         out.committed_updates = max((int(r["step"]) for r in out.metrics

@@ -24,7 +24,6 @@ from ..core.adapter import (
     NativeLaunch,
 )
 from ..core.contracts import Dialect
-from ..core.errors import InvalidInput
 from ..core.hub import pinned_model_path, revision_outcome
 from ..core.inputs import reward_function
 from ..core.rules import (
@@ -38,6 +37,8 @@ from ..core.rules import (
     only,
     reject,
     to,
+    with_owned_keys,
+    zero_variance_rule,
 )
 from ..core.spec import ExperimentSpec
 
@@ -113,15 +114,6 @@ def _std_normalize(value: Any, spec: ExperimentSpec) -> Outcome:
         return NotApplicable("verl always whitens these advantages") if value \
             else Rejected(f"verl always whitens {objective} advantages")
     return Mapped({"algorithm.norm_adv_by_std_in_grpo": value})
-
-
-def _zero_variance(value: Any, spec: ExperimentSpec) -> Outcome:
-    if value == "keep":
-        return NotApplicable("verl keeps zero-variance groups (their advantages are 0)")
-    if spec.algorithm.dynamic_sampling is None:
-        return Rejected("verl excludes zero-variance groups only while refilling the batch "
-                        "(dynamic sampling)")
-    return Mapped({"algorithm.filter_groups.enable": True})
 
 
 def _max_rounds(value: Any, spec: ExperimentSpec) -> Outcome:
@@ -201,7 +193,8 @@ class VerlAdapter(EngineAdapter):
             "algorithm.advantage.epsilon": only(lambda v: v == VERL_STD_EPSILON,
                                                 f"verl's epsilon is fixed at {VERL_STD_EPSILON}",
                                                 na(f"verl's fixed {VERL_STD_EPSILON}")),
-            "algorithm.advantage.zero_variance_groups": _zero_variance,
+            "algorithm.advantage.zero_variance_groups": zero_variance_rule(
+                "verl", "dynamic sampling", {"algorithm.filter_groups.enable": True}),
             "algorithm.dynamic_sampling": to("algorithm.filter_groups.enable",
                                              convert=lambda v: False),
             "algorithm.dynamic_sampling.max_rounds": _max_rounds,
@@ -278,17 +271,13 @@ class VerlAdapter(EngineAdapter):
                   **translation.native}
         # Identity and outputs: the run id and digest name the run inside verl's own outputs.
         owned = {
-            "trainer.experiment_name": experiment_name(ctx.run_id, ctx.experiment_digest),
+            "trainer.experiment_name": ctx.run_name,
             "trainer.default_local_dir": f"{RUN_DIR}/{CHECKPOINTS}",
             "trainer.logger": ["console"] + (["file"] if ctx.dialect.keys["logger"] == "file"
                                              else []),
             "trainer.resume_mode": "disable",
         }
-        taken = sorted(set(owned) & set(translation.native))
-        if taken:
-            raise InvalidInput(f"engine_options.verl.{taken[0]}: set by stateset-backend to keep "
-                               "the run's identity and outputs; it cannot be overridden")
-        native.update(owned)
+        native = with_owned_keys("verl", native, owned)
         path, function = reward_function(spec, ctx.base_dir)
         shim = REWARD_SHIM.format(path=json.dumps(path), function=json.dumps(function))
         return NativeLaunch(
@@ -299,18 +288,15 @@ class VerlAdapter(EngineAdapter):
 
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
         out = Collected(raw_metric_names=dict(METRICS))
-        logs = sorted((attempt_dir / LOG_ROOT).glob("*/*.jsonl"))
-        for log in logs:
-            run_id, _, digest = log.stem.partition(".")
-            if run_id == ctx.run_id and digest == ctx.experiment_digest.removeprefix("sha256:"):
-                out.run_id, out.experiment_digest = run_id, ctx.experiment_digest
-                for line in log.read_text(encoding="utf-8").splitlines():
-                    if line.strip():
-                        doc = json.loads(line)
-                        row = {"step": doc["step"]}
-                        row.update({c: doc["data"][r] for c, r in METRICS.items()
-                                    if r in doc["data"]})
-                        out.metrics.append(row)
+        # the file logger writes <root>/<project>/<experiment_name>.jsonl
+        for log in sorted((attempt_dir / LOG_ROOT).glob(f"*/{ctx.run_name}.jsonl")):
+            out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
+            for line in log.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    doc = json.loads(line)
+                    row = {"step": doc["step"]}
+                    row.update({c: doc["data"][r] for c, r in METRICS.items() if r in doc["data"]})
+                    out.metrics.append(row)
         out.committed_updates = max((r["step"] for r in out.metrics), default=0)
         root = attempt_dir / CHECKPOINTS
         if root.is_dir():
@@ -333,10 +319,6 @@ class VerlAdapter(EngineAdapter):
         kept = [a for a in argv if not a.startswith("trainer.resume_mode=")]
         return [*kept, "trainer.resume_mode=resume_path",
                 f"trainer.resume_from_path={overrides.value(str(checkpoint.path))}"]
-
-
-def experiment_name(run_id: str, digest: str) -> str:
-    return f"{run_id}.{digest.removeprefix('sha256:')}"
 
 
 def _artifact(path: Path, attempt_dir: Path, step: int) -> Artifact:

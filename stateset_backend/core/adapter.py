@@ -37,6 +37,16 @@ class LaunchContext:
     dialect: Dialect
     base_dir: str | None = None  # where the spec's relative paths point (the spec's folder)
 
+    @property
+    def run_name(self) -> str:
+        """The name every engine gives this run: run id and experiment digest, so the identity
+        can be read back from the engine's own outputs."""
+        return identity_name(self.run_id, self.experiment_digest)
+
+
+def identity_name(run_id: str, experiment_digest: str) -> str:
+    return f"{run_id}.{experiment_digest.removeprefix('sha256:')}"
+
 
 @dataclass(frozen=True)
 class NativeLaunch:

@@ -80,6 +80,31 @@ def when_set(then: Rule, unset: Rule) -> Rule:
     return rule
 
 
+def zero_variance_rule(engine: str, refill: str, when_excluded: dict[str, Any]) -> Rule:
+    """Engines exclude zero-variance groups only while refilling the batch (``refill`` names
+    their dynamic-sampling feature); keeping them needs nothing."""
+
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == "keep":
+            return NotApplicable(f"{engine} keeps zero-variance groups (their advantages are 0)")
+        if spec.algorithm.dynamic_sampling is None:
+            return Rejected(f"{engine} excludes zero-variance groups only with {refill}")
+        return Mapped(dict(when_excluded))
+
+    return rule
+
+
+def with_owned_keys(engine: str, native: dict[str, Any],
+                    owned: dict[str, Any]) -> dict[str, Any]:
+    """``native`` plus the keys the core sets for identity and outputs, which no
+    ``engine_options`` entry may override."""
+    taken = sorted(set(owned) & set(native))
+    if taken:
+        raise InvalidInput(f"engine_options.{engine}.{taken[0]}: set by stateset-backend to keep "
+                           "the run's identity and outputs; it cannot be overridden")
+    return {**native, **owned}
+
+
 # Leaves the core itself accounts for; adapters never see them.
 CORE_HANDLED: dict[str, str] = {
     "labels": "recorded in the run store, not passed to the engine",

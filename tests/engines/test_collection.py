@@ -15,9 +15,9 @@ from test_openrlhf import golden as openrlhf_golden
 from test_verl import VERL_PYTHON, needs_verl
 from test_verl import golden as verl_golden
 
-from stateset_backend.adapters.openrlhf import OpenRLHFAdapter, run_name
-from stateset_backend.adapters.verl import VerlAdapter, experiment_name
-from stateset_backend.core.adapter import Checkpoint, LaunchContext
+from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
+from stateset_backend.adapters.verl import VerlAdapter
+from stateset_backend.core.adapter import Checkpoint, LaunchContext, identity_name
 from stateset_backend.core.launch import Exit
 from stateset_backend.core.plan import make_plan
 from stateset_backend.core.registry import AdapterEntry
@@ -59,7 +59,7 @@ def _write_openrlhf_run(attempt: Path, name: str, steps: int, nan_at: int | None
 def test_openrlhf_tensorboard_is_collected_and_checked(tmp_path):
     adapter = OpenRLHFAdapter()
     ctx = _ctx(adapter, "0.11.2")
-    _write_openrlhf_run(tmp_path, run_name(ctx), 4)
+    _write_openrlhf_run(tmp_path, ctx.run_name, 4)
     got = adapter.collect(tmp_path, ctx)
     assert (got.run_id, got.experiment_digest, got.committed_updates) == (RUN_ID, DIGEST, 4)
     assert got.metrics[-1]["reward/mean"] == pytest.approx(0.8)
@@ -74,7 +74,7 @@ def test_openrlhf_tensorboard_is_collected_and_checked(tmp_path):
 def test_openrlhf_nan_metric_makes_the_result_invalid(tmp_path):
     adapter = OpenRLHFAdapter()
     ctx = _ctx(adapter, "0.11.2")
-    _write_openrlhf_run(tmp_path, run_name(ctx), 3, nan_at=2)
+    _write_openrlhf_run(tmp_path, ctx.run_name, 3, nan_at=2)
     plan = _plan_like(adapter, openrlhf_golden({"objective": "grpo"}), "0.11.2")
     status, checks, _ = evaluate(plan, Exit(0), adapter.collect(tmp_path, ctx), tmp_path)
     assert status == "invalid"
@@ -124,7 +124,7 @@ def test_verl_file_logger_is_collected(tmp_path):
     ctx = _ctx(adapter, "0.9.1")
     env = {**os.environ, "VERL_FILE_LOGGER_ROOT": str(tmp_path / "logs")}
     proc = subprocess.run([VERL_PYTHON or "", "-c", VERL_WRITER, "golden",
-                           experiment_name(RUN_ID, DIGEST)], env=env, capture_output=True,
+                           identity_name(RUN_ID, DIGEST)], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (tmp_path / "checkpoints" / "global_step_3" / "actor").mkdir(parents=True)
@@ -147,7 +147,7 @@ def test_verl_file_logger_is_collected(tmp_path):
 def test_verl_zero_exit_without_updates_is_invalid(tmp_path):
     adapter = VerlAdapter()
     ctx = _ctx(adapter, "0.9.1")
-    log = tmp_path / "logs" / "golden" / f"{experiment_name(RUN_ID, DIGEST)}.jsonl"
+    log = tmp_path / "logs" / "golden" / f"{identity_name(RUN_ID, DIGEST)}.jsonl"
     log.parent.mkdir(parents=True)
     log.write_text("")
     plan = _plan_like(adapter, verl_golden({"objective": "grpo"}), "0.9.1")

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from golden import variant
 
-from stateset_backend.adapters.verl import VerlAdapter, experiment_name
+from stateset_backend.adapters.verl import VerlAdapter
+from stateset_backend.core.adapter import identity_name
 from stateset_backend.core.errors import Unsupported
 from stateset_backend.core.hub import hub_snapshot
 from stateset_backend.core.plan import make_plan
@@ -172,7 +173,7 @@ def test_golden_spec_composes_and_means_what_the_spec_meant(name, tmp_path):
     assert (cfg["trainer"]["save_freq"], cfg["trainer"]["test_freq"]) == (10, 5)
     assert cfg["data"]["train_files"] == "/data/train.parquet"
     # identity and outputs inside verl's own naming
-    assert cfg["trainer"]["experiment_name"] == experiment_name(plan.run_id,
+    assert cfg["trainer"]["experiment_name"] == identity_name(plan.run_id,
                                                                 plan.experiment_digest)
     assert cfg["trainer"]["default_local_dir"] == f"{tmp_path}/checkpoints"
     reward_fn = cfg["reward"]["custom_reward_function"]
