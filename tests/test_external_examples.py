@@ -26,7 +26,12 @@ EXPECTED = {
     ("cispo", "verl", "0.9.1"): None,
     ("cispo", "verl", "0.6.0"): "objective:cispo (available in verl >=0.7)",
     ("cispo", "openrlhf", "0.11.2"): "objective:cispo (not available in any openrlhf version)",
-    ("grpo", "nemo-rl", "0.7.0"): "reward:python (not available in any nemo-rl version)",
+    ("grpo", "nemo-rl", "0.7.0"): None,
+    ("grpo", "nemo-rl", "0.5.0rc0"): None,
+    ("dapo", "nemo-rl", "0.7.0"): None,
+    ("gspo", "nemo-rl", "0.6.0"): None,
+    ("cispo", "nemo-rl", "0.7.0"): None,
+    ("cispo", "nemo-rl", "0.6.0"): "objective:cispo (available in nemo-rl >=0.7.0",
 }
 
 

@@ -1,5 +1,6 @@
 """Adapter for NeMo RL: a source checkout run as ``examples/run_grpo.py --config <yaml>``
-with Hydra-style overrides applied in struct mode.
+with Hydra-style overrides applied in struct mode, through a generated launcher
+(``nemo_rl_launcher``) that registers the spec's python reward as a NeMo RL environment.
 
 In struct mode an unknown key is an error unless it is added with ``+``; every override here
 is a key of the release's own ``grpo_math_1B.yaml`` (checked against the pinned configs of each
@@ -9,6 +10,8 @@ supported tag), or explicitly added with ``+`` where NeMo RL documents an option
 from __future__ import annotations
 
 import ast
+import json
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ from ..core.adapter import (
 from ..core.contracts import Dialect
 from ..core.errors import InvalidInput
 from ..core.hub import pinned_model_path, revision_outcome
+from ..core.inputs import REWARD_SHIM_FILE, local_path, reward_shim
 from ..core.rules import (
     Mapped,
     NotApplicable,
@@ -41,10 +45,12 @@ from ..core.rules import (
     zero_variance_rule,
 )
 from ..core.spec import ExperimentSpec
+from . import nemo_rl_launcher as launcher
 
 LORA_TARGETS_ALL = "all-linear"
 
 
+LAUNCHER_FILE = "stateset_nemo_rl.py"  # its module name is how NeMo RL finds the environment
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 CHECKPOINT_DIR = "checkpointing.checkpoint_dir"
@@ -122,20 +128,26 @@ class NemoRLAdapter(EngineAdapter):
                            spec.data.max_prompt_tokens + spec.data.max_response_tokens})
 
         def split(name: str) -> Any:
+            """The launcher converts each local split into ResponseDataset rows in the run
+            directory (see ``nemo_rl_launcher``); NeMo RL reads those."""
+            converted = f"{RUN_DIR}/{launcher.DATA_DIR}/{name}.jsonl"
+            keys = {"input_key": launcher.INPUT, "output_key": launcher.OUTPUT}
+
             def rule(value: Any, spec: ExperimentSpec) -> Outcome:
-                if k["custom_data"] != "nested":
-                    return Rejected(f"NeMo RL {dialect.name} reads only its named datasets")
-                s = getattr(spec.data, name)
+                if "://" in value and not value.startswith("file://"):
+                    return Rejected("the NeMo RL launch converts local split files only")
+                if k["custom_data"] == "flat":  # one dataset section, train and validation paths
+                    path = "train_data_path" if name == "train" else "val_data_path"
+                    native = {f"+data.{path}": converted, **{f"+data.{key}": v
+                                                             for key, v in keys.items()}}
+                    return Mapped({"data.dataset_name": "ResponseDataset", **native})
                 if name == "train":
                     return Mapped({"data.train.dataset_name": "ResponseDataset",
                                    "data.train.split_validation_size": 0.0,
-                                   "+data.train.data_path": s.uri,
-                                   "+data.train.input_key": s.prompt_field,
-                                   "+data.train.output_key": s.answer_field})
+                                   "+data.train.data_path": converted,
+                                   **{f"+data.train.{key}": v for key, v in keys.items()}})
                 return Mapped({"data.validation": {"dataset_name": "ResponseDataset",
-                                                   "data_path": s.uri,
-                                                   "input_key": s.prompt_field,
-                                                   "output_key": s.answer_field}})
+                                                   "data_path": converted, **keys}})
 
             return rule
 
@@ -154,6 +166,7 @@ class NemoRLAdapter(EngineAdapter):
             return to(key)
 
         verified = na("checked against the file by stateset-backend before launch")
+        converted_field = na("read by the launcher, which converts the split for NeMo RL")
         return {
             "name": na("the logger run names carry the run id and digest instead (identity)"),
             "seed": to("grpo.seed"),
@@ -200,20 +213,25 @@ class NemoRLAdapter(EngineAdapter):
             "model.lora.target_modules": lora("target_modules"),
             "data.train.uri": split("train"),
             "data.train.sha256": verified,
-            "data.train.prompt_field": na("passed as the dataset's input_key"),
-            "data.train.answer_field": na("passed as the dataset's output_key"),
+            "data.train.prompt_field": converted_field,
+            "data.train.answer_field": converted_field,
             "data.validation": na("no validation split"),
             "data.validation.uri": split("validation"),
             "data.validation.sha256": verified,
-            "data.validation.prompt_field": na("passed as the dataset's input_key"),
-            "data.validation.answer_field": na("passed as the dataset's output_key"),
+            "data.validation.prompt_field": converted_field,
+            "data.validation.answer_field": converted_field,
             "data.test": na("the test split is never used during training"),
             "data.max_prompt_tokens": lengths,
             "data.max_response_tokens": to("policy.generation.max_new_tokens"),
-            "reward.kind": reject("NeMo RL scores with its own environments; a python reward "
-                                  "function is not translated"),
-            "reward.entrypoint": reject("NeMo RL scores with its own environments"),
-            "reward.sha256": verified,
+            "reward.kind": only(lambda v: v == "python", "only python rewards are translated "
+                                "for NeMo RL", lambda v, s: Mapped({
+                                    f"{k['data_defaults']}.env_name": launcher.ENV_NAME,
+                                    f"{k['data_defaults']}.processor": launcher.PROCESSOR_NAME,
+                                    f"{k['data_defaults']}.prompt_file": None})),
+            "reward.entrypoint": lambda v, s: Mapped({f"+env.{launcher.ENV_NAME}": {
+                "entrypoint": v, "sha256": s.reward.sha256}}),
+            "reward.sha256": na("checked before launch, and again by the environment that "
+                                "scores"),
             "environment.kind": only(lambda v: v == "single_turn", "multi-turn environments "
                                      "are not translated for NeMo RL", na("single-turn")),
             "environment.entrypoint": na("single-turn"),
@@ -250,11 +268,23 @@ class NemoRLAdapter(EngineAdapter):
                  RUN_NAME_KEY: ctx.run_name,
                  CHECKPOINT_DIR: f"{RUN_DIR}/{CHECKPOINTS}"}
         config = f"{ENGINE_HOME}/{ctx.dialect.keys['config']}"
+        splits = {}
+        for name in ("train", "validation"):
+            split = getattr(spec.data, name)
+            if split is not None:
+                splits[name] = {"source": str(local_path(split.uri, Path(ctx.base_dir or "."))),
+                                "prompt_field": split.prompt_field,
+                                "answer_field": split.answer_field}
+        files = {
+            LAUNCHER_FILE: resources.files(__package__).joinpath(
+                "nemo_rl_launcher.py").read_text(encoding="utf-8"),
+            launcher.CONFIG_FILE: json.dumps({"splits": splits}, indent=2, sort_keys=True),
+            REWARD_SHIM_FILE: reward_shim(spec, ctx.base_dir, "NeMo RL")}
         return NativeLaunch(
-            argv=["uv", "run", "--project", ENGINE_HOME, "python",
+            argv=["uv", "run", "--project", ENGINE_HOME, "python", f"{RUN_DIR}/{LAUNCHER_FILE}",
                   f"{ENGINE_HOME}/examples/run_grpo.py", "--config", config,
                   *overrides.render(with_owned_keys("nemo-rl", translation.native, owned))],
-            env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "WANDB_API_KEY"])
+            files=files, env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "WANDB_API_KEY"])
 
     def installed_version(self, python: str | None = None,
                           home: str | None = None) -> str | None:

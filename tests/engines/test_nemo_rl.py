@@ -1,7 +1,6 @@
 """NeMo RL: our overrides apply in struct mode to the real v0.5.0, v0.6.0 and v0.7.0 configs
 (pinned copies in ../shared/engines/nemo-rl), with the types of the base config, and set what
-the spec meant. Rewards are NeMo RL environments, so a python reward is refused before launch;
-the override check covers every field that is mapped."""
+the spec meant. The override check covers every field that is mapped."""
 
 from __future__ import annotations
 
@@ -87,6 +86,10 @@ def _apply(version: str, overrides: list[str]):
     return base, cfg, parsed
 
 
+# keys NeMo RL types as optional (``prompt_file: NotRequired[str | None]`` in nemo_rl/data)
+NULLABLE = ("prompt_file",)
+
+
 def _kind(value: Any) -> str:
     """Type classes as a config reader sees them: YAML writes the float 1.0 as ``1``, so
     int and float are one numeric kind; bool, str, list and dict must match exactly."""
@@ -103,17 +106,13 @@ def test_overrides_apply_in_struct_mode_with_matching_types(name, version, tmp_p
     if Version(version) < Version(SUPPORTS.get(name, "0.5.0")):
         pytest.skip(f"{name} is refused before launch on {version} (see the refusal test)")
     doc = GOLDEN[name]
-    if version == "0.5.0":
-        doc = copy.deepcopy(doc)
-        doc["data"].pop("validation")  # v0.5.0 reads only its named datasets
-        doc["evaluation"] = {"every": None}
     overrides = _overrides(doc, version, str(tmp_path))
     base, cfg, parsed = _apply(version, overrides)
     for override in parsed:
         key = override.key_or_group
         old = OmegaConf.select(base, key, throw_on_missing=False)
         new = OmegaConf.select(cfg, key, throw_on_missing=False)
-        if override.is_add() or old is None:
+        if override.is_add() or old is None or (new is None and key.endswith(NULLABLE)):
             continue
         assert _kind(new) == _kind(old), (key, old, new)
     spec = parse_spec(doc)
@@ -139,10 +138,25 @@ def test_overrides_apply_in_struct_mode_with_matching_types(name, version, tmp_p
     assert cfg.checkpointing.checkpoint_dir == f"{tmp_path}/checkpoints"
     assert cfg.logger.log_dir == f"{tmp_path}/logs" and cfg.logger.tensorboard_enabled
     assert cfg.logger.wandb.name == "20260101T000000Z-00000000." + "0" * 64
-    if version != "0.5.0":
-        assert cfg.data.train.data_path == "/data/train.jsonl"
-        assert (cfg.data.train.input_key, cfg.data.train.output_key) == ("q", "a")
-        assert cfg.data.validation.data_path == "/data/val.jsonl"
+    # the launcher converts each split into ResponseDataset rows in the run directory, and
+    # NeMo RL scores them with the environment and processor it registers
+    converted = {k: f"{tmp_path}/data/{k}.jsonl" for k in ("train", "validation")}
+    if version == "0.5.0":
+        data = cfg.data
+        assert (data.train_data_path, data.val_data_path) == tuple(converted.values())
+        train = validation = defaults = data
+    else:
+        train, validation, defaults = cfg.data.train, cfg.data.validation, cfg.data.default
+        assert (train.data_path, validation.data_path) == tuple(converted.values())
+        assert train.split_validation_size == 0
+    for section in (train, validation):
+        assert section.dataset_name == "ResponseDataset"
+        assert (section.input_key, section.output_key) == ("input", "output")
+    assert (defaults.env_name, defaults.processor) == ("stateset_reward",
+                                                       "stateset_chat_prompt")
+    assert defaults.prompt_file is None  # no chain-of-thought template around the prompt
+    assert cfg.env.stateset_reward == {"entrypoint": "/rewards/math.py:score",
+                                       "sha256": "c" * 64}
     if a.objective == "cispo":
         assert cfg.loss_fn.use_cispo is True
     if spec.model.lora:
@@ -162,12 +176,15 @@ def test_an_unknown_key_fails_in_struct_mode():
     ("0.6.0", {"objective": "cispo"}, "objective:cispo (available in nemo-rl >=0.7.0,<0.8)"),
     ("0.5.0", {"objective": "grpo", "kl": {"coef": 0.1, "placement": "reward"}},
      "kl:reward (available in nemo-rl >=0.6.0,<0.8)"),
-    ("0.7.0", {"objective": "grpo"}, "reward:python (not available in any nemo-rl version)"),
+    ("0.7.0", {"objective": "grpo"}, "reward:model (not available in any nemo-rl version)"),
 ])
 def test_what_nemo_rl_cannot_honour_is_refused_before_launch(version, change, missing):
     entry = AdapterEntry(NemoRLAdapter(), "builtin", "stateset-backend", "0.1.0")
+    doc = golden(change)
+    if "reward:model" in missing:
+        doc["reward"] = {"kind": "model", "entrypoint": "/models/rm", "sha256": None}
     with pytest.raises(Unsupported, match=missing.replace("(", r"\(").replace(")", r"\)")):
-        make_plan(parse_spec(golden(change)), entry, version, base_dir=Path("/"))
+        make_plan(parse_spec(doc), entry, version, base_dir=Path("/"))
 
 
 def test_resume_points_checkpoint_dir_at_the_earlier_attempt(tmp_path):
@@ -196,8 +213,8 @@ def test_the_version_is_read_from_the_checkout(cli, tmp_path, constants, version
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(golden({"objective": "grpo"})))
     proc = cli("check", "--engine", "nemo-rl", "--engine-home", home, "--json", spec)
-    assert proc.returncode == 3  # python rewards are not translated for NeMo RL
-    assert json.loads(proc.stdout.split("\n}\n")[0] + "\n}")["engine_version"] == version
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["engine_version"] == version
 
 
 def test_a_folder_that_is_not_a_checkout_is_refused(cli, tmp_path):

@@ -1,0 +1,196 @@
+"""Runs NeMo RL's ``examples/run_grpo.py`` with a spec's python reward as a NeMo RL environment.
+
+NeMo RL scores only through environments and data processors registered in code, never
+through its config, so a python reward needs a launcher in NeMo RL's own interpreter. This
+file is written into the run directory and run there in place of ``run_grpo.py``; it imports
+nothing from stateset-backend, which is not installed in NeMo RL's environment.
+
+Before handing over to ``run_grpo.py`` (same process, same argv) it
+- converts each data split into the rows NeMo RL's ``ResponseDataset`` reads: ``input`` holds
+  the prompt as JSON chat messages (a plain-text prompt becomes one user message), so chat
+  prompts keep their system messages, and ``output`` holds the answer;
+- registers a data processor that renders those messages with the tokenizer's chat template
+  (no prompt file: NeMo RL's default wraps every prompt in a math chain-of-thought template)
+  and keeps the prompt text and answer for the reward;
+- registers an environment actor that scores each response with ``stateset_reward.score``,
+  the generated module that checks the reward file's sha256 in the process that scores, and
+  the actor's python executable (NeMo RL refuses to start an actor without one).
+
+The run directory goes on ``PYTHONPATH`` so Ray workers import the same two modules; on
+several nodes it must be on a shared filesystem, as NeMo RL's checkpoint directory must be.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+ENV_NAME = "stateset_reward"
+PROCESSOR_NAME = "stateset_chat_prompt"
+CONFIG_FILE = "stateset_nemo_rl.json"
+DATA_DIR = "data"
+INPUT, OUTPUT = "input", "output"
+ACTOR = "RewardEnvironmentActor"
+
+
+def read_rows(path: str) -> list[dict[str, Any]]:
+    """Rows of a parquet, JSON-lines or JSON-array file."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        rows: list[dict[str, Any]] = pq.read_table(path).to_pylist()
+        return rows
+    text = Path(path).read_text(encoding="utf-8")
+    if path.endswith(".json") and text.lstrip().startswith("["):
+        return list(json.loads(text))
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def prompt_messages(value: Any) -> list[dict[str, str]]:
+    """A prompt field's value as chat messages: text is one user message."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, list) and value and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str) for m in value):
+        return [{"role": m["role"], "content": m["content"]} for m in value]
+    raise ValueError(f"a prompt must be text or chat messages with role and content, "
+                     f"not {type(value).__name__}")
+
+
+def prompt_text(messages: list[dict[str, str]]) -> str:
+    """What the reward sees as the prompt: the last user message, as on the other engines."""
+    return next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+
+
+def convert_split(source: str, target: Path, prompt_field: str, answer_field: str) -> int:
+    """Write ``source`` as ResponseDataset rows at ``target`` (atomically); returns the count."""
+    rows = read_rows(source)
+    lines = []
+    for number, row in enumerate(rows, 1):
+        try:
+            messages = prompt_messages(row[prompt_field])
+            answer = row[answer_field]
+        except (KeyError, ValueError) as exc:
+            raise SystemExit(f"{source}: row {number}: {exc}") from None
+        lines.append(json.dumps({INPUT: json.dumps(messages), OUTPUT: str(answer)}))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    partial.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    os.replace(partial, target)
+    return len(lines)
+
+
+def process(datum: dict[str, Any], task_data_spec: Any, tokenizer: Any, max_seq_length: int,
+            idx: int) -> dict[str, Any]:
+    """NeMo RL's processor signature: one ResponseDataset row -> a DatumSpec."""
+    user, assistant = datum["messages"][0], datum["messages"][1]
+    messages = json.loads(user["content"])
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=True,
+                                             add_special_tokens=False)
+    token_ids = tokenizer(rendered, return_tensors="pt", add_special_tokens=False)["input_ids"][0]
+    length = len(token_ids)
+    loss_multiplier = 1.0
+    if length >= max_seq_length:  # too long: keep a stub and learn nothing from it, as NeMo does
+        token_ids, loss_multiplier = token_ids[:min(4, max_seq_length)], 0.0
+    return {"message_log": [{"role": "user", "content": rendered, "token_ids": token_ids}],
+            "length": length,
+            "extra_env_info": {"prompt": prompt_text(messages),
+                               "ground_truth": assistant["content"]},
+            "loss_multiplier": loss_multiplier, "idx": idx, "task_name": datum["task_name"]}
+
+
+def response_text(message_log: list[dict[str, Any]]) -> str:
+    return "".join(str(m["content"]) for m in message_log if m["role"] == "assistant")
+
+
+class RewardEnvironment:
+    """A single-turn NeMo RL environment: each response is scored once and the episode ends."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        import stateset_reward  # the generated shim beside this file; checks the sha256
+
+        self.score = stateset_reward.score
+
+    def step(self, message_log_batch: list[list[dict[str, Any]]], metadata: list[dict[str, Any]],
+             return_extracted_answer: bool = False) -> Any:
+        import torch
+        from nemo_rl.environments.interfaces import EnvironmentReturn
+
+        responses = [response_text(log) for log in message_log_batch]
+        rewards = torch.tensor([float(self.score(m["prompt"], r, m["ground_truth"]))
+                                for r, m in zip(responses, metadata, strict=True)],
+                               dtype=torch.float32)
+        return EnvironmentReturn(
+            observations=[{"role": "environment", "content": f"reward {float(r)}"}
+                          for r in rewards],
+            metadata=metadata, next_stop_strings=[None] * len(responses), rewards=rewards,
+            terminateds=torch.ones_like(rewards),
+            answers=responses if return_extracted_answer else None)
+
+    def global_post_process_and_metrics(self, batch: Any) -> tuple[Any, dict[str, float]]:
+        return batch, {"accuracy": float(batch["rewards"].float().mean())}
+
+    def shutdown(self) -> None:
+        pass
+
+
+def __getattr__(name: str) -> Any:
+    """``RewardEnvironmentActor``, the Ray actor NeMo RL looks up by name, made on first use so
+    the rest of this module imports without Ray."""
+    if name != ACTOR:
+        raise AttributeError(name)
+    import ray
+
+    actor = ray.remote(max_restarts=-1, max_task_retries=-1)(RewardEnvironment)
+    globals()[ACTOR] = actor
+    return actor
+
+
+def register(run_dir: Path) -> None:
+    """Make the environment, its python executable and the processor known to NeMo RL."""
+    from nemo_rl.data.processors import PROCESSOR_REGISTRY, register_processor
+    from nemo_rl.distributed.ray_actor_environment_registry import ACTOR_ENVIRONMENT_REGISTRY
+    from nemo_rl.distributed.virtual_cluster import PY_EXECUTABLES
+    from nemo_rl.environments.utils import ENV_REGISTRY, register_env
+
+    module = Path(__file__).stem
+    actor = f"{module}.{ACTOR}"
+    ACTOR_ENVIRONMENT_REGISTRY[actor] = PY_EXECUTABLES.SYSTEM
+    if ENV_NAME not in ENV_REGISTRY:
+        register_env(ENV_NAME, actor)
+    if PROCESSOR_NAME not in PROCESSOR_REGISTRY:
+        register_processor(PROCESSOR_NAME, process)
+    folder = str(run_dir)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([folder, *[p for p in paths if p != folder]])
+
+
+def prepare(run_dir: Path) -> None:
+    """Everything the launcher does before NeMo RL takes over: convert, then register."""
+    config = json.loads((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+    for name, split in config["splits"].items():
+        count = convert_split(split["source"], run_dir / DATA_DIR / f"{name}.jsonl",
+                              split["prompt_field"], split["answer_field"])
+        print(f"stateset-backend: {name} split: {count} rows from {split['source']}",
+              flush=True)
+    register(run_dir)
+
+
+def main(argv: list[str]) -> None:
+    """``argv``: the path of NeMo RL's ``run_grpo.py``, then its own arguments."""
+    prepare(Path(__file__).resolve().parent)
+    script, *rest = argv
+    sys.argv = [script, *rest]
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
