@@ -35,7 +35,6 @@ from ..core.rules import (
     Translation,
     na,
     only,
-    reject,
     to,
     with_owned_keys,
     zero_variance_rule,
@@ -58,7 +57,7 @@ AGGREGATION = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-toke
 KL_TYPE = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}  # names every release accepts
 VERL_STD_EPSILON = 1e-6
 
-# canonical metric -> verl's file-logger key
+# canonical metric -> verl's metric key (the same in its file and TensorBoard loggers)
 METRICS = {"reward/mean": "critic/score/mean", "loss/policy": "actor/pg_loss",
            "kl": "actor/kl_loss", "entropy": "actor/entropy", "clip_fraction": "actor/pg_clipfrac",
            "grad_norm": "actor/grad_norm", "lr": "actor/lr",
@@ -135,14 +134,14 @@ def _model_path(value: Any, spec: ExperimentSpec) -> Outcome:
     return Mapped({k: path for k in keys})
 
 
-def _overlong_buffer(root: str) -> Any:
+def _overlong_buffer(keys: dict[str, str]) -> Any:
     """The DAPO reward manager with its overlong buffer (reward_kwargs are not in the base
-    config, hence Hydra's ``+`` append)."""
+    config, hence Hydra's ``+`` append, which the dialect's key carries)."""
 
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
-        kw = f"+{root}.reward_kwargs"
-        manager = f"{root}.reward_manager.name" if root == "reward" else f"{root}.reward_manager"
-        return Mapped({manager: "dapo", f"{kw}.overlong_buffer_cfg.enable": True,
+        kw = keys["reward_kwargs"]
+        return Mapped({keys["reward_manager"]: "dapo",
+                       f"{kw}.overlong_buffer_cfg.enable": True,
                        f"{kw}.overlong_buffer_cfg.len": value,
                        f"{kw}.overlong_buffer_cfg.log": False,
                        f"{kw}.max_resp_len": spec.data.max_response_tokens})
@@ -167,13 +166,11 @@ class VerlAdapter(EngineAdapter):
     def rules(self, dialect: Dialect) -> RuleSet:
         keys = dialect.keys
         reward_fn = keys["reward_function"]
-        seed_keys = [k for k in keys.get("seed", "").split(",") if k]
-        reward_root = reward_fn.split(".")[0] if "." in reward_fn else "reward_model"
+        seed_keys = keys["seed"].split(",")
         verified = na("checked against the file by stateset-backend before launch")
         return {
             "name": to("trainer.project_name"),
-            "seed": to(*seed_keys) if seed_keys else reject(
-                f"verl {dialect.name} has no seed key: the run would not follow the spec's seed"),
+            "seed": to(*seed_keys),
             "algorithm.objective": _objective,
             "algorithm.group_size": to(f"{ROLLOUT}.n"),
             "algorithm.clip.low": to(f"{ACTOR}.clip_ratio_low"),
@@ -194,13 +191,14 @@ class VerlAdapter(EngineAdapter):
                                                 na(f"verl's fixed {VERL_STD_EPSILON}")),
             "algorithm.advantage.zero_variance_groups": zero_variance_rule(
                 "verl", "dynamic sampling", {"algorithm.filter_groups.enable": True}),
-            "algorithm.dynamic_sampling": to("algorithm.filter_groups.enable",
-                                             convert=lambda v: False),
+            "algorithm.dynamic_sampling": to(f"{keys['filter_groups']}.enable",
+                                             convert=lambda v: False)
+            if keys["filter_groups"] else na(f"verl {dialect.name} has no dynamic sampling"),
             "algorithm.dynamic_sampling.max_rounds": _max_rounds,
             "algorithm.overlong": na("no overlong penalty (verl's default reward manager)"),
-            "algorithm.overlong.buffer_tokens": _overlong_buffer(reward_root),
+            "algorithm.overlong.buffer_tokens": _overlong_buffer(keys),
             "algorithm.overlong.penalty": to(
-                f"+{reward_root}.reward_kwargs.overlong_buffer_cfg.penalty_factor"),
+                f"{keys['reward_kwargs']}.overlong_buffer_cfg.penalty_factor"),
             "algorithm.entropy_coef": to(f"{ACTOR}.entropy_coeff"),
             "algorithm.gae": na("no critic"),
             "algorithm.gae.gamma": to("algorithm.gamma"),
@@ -272,19 +270,34 @@ class VerlAdapter(EngineAdapter):
         owned = {
             "trainer.experiment_name": ctx.run_name,
             "trainer.default_local_dir": f"{RUN_DIR}/{CHECKPOINTS}",
-            "trainer.logger": ["console"] + (["file"] if ctx.dialect.keys["logger"] == "file"
-                                             else []),
+            "trainer.logger": ["console", ctx.dialect.keys["logger"]],
             "trainer.resume_mode": "disable",
         }
         native = with_owned_keys("verl", native, owned)
         return NativeLaunch(
             argv=[PYTHON, "-m", "verl.trainer.main_ppo", *overrides.render(native)],
             files={REWARD_SHIM_FILE: reward_shim(spec, ctx.base_dir, "verl", REWARD_CALL)},
-            set_env={"VERL_FILE_LOGGER_ROOT": f"{RUN_DIR}/{LOG_ROOT}"},
+            set_env=self._logger_env(ctx),
             env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "WANDB_API_KEY"])
+
+    @staticmethod
+    def _logger_env(ctx: LaunchContext) -> dict[str, str]:
+        """Where verl's metrics logger writes: the file logger (>=0.6) under a root it names
+        ``<project>/<experiment_name>.jsonl``; before it, the TensorBoard logger, given a
+        folder named by the run."""
+        if ctx.dialect.keys["logger"] == "file":
+            return {"VERL_FILE_LOGGER_ROOT": f"{RUN_DIR}/{LOG_ROOT}"}
+        return {"TENSORBOARD_DIR": f"{RUN_DIR}/{LOG_ROOT}/{ctx.run_name}"}
 
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
         out = Collected(raw_metric_names=dict(METRICS))
+        if ctx.dialect.keys["logger"] == "tensorboard":
+            from ..core.tensorboard import canonical_rows, read_scalars
+
+            log_dir = attempt_dir / LOG_ROOT / ctx.run_name
+            if log_dir.is_dir():
+                out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
+                out.metrics = canonical_rows(read_scalars(log_dir), METRICS)
         # the file logger writes <root>/<project>/<experiment_name>.jsonl
         for log in sorted((attempt_dir / LOG_ROOT).glob(f"*/{ctx.run_name}.jsonl")):
             out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
@@ -294,7 +307,7 @@ class VerlAdapter(EngineAdapter):
                     row = {"step": doc["step"]}
                     row.update({c: doc["data"][r] for c, r in METRICS.items() if r in doc["data"]})
                     out.metrics.append(row)
-        out.committed_updates = max((r["step"] for r in out.metrics), default=0)
+        out.committed_updates = max((int(r["step"]) for r in out.metrics), default=0)
         root = attempt_dir / CHECKPOINTS
         if root.is_dir():
             for step_dir in sorted(root.glob("global_step_*")):

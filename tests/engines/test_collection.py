@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 from test_openrlhf import golden as openrlhf_golden
-from test_verl import VERL_PYTHON, needs_verl
+from test_verl import VERL_PYTHON, VERL_WHEELS, needs_verl
 from test_verl import golden as verl_golden
 
 from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
@@ -155,6 +155,40 @@ def test_verl_zero_exit_without_updates_is_invalid(tmp_path):
     assert status == "invalid"
     assert not next(c for c in checks if c.name == "committed_updates").ok
     json.dumps([c.model_dump() for c in checks])
+
+
+# -- verl before 0.6: its TensorBoard logger, run from the 0.5.0 release's own tracking module ----
+@pytest.mark.skipif(VERL_WHEELS is None, reason="STATESET_TEST_VERL_WHEELS is not set")
+def test_verl_tensorboard_logger_is_collected_before_the_file_logger(tmp_path, monkeypatch):
+    import importlib.util
+    import zipfile
+
+    adapter = VerlAdapter()
+    entry = AdapterEntry(adapter, "builtin", "stateset-backend", "0.1.0")
+    plan = make_plan(parse_spec(verl_golden({"objective": "grpo"})), entry, "0.5.0",
+                     base_dir=Path("/"))
+    ctx = LaunchContext(plan.run_id, plan.experiment_digest, "0.5.0",
+                        adapter.contract.dialect(Version("0.5.0")))
+    assert "trainer.logger=[console,tensorboard]" in plan.argv
+    for key, value in plan.set_env.items():  # where the plan tells verl to write
+        monkeypatch.setenv(key, value.replace("{run_dir}", str(tmp_path)))
+    wheel = next(Path(VERL_WHEELS or "").glob("verl-0.5.0-*.whl"))
+    source = tmp_path / "verl_tracking.py"
+    source.write_bytes(zipfile.ZipFile(wheel).read("verl/utils/tracking.py"))
+    spec = importlib.util.spec_from_file_location("verl_tracking", source)
+    assert spec is not None and spec.loader is not None
+    tracking = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tracking)
+    logger = tracking.Tracking(project_name="golden", experiment_name=ctx.run_name,
+                               default_backend=["tensorboard"])
+    for step in (1, 2):
+        logger.log({"critic/score/mean": 0.25 * step, "actor/pg_loss": 0.5 / step}, step=step)
+    logger.logger["tensorboard"].finish()
+    got = adapter.collect(tmp_path, ctx)
+    assert (got.run_id, got.committed_updates) == (plan.run_id, 2)
+    assert got.metrics[-1]["reward/mean"] == pytest.approx(0.5)
+    status, checks, _ = evaluate(plan, Exit(0), got, tmp_path)
+    assert {c.name for c in checks if not c.ok} == {"artifacts"}  # no checkpoint was written
 
 
 # -- NeMo RL: TensorBoard with the config recorded as hparams, step_N checkpoints --------------
