@@ -35,7 +35,7 @@ def test_packaged_contracts_validate_against_the_json_schema(engine):
 
 
 @pytest.mark.parametrize("engine, supported", [
-    ("verl", ">=0.4.1"), ("openrlhf", ">=0.6"), ("nemo-rl", ">=0.5.0rc0,<0.8")])
+    ("verl", ">=0.4.1"), ("openrlhf", ">=0.9.8"), ("nemo-rl", ">=0.5.0rc0,<0.8")])
 def test_external_engines_declare_their_real_version_ranges(engine, supported):
     assert parse_contract(_contract_doc(engine), source=engine).supported == supported
 
@@ -51,6 +51,23 @@ def _bad(mutate) -> str:
 def test_unknown_capability_is_refused():
     msg = _bad(lambda d: d["capabilities"][0]["provides"].append("objective:magic"))
     assert "unknown capability 'objective:magic'" in msg
+
+
+def test_a_dialect_extends_another_with_its_differences():
+    from packaging.version import Version
+
+    contract = parse_contract(_contract_doc("openrlhf"), source="openrlhf")
+    full, without = (contract.dialect(Version(v)).keys for v in ("0.11.2", "0.10.2"))
+    assert full["loss_agg_mode"] == "--actor.loss_agg_mode" and without["loss_agg_mode"] == ""
+    assert {k: v for k, v in without.items() if k != "loss_agg_mode"} == \
+        {k: v for k, v in full.items() if k != "loss_agg_mode"}
+
+
+def test_extending_an_unknown_dialect_is_refused():
+    def mutate(doc):
+        doc["dialects"][1]["extends"] = "no-such-dialect"
+
+    assert "extends 'no-such-dialect', which is not a base dialect" in _bad(mutate)
 
 
 def test_malformed_version_range_is_refused():

@@ -88,7 +88,10 @@ class OpenRLHFAdapter(EngineAdapter):
             return Mapped({f["policy_loss_type"]: "gspo" if value == "sequence" else "ppo"})
 
         def aggregation(value: Any, spec: ExperimentSpec) -> Outcome:
-            if "loss_agg_mode" not in f:
+            if spec.algorithm.objective == "gspo" and value != "seq_mean_token_mean":
+                return Rejected("OpenRLHF's GSPO loss is always the mean over sequences of "
+                                "token means, whatever the aggregation flag says")
+            if not f.get("loss_agg_mode"):
                 return NotApplicable("OpenRLHF before 0.11.2 always averages over tokens") \
                     if value == "token_mean" else Rejected("loss aggregation is configurable "
                                                            "only from OpenRLHF 0.11.2")

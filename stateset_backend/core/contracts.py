@@ -70,6 +70,9 @@ class CapabilityRange(_Ranged):
 
 class Dialect(_Ranged):
     name: str = Field(description="dialect name the adapter dispatches on")
+    extends: str | None = Field(default=None, description="a dialect of the same contract whose "
+                                "keys this one starts from; its own keys replace those, and "
+                                "an empty value means the release has no such key")
     keys: dict[str, str] = Field(default_factory=dict,
                                  description="logical slot -> native key or flag")
 
@@ -92,6 +95,27 @@ class Contract(_Doc):
     def _valid_supported(cls, value: str) -> str:
         _specifier(value)
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_extends(cls, data: Any) -> Any:
+        """A release that renames or drops a few flags is written as the few differences, so a
+        rename is one line in the contract, not a copy of fifty."""
+        if not isinstance(data, dict) or not isinstance(data.get("dialects"), list):
+            return data
+        raw = {d.get("name"): d for d in data["dialects"] if isinstance(d, dict)}
+        resolved = []
+        for dialect in data["dialects"]:
+            if isinstance(dialect, dict) and dialect.get("extends") is not None:
+                base = raw.get(dialect["extends"])
+                if base is None or base.get("extends") is not None:
+                    raise ValueError(f"dialect {dialect.get('name')!r} extends "
+                                     f"{dialect['extends']!r}, which is not a base dialect of "
+                                     "this contract")
+                dialect = {**dialect, "keys": {**base.get("keys", {}),
+                                               **dialect.get("keys", {})}}
+            resolved.append(dialect)
+        return {**data, "dialects": resolved}
 
     @model_validator(mode="after")
     def _one_dialect_per_version(self) -> Contract:

@@ -188,6 +188,7 @@ def test_verl_tensorboard_logger_is_collected_before_the_file_logger(tmp_path, m
     assert (got.run_id, got.committed_updates) == (plan.run_id, 2)
     assert got.metrics[-1]["reward/mean"] == pytest.approx(0.5)
     status, checks, _ = evaluate(plan, Exit(0), got, tmp_path)
+    assert status == "invalid"
     assert {c.name for c in checks if not c.ok} == {"artifacts"}  # no checkpoint was written
 
 

@@ -236,16 +236,16 @@ def _translation(version):
     return translate(parse_spec(golden({"objective": "grpo"})), rules, "verl", version)
 
 
-def test_reward_key_moved_at_0_8():
+def test_reward_key_moved_at_0_7_1():
     old = _translation("0.7.0").native
-    new = _translation("0.8.0").native
+    new = _translation("0.7.1").native
     assert "custom_reward_function.path" in old and "reward.custom_reward_function.path" in new
 
 
 # -- every dialect against the release that starts it -------------------------------------------
 VERL_WHEELS = os.environ.get("STATESET_TEST_VERL_WHEELS")
-# the first release of each dialect, and 0.5.0 (the last one before the file logger)
-RELEASES = ["0.4.1", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0"]
+# the first and last release of each dialect (0.9.1, the last, is installed for the tests above)
+RELEASES = ["0.4.1", "0.5.0", "0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0"]
 DAPO_OVERLONG = golden({"objective": "dapo", "dynamic_sampling": None,
                         "advantage": {"zero_variance_groups": "keep"},
                         "overlong": {"buffer_tokens": 128, "penalty": 0.5}})
