@@ -39,7 +39,7 @@ class TestVerlConformance(AdapterConformance):
 
     @pytest.fixture
     def engine_versions(self):
-        return ["0.4.1", "0.6.0", "0.7.1", "0.9.1"]
+        return ["0.4.1", "0.6.0", "0.7.0", "0.7.1", "0.9.1"]
 
 
 class TestOpenRLHFConformance(AdapterConformance):
@@ -51,7 +51,7 @@ class TestOpenRLHFConformance(AdapterConformance):
 
     @pytest.fixture
     def engine_versions(self):
-        return ["0.9.10", "0.10.2", "0.11.2"]
+        return ["0.9.8", "0.10.2", "0.11.2"]
 
 
 class TestNemoRLConformance(AdapterConformance):

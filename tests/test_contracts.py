@@ -90,8 +90,8 @@ def _verl():
 
 
 @pytest.mark.parametrize("version, dialect", [
-    ("0.4.1", "v0.4"), ("0.5.0", "v0.4"), ("0.6.0", "v0.6"), ("0.7.2", "v0.7"),
-    ("0.9.1", "v0.9")])
+    ("0.4.1", "v0.4"), ("0.5.0", "v0.4"), ("0.6.0", "v0.6"), ("0.7.0", "v0.7.0"),
+    ("0.7.1", "v0.7.1"), ("0.8.0", "v0.7.1"), ("0.9.1", "v0.9")])
 def test_dialect_follows_the_version(version, dialect):
     from packaging.version import Version
 

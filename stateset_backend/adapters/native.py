@@ -95,5 +95,6 @@ class NativeAdapter(EngineAdapter):
         newest = found[-1]
         return Checkpoint(newest, int(newest.name.removeprefix(layout.CHECKPOINT_PREFIX)))
 
-    def resume_argv(self, checkpoint: Checkpoint, argv: list[str]) -> list[str]:
+    def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
+                    attempt_dir: Path) -> list[str]:
         return [*argv, "--resume-from", str(checkpoint.path)]

@@ -25,6 +25,7 @@ from ..core.adapter import (
     EngineAdapter,
     LaunchContext,
     NativeLaunch,
+    stage_checkpoint,
 )
 from ..core.contracts import Dialect
 from ..core.errors import InvalidInput
@@ -340,9 +341,9 @@ class NemoRLAdapter(EngineAdapter):
             return None
         return Checkpoint(steps[-1], int(steps[-1].name.removeprefix("step_")))
 
-    def resume_argv(self, checkpoint: Checkpoint, argv: list[str]) -> list[str]:
-        """NeMo RL resumes from the newest checkpoint in its checkpoint_dir: point that at
-        the earlier attempt's checkpoints."""
-        prefix = f"{CHECKPOINT_DIR}="
-        folder = overrides.value(str(checkpoint.path.parent))
-        return [f"{prefix}{folder}" if a.startswith(prefix) else a for a in argv]
+    def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
+                    attempt_dir: Path) -> list[str]:
+        """NeMo RL resumes from the newest complete ``step_N`` in its own checkpoint_dir:
+        stage the checkpoint there; the argv is unchanged."""
+        stage_checkpoint(checkpoint.path, attempt_dir / CHECKPOINTS / checkpoint.path.name)
+        return list(argv)

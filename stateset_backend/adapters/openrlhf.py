@@ -20,10 +20,12 @@ from ..core.adapter import (
     EngineAdapter,
     LaunchContext,
     NativeLaunch,
+    stage_checkpoint,
 )
 from ..core.contracts import Dialect
 from ..core.hub import pinned_model_path, revision_outcome
 from ..core.inputs import REWARD_SHIM_FILE, reward_shim
+from ..core.jsonio import atomic_write_bytes
 from ..core.rules import (
     Mapped,
     NotApplicable,
@@ -262,14 +264,19 @@ class OpenRLHFAdapter(EngineAdapter):
             return None
         return Checkpoint(steps[-1], int(steps[-1].name.removeprefix("global_step")))
 
-    def resume_argv(self, checkpoint: Checkpoint, argv: list[str]) -> list[str]:
-        """OpenRLHF reloads the newest checkpoint under its ckpt path: point that path at
-        the earlier attempt's checkpoints and switch loading on."""
-        ckpt_flag = next(a for a in argv if a in ("--ckpt_path", "--ckpt.path"))
-        load_flag = "--load_checkpoint" if ckpt_flag == "--ckpt_path" else "--ckpt.load_enable"
-        at = argv.index(ckpt_flag)
-        root = str(checkpoint.path.parent.parent)  # <ckpt path>/_actor/global_stepN
-        return [*argv[:at + 1], root, *argv[at + 2:], load_flag]
+    def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
+                    attempt_dir: Path) -> list[str]:
+        """OpenRLHF reloads only from its own ckpt path (DeepSpeed's ``latest`` tag under
+        ``_actor`` and, with a critic, ``_critic``): stage the checkpoint there and switch
+        loading on. Without the staged tag OpenRLHF would warn and start from scratch."""
+        root = checkpoint.path.parent.parent  # <ckpt path>/_actor/global_stepN
+        tag = checkpoint.path.name
+        for role in ("_actor", "_critic"):
+            if (root / role / tag).is_dir():
+                stage_checkpoint(root / role / tag, attempt_dir / CHECKPOINTS / role / tag)
+                atomic_write_bytes(attempt_dir / CHECKPOINTS / role / "latest", tag.encode())
+        load_flag = "--load_checkpoint" if "--ckpt_path" in argv else "--ckpt.load_enable"
+        return [*argv, load_flag]
 
 
 REWARD_CALL = '''

@@ -325,7 +325,9 @@ class VerlAdapter(EngineAdapter):
         path = attempt_dir / CHECKPOINTS / f"global_step_{step}"
         return Checkpoint(path, step) if path.is_dir() else None
 
-    def resume_argv(self, checkpoint: Checkpoint, argv: list[str]) -> list[str]:
+    def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
+                    attempt_dir: Path) -> list[str]:
+        """verl loads from any path it is given and saves into this attempt's folder."""
         kept = [a for a in argv if not a.startswith("trainer.resume_mode=")]
         return [*kept, "trainer.resume_mode=resume_path",
                 f"trainer.resume_from_path={overrides.value(str(checkpoint.path))}"]

@@ -94,6 +94,29 @@ class Checkpoint:
     update: int
 
 
+def stage_checkpoint(source: Path, target: Path) -> None:
+    """Make ``target`` a copy of the checkpoint folder ``source``: files are hard links where
+    the filesystem allows (checkpoints are large and engines never rewrite a saved one), copies
+    elsewhere. It appears complete or not at all, like the engines' own saves."""
+    import os
+    import shutil
+
+    partial = target.with_name(target.name + ".staging")
+    shutil.rmtree(partial, ignore_errors=True)
+
+    def link_or_copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, partial, copy_function=link_or_copy)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():  # staged by an earlier try of this same attempt
+        shutil.rmtree(target)
+    os.replace(partial, target)
+
+
 @functools.cache
 def _packaged_contract(package: str, filename: str) -> Contract:
     return load_packaged_contract(package, filename)
@@ -131,8 +154,12 @@ class EngineAdapter(abc.ABC):
         """The newest complete checkpoint an attempt left behind (None: nothing to resume)."""
         return None
 
-    def resume_argv(self, checkpoint: Checkpoint, argv: list[str]) -> list[str]:
-        """The plan's argv changed to continue from ``checkpoint``."""
+    def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
+                    attempt_dir: Path) -> list[str]:
+        """The plan's argv changed to continue from ``checkpoint`` (an earlier attempt's) in
+        the new attempt ``attempt_dir``. An engine that reloads only from its own output folder
+        gets the checkpoint staged there (``stage_checkpoint``), so each attempt writes only
+        into its own folder and the earlier attempt stays as it was."""
         raise NotImplementedError(f"{self.name}: resume is not implemented")
 
     def installed_version(self, python: str | None = None,

@@ -89,7 +89,7 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
                 for k, v in plan.set_env.items()})
     argv = [_fill(a, run_dir, interpreter, engine_home) for a in plan.argv]
     if resume_from is not None:
-        argv = adapter.resume_argv(resume_from, argv)
+        argv = adapter.resume_argv(resume_from, argv, run_dir)
     if echo_stderr and sys.stderr.isatty():
         env["STATESET_BACKEND_PROGRESS"] = "tty"
 

@@ -91,17 +91,31 @@ def test_openrlhf_run_under_another_name_loses_identity(tmp_path):
     assert {c.name for c in checks if not c.ok} >= {"identity", "committed_updates"}
 
 
-def test_openrlhf_resume_points_at_the_checkpoints_and_loads_them(tmp_path):
+def test_openrlhf_resume_stages_the_checkpoint_in_the_new_attempt_and_loads_it(tmp_path):
     adapter = OpenRLHFAdapter()
-    _write_openrlhf_run(tmp_path, "run", 3)
-    found = adapter.latest_checkpoint(tmp_path)
-    assert found == Checkpoint(tmp_path / "checkpoints" / "_actor" / "global_step3", 3)
-    for version, ckpt_flag, load_flag in (("0.11.2", "--ckpt.path", "--ckpt.load_enable"),
-                                          ("0.9.10", "--ckpt_path", "--load_checkpoint")):
-        argv = _plan_like(adapter, openrlhf_golden({"objective": "grpo"}), version).argv
-        resumed = adapter.resume_argv(found, argv)
-        assert resumed[resumed.index(ckpt_flag) + 1] == str(tmp_path / "checkpoints")
-        assert resumed[-1] == load_flag and len(resumed) == len(argv) + 1
+    earlier, new = tmp_path / "attempts" / "1", tmp_path / "attempts" / "2"
+    _write_openrlhf_run(earlier, "run", 3)
+    critic = earlier / "checkpoints" / "_critic" / "global_step3"
+    critic.mkdir(parents=True)
+    (critic / "critic_states.pt").write_bytes(b"critic")
+    before = sorted(p.relative_to(earlier) for p in earlier.rglob("*"))
+    found = adapter.latest_checkpoint(earlier)
+    assert found == Checkpoint(earlier / "checkpoints" / "_actor" / "global_step3", 3)
+    for version, load_flag in (("0.11.2", "--ckpt.load_enable"), ("0.9.10", "--load_checkpoint")):
+        plan = _plan_like(adapter, openrlhf_golden({"objective": "grpo"}), version)
+        argv = [a.replace("{run_dir}", str(new)) for a in plan.argv]
+        resumed = adapter.resume_argv(found, argv, new)
+        assert resumed == [*argv, load_flag]  # the ckpt path stays this attempt's own
+        for role, weights in (("_actor", "mp_rank_00_model_states.pt"),
+                              ("_critic", "critic_states.pt")):
+            staged = new / "checkpoints" / role
+            # DeepSpeed reloads the tag named in ``latest`` from the ckpt path
+            assert (staged / "latest").read_text() == "global_step3"
+            assert (staged / "global_step3" / weights).read_bytes() == \
+                (earlier / "checkpoints" / role / "global_step3" / weights).read_bytes()
+    assert sorted(p.relative_to(earlier) for p in earlier.rglob("*")) == before
+    assert adapter.latest_checkpoint(new) == Checkpoint(
+        new / "checkpoints" / "_actor" / "global_step3", 3)
 
 
 # -- verl: the file logger's jsonl, written by verl's own FileLogger ------------------------------
@@ -138,7 +152,7 @@ def test_verl_file_logger_is_collected(tmp_path):
     assert status == "succeeded", checks
     found = adapter.latest_checkpoint(tmp_path)
     assert found is not None and found.update == 3
-    resumed = adapter.resume_argv(found, plan.argv)
+    resumed = adapter.resume_argv(found, plan.argv, tmp_path / "next")
     assert "trainer.resume_mode=resume_path" in resumed
     assert "trainer.resume_mode=disable" not in resumed
     assert any(a.startswith("trainer.resume_from_path=") for a in resumed)

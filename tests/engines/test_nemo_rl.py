@@ -187,19 +187,24 @@ def test_what_nemo_rl_cannot_honour_is_refused_before_launch(version, change, mi
         make_plan(parse_spec(doc), entry, version, base_dir=Path("/"))
 
 
-def test_resume_points_checkpoint_dir_at_the_earlier_attempt(tmp_path):
+def test_resume_stages_the_checkpoint_in_the_new_attempts_checkpoint_dir(tmp_path):
     adapter = NemoRLAdapter()
+    earlier, new = tmp_path / "1", tmp_path / "2"
     for step in (10, 20):
-        (tmp_path / "checkpoints" / f"step_{step}").mkdir(parents=True)
-        (tmp_path / "checkpoints" / f"step_{step}" / "training_info.json").write_text("{}")
-    (tmp_path / "checkpoints" / "step_30").mkdir()  # incomplete: no training_info.json
-    found = adapter.latest_checkpoint(tmp_path)
+        (earlier / "checkpoints" / f"step_{step}" / "policy").mkdir(parents=True)
+        (earlier / "checkpoints" / f"step_{step}" / "training_info.json").write_text("{}")
+        (earlier / "checkpoints" / f"step_{step}" / "policy" / "w.pt").write_bytes(b"w")
+    (earlier / "checkpoints" / "step_30").mkdir()  # incomplete: no training_info.json
+    found = adapter.latest_checkpoint(earlier)
     assert found is not None and found.update == 20
-    argv = _overrides(GOLDEN["grpo"], "0.7.0", "/runs/x/attempts/2")
-    resumed = adapter.resume_argv(found, argv)
-    assert f"checkpointing.checkpoint_dir={tmp_path}/checkpoints" in resumed
-    assert len(resumed) == len(argv)
-    _apply("0.7.0", resumed)  # still applies in struct mode
+    argv = _overrides(GOLDEN["grpo"], "0.7.0", str(new))
+    assert adapter.resume_argv(found, argv, new) == argv  # NeMo RL looks in its own folder
+    assert f"checkpointing.checkpoint_dir='{new}/checkpoints'" in argv
+    assert adapter.latest_checkpoint(new) == found.__class__(
+        new / "checkpoints" / "step_20", 20)
+    assert (new / "checkpoints" / "step_20" / "policy" / "w.pt").read_bytes() == b"w"
+    assert (earlier / "checkpoints" / "step_20" / "policy" / "w.pt").is_file()
+    _apply("0.7.0", argv)  # still applies in struct mode
 
 
 @pytest.mark.parametrize("constants, version", [
