@@ -5,7 +5,9 @@ The first tests need no NeMo RL. The last one needs real NeMo RL checkouts, name
 PyPI): in each, the launcher registers itself with NeMo RL's own registries, NeMo RL's own
 data setup reads the converted splits through the registered processor, NeMo RL's own
 ``create_env`` starts the reward environment as a Ray actor on a local Ray, and the actor
-scores a response with the example's reward.
+scores a response with the example's reward. The test interpreter imports those NeMo RL
+modules, so it needs their imports: ``datasets``, and ``decord`` (v0.6.0) or ``soundfile``
+and ``scipy`` (v0.7.0).
 """
 
 from __future__ import annotations
