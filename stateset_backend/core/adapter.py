@@ -11,6 +11,8 @@ from __future__ import annotations
 import abc
 import functools
 import json
+import os
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -98,9 +100,6 @@ def stage_checkpoint(source: Path, target: Path) -> None:
     """Make ``target`` a copy of the checkpoint folder ``source``: files are hard links where
     the filesystem allows (checkpoints are large and engines never rewrite a saved one), copies
     elsewhere. It appears complete or not at all, like the engines' own saves."""
-    import os
-    import shutil
-
     partial = target.with_name(target.name + ".staging")
     shutil.rmtree(partial, ignore_errors=True)
 
