@@ -1,9 +1,15 @@
-"""The experiment spec v1: one engine-neutral description of an RL post-training experiment.
+"""The experiment spec v2: one engine-neutral description of an RL post-training experiment.
 
 Names describe the experiment, never an engine. Every model forbids unknown keys, because a
 misspelled key that is silently ignored is the most common way a run quietly differs from
 what its author meant. Per-objective defaults are filled in here, once, so every engine and
 the experiment digest see the same fully-specified experiment.
+
+v2 names every setting that changes the math or the budget (optimizer, LR schedule, dual-clip,
+KL clamp, advantage scope, prompt handling, validation decoding, parameter dtype), because a
+setting the spec does not name is one each engine fills with its own default, and the same
+digest then launches different experiments. A v1 document validates as v2 (the new settings
+take their defaults); its digest changes once, since the v1 digest never fixed those settings.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-SPEC_SCHEMA_ID = "stateset-backend/experiment-spec/v1"
+SPEC_VERSION = 2
+SPEC_SCHEMA_ID = f"stateset-backend/experiment-spec/v{SPEC_VERSION}"
 
 Objective = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "ppo"]
 RatioLevel = Literal["token", "sequence"]
@@ -28,6 +35,13 @@ DType = Literal["float32", "bfloat16", "float16"]
 RolloutBackend = Literal["vllm", "sglang", "hf"]
 RewardKind = Literal["python", "model", "remote"]
 EnvironmentKind = Literal["single_turn", "multi_turn", "tool_use"]
+AdvantageScope = Literal["group", "batch"]
+ParamDType = Literal["float32", "bfloat16"]
+OptimizerKind = Literal["adamw"]
+Schedule = Literal["constant", "cosine", "linear"]
+PromptOverflow = Literal["drop", "truncate_left", "truncate_right", "error"]
+PartialBatch = Literal["drop"]
+Equivalence = Literal["declared", "strict"]
 
 OBJECTIVES: tuple[str, ...] = Objective.__args__  # type: ignore[attr-defined]
 GROUP_OBJECTIVES = frozenset({"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"})
@@ -49,6 +63,9 @@ class Clip(_Section):
 
     low: float = Field(ge=0.0, description="ratio floor is 1 - low")
     high: float = Field(gt=0.0, description="ratio ceiling is 1 + high")
+    dual_clip: float | None = Field(
+        None, gt=1.0, description="dual-clip PPO: for tokens with a negative advantage the "
+                                  "loss is at most -A * dual_clip; null = no dual clip")
 
 
 class KL(_Section):
@@ -60,6 +77,18 @@ class KL(_Section):
                                                      "k2 = d^2/2, k3 = exp(-d) - 1 + d")
     placement: KLPlacement = Field("loss", description="added to the loss, or subtracted "
                                                        "from the token reward")
+    clamp: float | None = Field(None, gt=0.0, description="the per-token estimate is clamped "
+                                "to [-clamp, clamp]; null = not clamped. Default: 10 for k3 "
+                                "(the low-variance estimator's usual guard), null otherwise")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_clamp(cls, data: Any) -> Any:
+        """k3 is exp(-d) - 1 + d: one token far from the reference dominates a whole batch
+        unless clamped, so its recipe clamps it; k1 and k2 are not clamped by default."""
+        if isinstance(data, dict) and "clamp" not in data:
+            return {**data, "clamp": 10.0 if data.get("estimator", "k3") == "k3" else None}
+        return data
 
 
 class Advantage(_Section):
@@ -70,6 +99,9 @@ class Advantage(_Section):
     std: StdKind = Field("unbiased", description="unbiased (n-1, torch.std default) or "
                                                  "population (n)")
     epsilon: float = Field(1e-6, gt=0.0, description="added to the std before dividing")
+    scope: AdvantageScope = Field(
+        "group", description="group: the std is the group's; batch: the group-mean-subtracted "
+                             "advantages are whitened over the whole batch (mean and std)")
     zero_variance_groups: ZeroVarianceGroups = Field(
         "keep",
         description="groups whose rewards are all equal: keep (advantage 0, still counted in "
@@ -186,14 +218,14 @@ OBJECTIVE_DEFAULTS: dict[str, dict[str, Any]] = {
     "reinforce_pp": {"group_size": 8, "clip": _PPO_CLIP, "ratio_level": "token",
                      "loss_aggregation": "token_mean",
                      "kl": {"coef": 0.001, "estimator": "k2", "placement": "loss"},
-                     "advantage": _GROUP_ADV, "dynamic_sampling": None, "overlong": None,
-                     "gae": None},
+                     "advantage": {"std_normalize": True, "scope": "batch"},
+                     "dynamic_sampling": None, "overlong": None, "gae": None},
     # PPO: one sample per prompt, critic + GAE, KL penalty in the reward.
     "ppo": {"group_size": 1, "clip": _PPO_CLIP, "ratio_level": "token",
             "loss_aggregation": "token_mean",
             "kl": {"coef": 0.001, "estimator": "k1", "placement": "reward"},
-            "advantage": {"std_normalize": True}, "dynamic_sampling": None, "overlong": None,
-            "gae": {"gamma": 1.0, "lam": 0.95}},
+            "advantage": {"std_normalize": True, "scope": "batch"}, "dynamic_sampling": None,
+            "overlong": None, "gae": {"gamma": 1.0, "lam": 0.95}},
 }
 
 
@@ -208,7 +240,9 @@ class Model(_Section):
     path: str = Field(min_length=1, description="hub id or local directory")
     revision: str | None = Field(
         None, description="commit for hub ids; 'sha256:<hex>' content digest for local dirs")
-    dtype: DType = "bfloat16"
+    dtype: DType = Field("bfloat16", description="compute dtype of forward and backward")
+    param_dtype: ParamDType = Field("float32", description="master weights and optimizer "
+                                                           "state")
     lora: LoRA | None = None
 
 
@@ -224,7 +258,15 @@ class Data(_Section):
     validation: DataSplit | None = None
     test: DataSplit | None = None
     max_prompt_tokens: PositiveInt = 512
-    max_response_tokens: PositiveInt = 512
+    max_response_tokens: PositiveInt = Field(512, description="the total limit is "
+                                             "max_prompt_tokens + max_response_tokens")
+    chat_template: bool = Field(True, description="render prompts with the model's chat "
+                                "template (a text prompt is one user message)")
+    prompt_overflow: PromptOverflow = Field(
+        "drop", description="a prompt longer than max_prompt_tokens: dropped from the split "
+                            "before training, truncated from the left or right, or an error")
+    shuffle: bool = Field(True, description="each pass over the train split is shuffled "
+                                            "(seeded)")
 
 
 _ENTRYPOINT = re.compile(r"^[^:]+\.py:[A-Za-z_][A-Za-z0-9_]*$")
@@ -266,20 +308,33 @@ class Rollout(_Section):
     backend: RolloutBackend = "vllm"
     temperature: float = Field(1.0, gt=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: PositiveInt | None = Field(None, description="null = no top-k filtering")
 
 
 class Optim(_Section):
+    kind: OptimizerKind = Field("adamw", description="AdamW (decoupled weight decay)")
     lr: float = Field(1e-6, gt=0.0)
+    betas: tuple[Probability, Probability] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0.0)
     weight_decay: float = Field(0.01, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0, description="max global grad norm")
-    warmup_steps: int = Field(0, ge=0)
+    schedule: Schedule = Field("constant", description="LR after warmup: constant, or a "
+                               "cosine / linear decay to min_lr_ratio * lr at total_updates")
+    warmup_steps: int = Field(0, ge=0, description="updates of linear warmup: update u < W "
+                              "runs at lr * u / W; the schedule advances once per update")
+    min_lr_ratio: Probability = Field(0.0, description="floor of the decay, as a fraction "
+                                                       "of lr")
 
 
 class Budget(_Section):
-    total_updates: PositiveInt
+    total_updates: PositiveInt = Field(description="exactly this many updates run, whatever "
+                                                   "the size of the train split")
     prompts_per_update: PositiveInt = 32
     ppo_epochs: PositiveInt = 1
     mini_batches: PositiveInt = Field(1, description="optimizer steps per PPO epoch")
+    partial_batch: PartialBatch = Field(
+        "drop", description="prompts left at the end of a pass that cannot fill an update "
+                            "are skipped; the next pass starts over, reshuffled")
 
 
 class Checkpoint(_Section):
@@ -290,6 +345,16 @@ class Checkpoint(_Section):
 
 class Evaluation(_Section):
     every: PositiveInt | None = Field(None, description="updates between validation runs")
+    temperature: float = Field(0.0, ge=0.0, description="validation decoding; 0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    samples: PositiveInt = Field(1, description="responses per validation prompt")
+
+    @model_validator(mode="after")
+    def _sampled(self) -> Evaluation:
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError("greedy validation (temperature 0) gives one response per prompt: "
+                             "set samples to 1 or a temperature above 0")
+        return self
     select_by: str | None = Field(None, description="validation metric that picks the best "
                                                     "checkpoint, e.g. 'val/reward/mean'")
 
@@ -302,8 +367,16 @@ class Resources(_Section):
 class ExperimentSpec(_Section):
     """An experiment. Sections in NON_IDENTITY_FIELDS do not change its digest."""
 
+    version: Literal[1, 2] = Field(
+        SPEC_VERSION, description="the spec version the document was written for; a v1 "
+                                  "document reads as v2 with the settings v2 added at their "
+                                  "defaults")
     name: str = Field(min_length=1)
     labels: dict[str, str] = Field(default_factory=dict)
+    equivalence: Equivalence = Field(
+        "declared", description="declared: an engine may run with a deviation its contract "
+                                "names and quantifies (shown by explain, recorded in plan and "
+                                "result); strict: any declared deviation is refused")
     seed: int = Field(ge=0)
     algorithm: Algorithm
     model: Model
@@ -333,5 +406,5 @@ class ExperimentSpec(_Section):
         return self
 
 
-NON_IDENTITY_FIELDS: frozenset[str] = frozenset({"name", "labels", "resources",
-                                                 "engine_options"})
+NON_IDENTITY_FIELDS: frozenset[str] = frozenset({"version", "name", "labels", "equivalence",
+                                                 "resources", "engine_options"})
