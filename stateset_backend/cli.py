@@ -163,33 +163,65 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 3
 
 
-def _explain_rows(entry: AdapterEntry, spec: ExperimentSpec, version: str) -> list[dict[str, Any]]:
+def _explain_column(entry: AdapterEntry, spec: ExperimentSpec, version: str) -> Any:
     from .core.contracts import parse_version
-    from .core.rules import Mapped, Rejected, explain_rows
+    from .core.effective import column
 
-    dialect = entry.adapter.contract.dialect(parse_version(version))
-    rows = []
-    for row in explain_rows(spec, entry.adapter.rules(dialect)):
-        doc: dict[str, Any] = {"field": row.path, "value": row.value}
-        if row.outcome is None:
-            doc.update(outcome="unmapped", reason="the adapter has no rule for this field")
-        elif isinstance(row.outcome, Mapped):
-            doc.update(outcome="mapped", native=row.outcome.native)
-        elif isinstance(row.outcome, Rejected):
-            doc.update(outcome="rejected", reason=row.outcome.reason)
-        else:
-            doc.update(outcome="not_applicable", reason=row.outcome.reason)
-        rows.append(doc)
-    return rows
+    adapter = entry.adapter
+    dialect = adapter.contract.dialect(parse_version(version))
+    return column(spec, adapter.name, version, dialect, adapter.rules(dialect))
 
 
 def _outcome_text(row: dict[str, Any]) -> str:
-    if row["outcome"] == "mapped":
-        return ", ".join(f"{k} = {json.dumps(v)}" for k, v in row["native"].items())
-    return f"{row['outcome'].replace('_', ' ')}: {row['reason']}"
+    state = row["state"]
+    if state == "pinned" and row.get("native"):
+        text = ", ".join(f"{k} = {json.dumps(v)}" for k, v in row["native"].items())
+        return text + (f" ({row['reason']})" if row.get("reason") else "")
+    if state == "declared":
+        return f"declared {row['deviation']}: {json.dumps(row['effective'])}: {row['reason']}"
+    return f"{state.replace('_', ' ')}: {row.get('reason', '')}".rstrip(": ")
+
+
+_CELL = {"same": "same", "pinned": "pinned", "declared": "DECLARED", "refused": "REFUSED",
+         "inert": "-", "not_applicable": "-"}
+
+
+def _effective_table(table: dict[str, Any], differs: bool) -> None:
+    """At most 80 columns: a short state per engine; the values and reasons of declared and
+    refused cells go in numbered notes under the table."""
+    from rich import box
+    from rich.table import Table
+
+    engines = [e["engine"] for e in table["engines"]]
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=", ".join(
+        f"{e['engine']} {e['engine_version']}" for e in table["engines"]))
+    t.add_column("setting", overflow="fold", max_width=30)
+    t.add_column("spec", overflow="fold", max_width=12)
+    for name in engines:
+        t.add_column(name, overflow="fold", max_width=9)
+    notes: list[str] = []
+    for row in table["rows"]:
+        if differs and row["same_everywhere"]:
+            continue
+        cells = []
+        for name in engines:
+            cell = row["cells"][name]
+            text = _CELL[cell["state"]]
+            if cell["state"] in ("declared", "refused"):
+                notes.append(f"{row['field']} on {name}: " + (
+                    f"{json.dumps(cell['effective'])} ({cell['reason']})"
+                    if cell["state"] == "declared" else cell["reason"]))
+                text += f" [{len(notes)}]"
+            cells.append(text)
+        t.add_row(row["field"], json.dumps(row["value"]), *cells)
+    console = _console()
+    console.print(t)
+    for i, note in enumerate(notes, 1):
+        console.print(f"[{i}] {note}", markup=False)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from .core.effective import effective_table
     from .core.errors import InvalidInput
 
     spec = _spec(args.spec)
@@ -199,7 +231,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.all_engines and args.engine_version:
         raise InvalidInput("--engine-version needs --engine (--all-engines uses each engine's "
                            "installed or newest known version)")
-    engines: list[dict[str, Any]] = []
+    if (args.effective or args.differs) and not args.all_engines:
+        raise InvalidInput("--effective and --differs compare engines: add --all-engines")
+    if args.differs and not args.effective:
+        raise InvalidInput("--differs filters the --effective table: add --effective")
+    columns = []
     for name in (sorted(registry.adapters) if args.all_engines else [args.engine]):
         entry = registry.get(name)
         if args.all_engines:
@@ -207,10 +243,17 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 entry.adapter.contract.newest_known_version()
         else:
             version = _engine_version(entry, args.engine_version, args.python, args.engine_home)
-        engines.append({"engine": name, "engine_version": version,
-                        "fields": _explain_rows(entry, spec, version)})
+        columns.append(_explain_column(entry, spec, version))
+    if args.effective:
+        table = effective_table(columns)
+        if args.differs:
+            table = {**table, "rows": [r for r in table["rows"] if not r["same_everywhere"]]}
+        _emit(args, table, lambda: _effective_table(table, args.differs))
+        return 0
+    engines = [{"engine": c.engine, "engine_version": c.version, "dialect": c.dialect.name,
+                "fields": [r.to_json() for r in c.rows]} for c in columns]
 
-    def table() -> None:
+    def table_() -> None:
         from rich.table import Table
 
         t = Table(title=", ".join(f"{e['engine']} {e['engine_version']}" for e in engines))
@@ -224,7 +267,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         _console().print(t)
 
     doc: dict[str, Any] = {"engines": engines} if args.all_engines else engines[0]
-    _emit(args, doc, table)
+    _emit(args, doc, table_)
     return 0
 
 
@@ -334,6 +377,12 @@ def build_parser() -> argparse.ArgumentParser:
     engine_args(p, required=False)
     p.add_argument("--all-engines", action="store_true",
                    help="one column per registered engine, side by side")
+    p.add_argument("--effective", action="store_true",
+                   help="with --all-engines: what each engine will really do, per setting: "
+                        "same, pinned, declared or refused")
+    p.add_argument("--differs", action="store_true",
+                   help="with --effective: only the settings that are not the same "
+                        "everywhere by default")
     p.add_argument("spec")
     p = command("plan", cmd_plan, "make a reviewable launch plan")
     engine_args(p)

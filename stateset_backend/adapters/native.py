@@ -23,7 +23,7 @@ from ..core.adapter import (
 )
 from ..core.contracts import Dialect
 from ..core.modeltree import all_leaf_paths
-from ..core.rules import RuleSet, Translation, na, only, reject, to
+from ..core.rules import RuleSet, Translation, na, only, refuse, to
 from ..core.spec import ExperimentSpec
 from ..native import layout
 
@@ -40,18 +40,17 @@ class NativeAdapter(EngineAdapter):
                                         "rollout.backend")),
             "algorithm.gae": only(lambda v: v is None, "the native engine has no critic (PPO "
                                   "with GAE)", to("algorithm.gae")),
-            "environment.entrypoint": na("single-turn only: the environment is the reward"),
-            "environment.sha256": na("single-turn only: the environment is the reward"),
+            "name": na("recorded in the run's config; the run id names the run"),
             "resources.nodes": only(lambda v: v == 1, "the native engine runs on one node",
                                     to("resources.nodes")),
             "reward.kind": only(lambda v: v == "python", "the native engine calls python "
                                 "reward functions in process", to("reward.kind")),
         })
-        rules.pop("engine_options", None)
-        rules.pop("labels", None)
+        for core_handled in ("engine_options", "labels", "version", "equivalence"):
+            rules.pop(core_handled, None)
         rules["environment.kind"] = only(lambda v: v == "single_turn", "the native engine "
                                          "runs single-turn episodes", to("environment.kind"))
-        rules["algorithm.gae.gamma"] = rules["algorithm.gae.lam"] = reject(
+        rules["algorithm.gae.gamma"] = rules["algorithm.gae.lam"] = refuse(
             "the native engine has no critic")
         return rules
 

@@ -32,7 +32,7 @@ import pytest
 from ..core.adapter import EngineAdapter, LaunchContext
 from ..core.contracts import parse_version
 from ..core.errors import InvalidInput, Unsupported
-from ..core.rules import Mapped, NotApplicable, Rejected, explain_rows, translate
+from ..core.rules import explain_rows, translate
 from ..core.specfile import parse_spec
 from .specs import SAMPLES
 
@@ -92,13 +92,13 @@ class AdapterConformance:
                                           engine_versions: list[str], sample: str) -> None:
         spec = parse_spec(SAMPLES[sample])
         for v in engine_versions:
-            rules = adapter.rules(adapter.contract.dialect(parse_version(v)))
-            for row in explain_rows(spec, rules):
-                assert row.outcome is not None, f"{adapter.name} {v}: no rule for {row.path}"
-                if isinstance(row.outcome, Rejected | NotApplicable):
-                    assert row.outcome.reason.strip(), f"{row.path}: empty reason"
-                if isinstance(row.outcome, Mapped):
-                    assert row.outcome.native, f"{row.path}: mapped onto no native key"
+            dialect = adapter.contract.dialect(parse_version(v))
+            for row in explain_rows(spec, adapter.rules(dialect), dialect, adapter.name):
+                if row.state in ("refused", "declared", "inert", "not_applicable"):
+                    assert row.reason.strip(), f"{row.path}: empty reason"
+                if row.state == "pinned":
+                    assert row.native or row.reason.strip(), \
+                        f"{row.path}: pinned onto no native key and no stated carrier"
 
     @_unsupported("render")
     @pytest.mark.parametrize("sample", SAMPLE_NAMES)
@@ -108,10 +108,10 @@ class AdapterConformance:
         for v in engine_versions:
             dialect = adapter.contract.dialect(parse_version(v))
             try:
-                first = translate(spec, adapter.rules(dialect), adapter.name, v)
+                first = translate(spec, adapter.rules(dialect), dialect, adapter.name, v)
             except Unsupported:
                 continue  # this version cannot honour this sample: that is allowed
-            second = translate(spec, adapter.rules(dialect), adapter.name, v)
+            second = translate(spec, adapter.rules(dialect), dialect, adapter.name, v)
             assert first == second
             ctx = LaunchContext("20260101T000000Z-00000000", "sha256:" + "0" * 64, v, dialect)
             a, b = adapter.render(first, spec, ctx), adapter.render(second, spec, ctx)
@@ -122,14 +122,15 @@ class AdapterConformance:
                                                          engine_versions: list[str]) -> None:
         spec = parse_spec(SAMPLES["minimal"])
         for v in engine_versions:
-            rules = adapter.rules(adapter.contract.dialect(parse_version(v)))
+            dialect = adapter.contract.dialect(parse_version(v))
+            rules = adapter.rules(dialect)
             try:
-                mapped = translate(spec, rules, adapter.name, v)
+                mapped = translate(spec, rules, dialect, adapter.name, v)
             except Unsupported:
                 continue
             key = next(k for k, src in mapped.sources.items() if src != "engine_options")
             doc = dict(SAMPLES["minimal"], engine_options={adapter.name: {key: "override"}})
             with pytest.raises(InvalidInput, match="overrides the key"):
-                translate(parse_spec(doc), rules, adapter.name, v)
+                translate(parse_spec(doc), rules, dialect, adapter.name, v)
             return
         pytest.skip("unsupported: no version can translate the minimal sample")

@@ -19,8 +19,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from .contracts import Contract, Dialect, load_packaged_contract
-from .errors import InvalidInput
+from .errors import AdapterBug, InvalidInput
 from .rules import RuleSet, Translation
 from .spec import ExperimentSpec
 
@@ -63,6 +65,8 @@ class NativeLaunch:
     files: dict[str, str] = field(default_factory=dict)
     set_env: dict[str, str] = field(default_factory=dict)
     env: list[str] = field(default_factory=list)
+    native: dict[str, Any] | None = None  # every native key the launch sets, when it adds keys
+    # to the translation's (identity, outputs, memory knobs); the plan records it
 
     def to_json(self) -> dict[str, Any]:
         return {"argv": self.argv, "files": self.files, "set_env": self.set_env,
@@ -116,9 +120,56 @@ def stage_checkpoint(source: Path, target: Path) -> None:
     os.replace(partial, target)
 
 
+class DialectKeys(BaseModel):
+    """Base of an adapter's typed dialect keys: every slot the adapter reads is a field, so a
+    contract that misses one, misspells one or gives the wrong type fails when it loads, not
+    in the middle of a translation. ``None`` means the release has no such key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
 @functools.cache
-def _packaged_contract(package: str, filename: str) -> Contract:
-    return load_packaged_contract(package, filename)
+def _packaged_contract(package: str, filename: str,
+                       keys_model: type[DialectKeys] | None) -> Contract:
+    contract = load_packaged_contract(package, filename)
+    if keys_model is not None:
+        for dialect in contract.dialects:
+            _typed_keys(contract, dialect, keys_model)
+    return contract
+
+
+_TYPED: dict[tuple[int, type[DialectKeys]], tuple[Dialect, Any]] = {}
+
+
+def _typed_keys(contract: Contract, dialect: Dialect, keys_model: type[DialectKeys]) -> Any:
+    cached = _TYPED.get((id(dialect), keys_model))
+    if cached is not None and cached[0] is dialect:
+        return cached[1]
+    try:
+        typed = keys_model.model_validate(dialect.keys)
+        _TYPED[(id(dialect), keys_model)] = (dialect, typed)
+        return typed
+    except ValidationError as exc:
+        problems = "; ".join(f"keys.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                             for e in exc.errors())
+        raise InvalidInput(f"{contract.engine} contract, dialect {dialect.name!r}: "
+                           f"{problems}") from None
+
+
+def unpinned_defaults(dialect: Dialect, native: dict[str, Any]) -> list[str]:
+    """Native keys whose engine default changes the math but that the launch leaves unset.
+
+    Hydra's ``+``/``++`` prefixes only say how a key is added; they name the same key."""
+    set_keys = {key.lstrip("+") for key in native}
+    return sorted(key for key in dialect.defaults if key.lstrip("+") not in set_keys)
+
+
+def check_all_pinned(engine: str, dialect: Dialect, native: dict[str, Any]) -> None:
+    missing = unpinned_defaults(dialect, native)
+    if missing:
+        raise AdapterBug(f"the {engine} adapter leaves {', '.join(missing)} at the "
+                         f"{engine} {dialect.name} default; every setting that changes the "
+                         "math must be pinned")
 
 
 class EngineAdapter(abc.ABC):
@@ -128,13 +179,21 @@ class EngineAdapter(abc.ABC):
     name: str
     contract_package: ClassVar[str] = "stateset_backend.contracts"
     contract_file: ClassVar[str | None] = None
+    dialect_keys: ClassVar[type[DialectKeys] | None] = None
 
     @property
     def contract(self) -> Contract:
-        """The engine's contract, loaded once from package data."""
+        """The engine's contract, loaded once from package data, every dialect's keys checked
+        against ``dialect_keys``."""
         if self.contract_file is None:
             raise NotImplementedError(f"{type(self).__name__} sets no contract_file")
-        return _packaged_contract(self.contract_package, self.contract_file)
+        return _packaged_contract(self.contract_package, self.contract_file, self.dialect_keys)
+
+    def keys(self, dialect: Dialect) -> Any:
+        """The dialect's keys as the adapter's typed model."""
+        if self.dialect_keys is None:
+            raise NotImplementedError(f"{type(self).__name__} sets no dialect_keys")
+        return _typed_keys(self.contract, dialect, self.dialect_keys)
 
     @abc.abstractmethod
     def rules(self, dialect: Dialect) -> RuleSet:

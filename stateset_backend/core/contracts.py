@@ -68,13 +68,30 @@ class CapabilityRange(_Ranged):
         return names
 
 
+class Deviation(_Doc):
+    """A behaviour the engine hard-codes, named and quantified, so a run with it is comparable
+    with a run without it: the reader knows exactly what differed."""
+
+    setting: str = Field(description="the spec leaf it concerns, e.g. "
+                                     "'algorithm.advantage.epsilon'")
+    engine_value: Any = Field(description="what the engine does instead, in the spec's terms")
+    description: str = Field(min_length=1, description="what the engine computes, quantified")
+
+
 class Dialect(_Ranged):
     name: str = Field(description="dialect name the adapter dispatches on")
     extends: str | None = Field(default=None, description="a dialect of the same contract whose "
-                                "keys this one starts from; its own keys replace those, and "
-                                "an empty value means the release has no such key")
-    keys: dict[str, str] = Field(default_factory=dict,
-                                 description="logical slot -> native key or flag")
+                                "keys, defaults and deviations this one starts from; its own "
+                                "entries replace those")
+    keys: dict[str, Any] = Field(default_factory=dict,
+                                 description="logical slot -> native key or flag; the adapter "
+                                             "validates them with its own typed model")
+    defaults: dict[str, Any] = Field(
+        default_factory=dict, description="the release's own default of every native key that "
+                                          "changes the math or the budget, read from its config "
+                                          "or parser; every launch must set each of them")
+    deviations: dict[str, Deviation] = Field(
+        default_factory=dict, description="behaviours this release hard-codes, by name")
 
 
 class Contract(_Doc):
@@ -112,8 +129,8 @@ class Contract(_Doc):
                     raise ValueError(f"dialect {dialect.get('name')!r} extends "
                                      f"{dialect['extends']!r}, which is not a base dialect of "
                                      "this contract")
-                dialect = {**dialect, "keys": {**base.get("keys", {}),
-                                               **dialect.get("keys", {})}}
+                dialect = {**dialect, **{part: {**base.get(part, {}), **dialect.get(part, {})}
+                                         for part in ("keys", "defaults", "deviations")}}
             resolved.append(dialect)
         return {**data, "dialects": resolved}
 

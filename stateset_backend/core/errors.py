@@ -64,3 +64,11 @@ class Interrupted(StatesetError):
 
     exit_code = 130
     kind = "interrupted"
+
+
+class AdapterBug(Unsupported):
+    """An adapter broke the rule kit's contract (a leaf with no rule or no state, two rules
+    setting one key differently, an engine default left unpinned). Nothing launches, and the
+    message names the adapter, so the user knows whom to tell."""
+
+    kind = "adapter_bug"

@@ -12,7 +12,7 @@ import os
 import re
 from typing import Any
 
-from .rules import NotApplicable, Outcome, Rejected
+from .rules import Outcome, Pinned, Refused
 from .spec import ExperimentSpec
 
 HUB_COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -37,14 +37,14 @@ def revision_outcome(engine: str) -> Any:
 
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
         if value is None:
-            return NotApplicable("no revision pinned")
+            return Pinned({}, "no revision pinned: the model path is loaded as given")
         if HUB_COMMIT.match(value):
-            return NotApplicable(f"pinned through the model path: {engine} loads the cached "
-                                 "snapshot of this commit")
+            return Pinned({}, f"through the model path: {engine} loads the cached snapshot of "
+                              "this commit")
         if value.startswith("sha256:"):
-            return NotApplicable("a local directory's content digest, recorded in the "
-                                 "experiment digest")
-        return Rejected(f"{engine} has no revision setting: pin a 40-hex commit (loaded from "
+            return Pinned({}, "a local directory's content digest, recorded in the experiment "
+                              "digest")
+        return Refused(f"{engine} has no revision setting: pin a 40-hex commit (loaded from "
                         "the Hugging Face cache snapshot) or a local directory's sha256")
 
     return rule

@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .adapter import LaunchContext
+from .adapter import LaunchContext, check_all_pinned
 from .capabilities import required_capabilities
-from .contracts import check, parse_version
+from .contracts import Dialect, check, parse_version
 from .digest import binding_digest, experiment_digest, plan_checksum
 from .errors import InvalidInput, Unsupported
 from .jsonio import atomic_write_json, read_json
@@ -27,7 +27,7 @@ from .rules import translate
 from .spec import ExperimentSpec
 from .specfile import parse_spec
 
-PLAN_SCHEMA_ID = "stateset-backend/plan/v1"
+PLAN_SCHEMA_ID = "stateset-backend/plan/v2"
 Provider = Literal["local", "ray"]
 
 
@@ -42,8 +42,8 @@ class LaunchPlan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    schema_id: Literal["stateset-backend/plan/v1"] = Field(
-        "stateset-backend/plan/v1", alias="schema")
+    schema_id: Literal["stateset-backend/plan/v2"] = Field(
+        "stateset-backend/plan/v2", alias="schema")
     run_id: str = Field(pattern=r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}$")
     created_at: str
     experiment_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
@@ -56,8 +56,14 @@ class LaunchPlan(BaseModel):
     base_dir: str = Field(description="the spec's folder: where its relative paths point")
     required_capabilities: list[str]
     spec: dict[str, Any] = Field(description="the validated spec, defaults filled")
-    native: dict[str, Any] = Field(description="native keys the spec and engine_options "
-                                               "became")
+    dialect: dict[str, Any] = Field(description="the engine release's dialect as resolved "
+                                                "from the contract: name, keys, recorded "
+                                                "defaults, declared deviations")
+    deviations: list[dict[str, Any]] = Field(
+        description="the declared deviations this launch runs with: setting, deviation name, "
+                    "spec value, engine value, description")
+    native: dict[str, Any] = Field(description="every native key the launch sets: the spec's "
+                                               "settings, engine_options, identity and outputs")
     argv: list[str] = Field(min_length=1)
     env: list[str] = Field(description="names of caller variables the engine reads; values "
                                        "are never stored")
@@ -71,6 +77,9 @@ class LaunchPlan(BaseModel):
 
     def validated_spec(self) -> ExperimentSpec:
         return parse_spec(self.spec, source="plan.spec")
+
+    def resolved_dialect(self) -> Dialect:
+        return Dialect.model_validate(self.dialect)
 
 
 def new_run_id() -> str:
@@ -86,12 +95,14 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     required = required_capabilities(spec)
     check(contract, engine_version, required).raise_if_missing()
     dialect = contract.dialect(parse_version(engine_version))
-    translation = translate(spec, adapter.rules(dialect), adapter.name, engine_version)
+    translation = translate(spec, adapter.rules(dialect), dialect, adapter.name, engine_version)
     run_id = new_run_id()
     exp_digest = experiment_digest(spec)
     base = str((base_dir or Path.cwd()).resolve())
     ctx = LaunchContext(run_id, exp_digest, engine_version, dialect, base)
     launch = adapter.render(translation, spec, ctx)
+    native = launch.native if launch.native is not None else translation.native
+    check_all_pinned(adapter.name, dialect, native)
     resources = spec.resources.model_dump(mode="json")
     engine_options = spec.engine_options.get(adapter.name, {})
     doc: dict[str, Any] = {
@@ -112,7 +123,9 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
         "base_dir": base,
         "required_capabilities": sorted(required),
         "spec": spec.model_dump(mode="json"),
-        "native": translation.native,
+        "dialect": dialect.model_dump(mode="json", exclude={"extends"}),
+        "deviations": translation.deviations,
+        "native": native,
         **launch.to_json(),
         "checksum": "",
     }
@@ -132,6 +145,10 @@ def load_plan(path: str | os.PathLike[str]) -> LaunchPlan:
     doc = read_json(path, what="plan")
     if not isinstance(doc, dict):
         raise InvalidInput(f"{path}: a plan is a JSON object")
+    if doc.get("schema") != PLAN_SCHEMA_ID and isinstance(doc.get("schema"), str) and \
+            doc["schema"].startswith("stateset-backend/plan/"):
+        raise InvalidInput(f"{path}: a {doc['schema']} plan, made by an earlier stateset-backend "
+                           f"that did not pin every setting; make a new plan ({PLAN_SCHEMA_ID})")
     try:
         plan = LaunchPlan.model_validate(doc)
     except ValidationError as exc:

@@ -68,6 +68,9 @@ class Result(_Doc):
     duration_s: float
     planned_updates: int
     committed_updates: int
+    deviations: list[dict[str, Any]] = Field(
+        description="the declared deviations the engine ran with (from the plan): a run with "
+                    "deviations is the same experiment only up to these")
     metrics: Metrics
     artifacts: list[ArtifactRecord]
     checks: list[Check]

@@ -1,49 +1,96 @@
-"""Field rules: for one engine version, what happens to every leaf of the spec.
+"""The rule kit: for one engine release, what every leaf of the spec becomes.
 
-Every leaf is either mapped onto native keys, rejected with a reason, or not applicable with a
-reason. ``explain`` and ``translate`` both read the same rules, so what ``explain`` shows is
-exactly what runs, and a leaf with no rule is an adapter bug that stops the launch instead of
-being silently dropped.
+Each leaf that describes the experiment ends in exactly one of three states on every engine:
+
+- **pinned**: the launch sets the engine's own key to the spec's value, explicitly, even when
+  the engine's default agrees today (a default is a release's choice, not ours);
+- **refused**: the engine cannot do what the spec asks; nothing launches (exit 3);
+- **declared**: the engine hard-codes another behaviour, and the dialect names and quantifies
+  the deviation; ``explain`` shows it, plan and result record it, ``equivalence: strict``
+  refuses it.
+
+There is no fourth state: a rule that says "not applicable" for an identity leaf is an adapter
+bug and stops the launch. Leaves the spec itself makes moot (the test split, the validation
+decoding of a run that never validates) are *inert* on every engine alike, decided here once.
+``explain`` and translation read the same rows, so what ``explain`` shows is what runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
-from .errors import InvalidInput, Unsupported
+from .contracts import Deviation, Dialect
+from .errors import AdapterBug, InvalidInput, Unsupported
 from .modeltree import leaves
-from .spec import ExperimentSpec
+from .spec import NON_IDENTITY_FIELDS, ExperimentSpec
 
 
+# -- what a rule answers -------------------------------------------------------------------
 @dataclass(frozen=True)
-class Mapped:
+class Pinned:
+    """The launch sets ``native`` so the engine does what the spec says. ``how`` says how it
+    is carried when no native key does (a generated file, the hub's own file check)."""
+
     native: dict[str, Any]
+    how: str = ""
 
 
 @dataclass(frozen=True)
-class Rejected:
+class Hardcoded:
+    """The engine's code fixes this setting at ``engine_value`` whatever the launch says.
+
+    The kit turns it into *pinned* when the spec asks for exactly that value, *declared* when
+    the dialect declares ``deviation``, and *refused* otherwise. ``native`` is still set (for
+    instance the switch that turns the feature on)."""
+
+    engine_value: Any
+    deviation: str
+    native: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Refused:
     reason: str
 
 
 @dataclass(frozen=True)
 class NotApplicable:
+    """Only for leaves that are not part of the experiment (``name``, ``resources``)."""
+
     reason: str
 
 
-Outcome = Mapped | Rejected | NotApplicable
+Outcome = Pinned | Hardcoded | Refused | NotApplicable
 Rule = Callable[[Any, ExperimentSpec], Outcome]
 RuleSet = Mapping[str, Rule]
+State = Literal["pinned", "declared", "refused", "inert", "not_applicable"]
 
 
 # -- rule builders -------------------------------------------------------------------------
 def to(*keys: str, convert: Callable[[Any], Any] | None = None) -> Rule:
-    """Map a leaf onto one or more native keys (the same value under each)."""
+    """Pin a leaf onto one or more native keys (the same value under each)."""
 
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
         native_value = convert(value) if convert is not None else value
-        return Mapped({k: native_value for k in keys})
+        return Pinned({k: native_value for k in keys})
+
+    return rule
+
+
+def carried(how: str) -> Rule:
+    """The launch honours the leaf without a native key (a generated file, the hub's check)."""
+
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        return Pinned({}, how)
+
+    return rule
+
+
+def hardcoded(engine_value: Any, deviation: str) -> Rule:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        return Hardcoded(engine_value, deviation)
 
     return rule
 
@@ -55,18 +102,18 @@ def na(reason: str) -> Rule:
     return rule
 
 
-def reject(reason: str) -> Rule:
+def refuse(reason: str) -> Rule:
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
-        return Rejected(reason)
+        return Refused(reason)
 
     return rule
 
 
 def only(allowed: Callable[[Any], bool], reason: str, then: Rule) -> Rule:
-    """Apply ``then`` when the value is one the engine can honour, else reject with reason."""
+    """Apply ``then`` when the value is one the engine can honour, else refuse with reason."""
 
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
-        return then(value, spec) if allowed(value) else Rejected(reason)
+        return then(value, spec) if allowed(value) else Refused(reason)
 
     return rule
 
@@ -76,20 +123,6 @@ def when_set(then: Rule, unset: Rule) -> Rule:
 
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
         return unset(value, spec) if value is None else then(value, spec)
-
-    return rule
-
-
-def zero_variance_rule(engine: str, refill: str, when_excluded: dict[str, Any]) -> Rule:
-    """Engines exclude zero-variance groups only while refilling the batch (``refill`` names
-    their dynamic-sampling feature); keeping them needs nothing."""
-
-    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
-        if value == "keep":
-            return NotApplicable(f"{engine} keeps zero-variance groups (their advantages are 0)")
-        if spec.algorithm.dynamic_sampling is None:
-            return Rejected(f"{engine} excludes zero-variance groups only with {refill}")
-        return Mapped(dict(when_excluded))
 
     return rule
 
@@ -105,11 +138,32 @@ def with_owned_keys(engine: str, native: dict[str, Any],
     return {**native, **owned}
 
 
-# Leaves the core itself accounts for; adapters never see them.
+# -- leaves the core decides for every engine alike ----------------------------------------
+# Not part of the experiment and never passed to an engine.
 CORE_HANDLED: dict[str, str] = {
+    "version": "the spec version the document was written for",
     "labels": "recorded in the run store, not passed to the engine",
-    "engine_options": "merged as raw native keys after the mapped fields",
+    "equivalence": "decides whether declared deviations may run",
+    "engine_options": "merged as raw native keys after the pinned settings",
 }
+
+
+def inert_reason(spec: ExperimentSpec, path: str) -> str | None:
+    """Why a leaf cannot change this experiment on any engine, or None when it can."""
+    if path.startswith("data.test.") or path == "data.test":
+        return "the test split is never read during training"
+    if path in ("evaluation.temperature", "evaluation.top_p", "evaluation.samples") and \
+            spec.evaluation.every is None:
+        return "no validation runs during training (evaluation.every is null)"
+    if path in ("algorithm.advantage.std", "algorithm.advantage.epsilon") and \
+            not spec.algorithm.advantage.std_normalize:
+        return "advantages are not divided by a std (std_normalize is false)"
+    if path == "evaluation.select_by" and spec.evaluation.select_by is None:
+        return "no checkpoint is selected by a metric"
+    if path in ("environment.entrypoint", "environment.sha256") and \
+            spec.environment.kind == "single_turn":
+        return "single-turn: the reward function is the environment"
+    return None
 
 
 def rule_for(rules: RuleSet, path: str) -> Rule | None:
@@ -125,54 +179,132 @@ def rule_for(rules: RuleSet, path: str) -> Rule | None:
 
 @dataclass(frozen=True)
 class FieldRow:
+    """One leaf on one engine release: its state, what the engine will really do, and why."""
+
     path: str
     value: Any
-    outcome: Outcome | None  # None: the adapter has no rule (a bug)
-    core_reason: str | None = None
+    state: State
+    effective: Any = None
+    native: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    deviation: Deviation | None = None
+    deviation_name: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"field": self.path, "value": self.value, "state": self.state,
+                               "effective": self.effective}
+        if self.native:
+            doc["native"] = self.native
+        if self.reason:
+            doc["reason"] = self.reason
+        if self.deviation_name is not None:
+            doc["deviation"] = self.deviation_name
+        return doc
 
 
-def explain_rows(spec: ExperimentSpec, rules: RuleSet) -> list[FieldRow]:
+def _identity_leaf(path: str) -> bool:
+    return path.split(".", 1)[0] not in NON_IDENTITY_FIELDS
+
+
+def explain_rows(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect,
+                 engine: str = "the engine") -> list[FieldRow]:
+    """Every leaf of the spec resolved to its state on one engine release."""
     rows: list[FieldRow] = []
     for path, value in leaves(spec):
         if path in CORE_HANDLED:
-            rows.append(FieldRow(path, value, NotApplicable(CORE_HANDLED[path]),
-                                 CORE_HANDLED[path]))
+            rows.append(FieldRow(path, value, "not_applicable", reason=CORE_HANDLED[path]))
+            continue
+        inert = inert_reason(spec, path)
+        if inert is not None:
+            rows.append(FieldRow(path, value, "inert", reason=inert))
             continue
         rule = rule_for(rules, path)
-        rows.append(FieldRow(path, value, rule(value, spec) if rule else None))
+        if rule is None:
+            raise AdapterBug(f"the {engine} adapter has no rule for {path}")
+        rows.append(_resolve(path, value, rule(value, spec), spec, dialect, engine))
     return rows
+
+
+def _resolve(path: str, value: Any, outcome: Outcome, spec: ExperimentSpec, dialect: Dialect,
+             engine: str) -> FieldRow:
+    if isinstance(outcome, Pinned):
+        return FieldRow(path, value, "pinned", value, dict(outcome.native), outcome.how)
+    if isinstance(outcome, Refused):
+        return FieldRow(path, value, "refused", reason=outcome.reason)
+    if isinstance(outcome, NotApplicable):
+        if _identity_leaf(path):
+            raise AdapterBug(f"the {engine} adapter calls {path} not applicable, but it is part "
+                             "of the experiment: pin it, refuse it, or declare a deviation")
+        return FieldRow(path, value, "not_applicable", reason=outcome.reason)
+    if _same(value, outcome.engine_value):
+        return FieldRow(path, value, "pinned", value, dict(outcome.native),
+                        f"hard-coded by {engine} to this value")
+    declared = dialect.deviations.get(outcome.deviation)
+    if declared is None or declared.setting != path:
+        return FieldRow(path, value, "refused", reason=(
+            f"{engine} {dialect.name} always uses {_show(outcome.engine_value)}; the spec asks "
+            f"for {_show(value)}"))
+    if spec.equivalence == "strict":
+        return FieldRow(path, value, "refused", reason=(
+            f"declared deviation {outcome.deviation!r} ({declared.description}) is refused "
+            "under equivalence: strict"))
+    return FieldRow(path, value, "declared", declared.engine_value, dict(outcome.native),
+                    declared.description, declared, outcome.deviation)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return float(a) == float(b)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _show(value: Any) -> str:
+    import json
+
+    return json.dumps(value) if not isinstance(value, str) else value
 
 
 @dataclass(frozen=True)
 class Translation:
     native: dict[str, Any]
     sources: dict[str, str]  # native key -> spec path (or engine_options)
+    rows: tuple[FieldRow, ...] = ()
+
+    @property
+    def deviations(self) -> list[dict[str, Any]]:
+        """The declared deviations this launch runs with, as the plan and result record them."""
+        return [{"setting": r.path, "deviation": r.deviation_name, "spec_value": r.value,
+                 "engine_value": r.effective, "description": r.reason}
+                for r in self.rows if r.state == "declared"]
 
 
-def translate(spec: ExperimentSpec, rules: RuleSet, engine: str, version: str) -> Translation:
-    """Apply the rules; refuse on any rejection, unruled leaf or engine_options override."""
+def translate(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect, engine: str,
+              version: str) -> Translation:
+    """Resolve every leaf; refuse on any refusal or engine_options override."""
     native: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    rejected: list[str] = []
-    for row in explain_rows(spec, rules):
-        if row.outcome is None:
-            rejected.append(f"{row.path}: the {engine} adapter has no rule for this field")
-        elif isinstance(row.outcome, Rejected):
-            rejected.append(f"{row.path}: {row.outcome.reason}")
-        elif isinstance(row.outcome, Mapped):
-            for key, value in row.outcome.native.items():
-                if key in native and native[key] != value:
-                    raise Unsupported(f"{engine} adapter maps {sources[key]} and {row.path} "
-                                      f"onto {key} with different values")
-                native[key] = value
-                sources[key] = row.path
-    if rejected:
-        raise Unsupported(f"{engine} {version} cannot honour: " + "; ".join(rejected),
-                          details={"rejected": rejected})
+    refused: list[str] = []
+    rows = explain_rows(spec, rules, dialect, engine)
+    for row in rows:
+        if row.state == "refused":
+            refused.append(f"{row.path}: {row.reason}")
+        for key, value in row.native.items():
+            if key in native and native[key] != value:
+                raise AdapterBug(f"the {engine} adapter sets {key} from {sources[key]} and "
+                                 f"{row.path} to different values")
+            native[key] = value
+            sources[key] = row.path
+    if refused:
+        raise Unsupported(f"{engine} {version} cannot honour: " + "; ".join(refused),
+                          details={"refused": refused})
     for key, value in spec.engine_options.get(engine, {}).items():
         if key in sources:
             raise InvalidInput(f"engine_options.{engine}.{key}: overrides the key that "
-                               f"{sources[key]} maps to; change {sources[key]} instead")
+                               f"{sources[key]} pins; change {sources[key]} instead")
         native[key] = value
         sources[key] = f"engine_options.{engine}"
-    return Translation(native, sources)
+    return Translation(native, sources, tuple(rows))

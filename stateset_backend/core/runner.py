@@ -108,8 +108,8 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
                           echo_stderr=echo_stderr, **logs)
     duration = time.monotonic() - t0
 
-    ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,
-                        adapter.contract.dialect(parse_version(plan.engine_version)))
+    dialect = plan.resolved_dialect()  # what the plan was translated with, not today's contract
+    ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version, dialect)
     collected, collect_error = None, None
     try:
         collected = adapter.collect(run_dir, ctx)
@@ -133,7 +133,7 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
                         summary=summarize(collected.metrics) if collected else {},
                         initial=summarize(collected.metrics, first=True) if collected else {},
                         raw_names=collected.raw_metric_names if collected else {}),
-        artifacts=artifacts, checks=checks)
+        deviations=plan.deviations, artifacts=artifacts, checks=checks)
     path = store.finish(attempt, result)
     return result, path
 

@@ -16,7 +16,8 @@ from stateset_backend.core.adapter import (
 )
 from stateset_backend.core.contracts import Dialect
 from stateset_backend.core.hookspecs import hookimpl
-from stateset_backend.core.rules import RuleSet, Translation, na, to
+from stateset_backend.core.modeltree import all_leaf_paths
+from stateset_backend.core.rules import CORE_HANDLED, RuleSet, Translation, na, to
 from stateset_backend.core.spec import ExperimentSpec
 
 
@@ -26,20 +27,25 @@ class EchoAdapter(EngineAdapter):
     contract_file = "contract.json"
 
     def rules(self, dialect: Dialect) -> RuleSet:
-        ignored = na("the echo engine does not train")
-        return {section: ignored for section in ExperimentSpec.model_fields} | {
-            "seed": to("seed"),
-            "budget.total_updates": to(dialect.keys["updates"]),
-        }
+        # The echo engine is handed every setting (it records them in echo.json) and trains
+        # nothing; that is what it is for: proving discovery, launch and collection.
+        rules = {path: to(path) for path in all_leaf_paths(ExperimentSpec)
+                 if path not in CORE_HANDLED}
+        return rules | {"name": na("the echo engine names nothing"),
+                        "resources": na("one local process"),
+                        "budget.total_updates": to(dialect.keys["updates"])}
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
         native = dict(translation.native)
+        settings = {k: native.pop(k) for k in list(native) if not k.startswith("--")
+                    and k not in ("seed", "behaviour")}
         argv = [PYTHON, "-m", "stateset_echo_engine.engine", "--out", RUN_DIR,
                 "--run-id", ctx.run_id, "--digest", ctx.experiment_digest,
                 "--updates", str(native.pop("--updates")), "--seed", str(native.pop("seed")),
                 "--behaviour", str(native.pop("behaviour", "ok"))]
-        return NativeLaunch(argv=argv, set_env={"ECHO_MARKER": f"{RUN_DIR}/marker"})
+        return NativeLaunch(argv=argv, set_env={"ECHO_MARKER": f"{RUN_DIR}/marker"},
+                            files={"echo.json": json.dumps(settings, sort_keys=True)})
 
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
         out = Collected(raw_metric_names={"reward/mean": "score"})
