@@ -38,8 +38,8 @@ def test_explain_covers_every_field(cli, write_json, minimal):
     assert proc.returncode == 0, proc.stderr
     rows = {r["field"]: r for r in json.loads(proc.stdout)["fields"]}
     assert rows["algorithm.group_size"]["native"] == {"algorithm.group_size": 4}
-    assert rows["labels"]["outcome"] == "not_applicable"
-    assert all(r["outcome"] != "unmapped" for r in rows.values())
+    assert rows["labels"]["state"] == "not_applicable"
+    assert {r["state"] for r in rows.values()} <= {"pinned", "inert", "not_applicable"}
     table = cli("explain", "--engine", "native", write_json(minimal))
     assert table.returncode == 0 and "algorithm.clip.low" in table.stdout
 
@@ -48,7 +48,7 @@ def test_explain_names_rejections(cli, write_json, minimal):
     minimal["rollout"] = {"backend": "vllm"}
     proc = cli("explain", "--engine", "native", "--json", write_json(minimal))
     rows = {r["field"]: r for r in json.loads(proc.stdout)["fields"]}
-    assert rows["rollout.backend"]["outcome"] == "rejected"
+    assert rows["rollout.backend"]["state"] == "refused"
     assert "KV-cache" in rows["rollout.backend"]["reason"]
 
 
@@ -69,7 +69,7 @@ def test_explain_all_engines_side_by_side(cli, write_json, minimal):
     fields = [[r["field"] for r in e["fields"]] for e in engines.values()]
     assert all(f == fields[0] for f in fields)  # one row per field on every engine
     verl = {r["field"]: r for r in engines["verl"]["fields"]}
-    assert verl["rollout.backend"]["outcome"] == "rejected"  # the spec asks for hf
+    assert verl["rollout.backend"]["state"] == "refused"  # the spec asks for hf
     table = cli("explain", "--all-engines", write_json(minimal), env={"COLUMNS": "250"})
     assert table.returncode == 0 and "verl 0.9.1" in table.stdout
 
@@ -77,3 +77,53 @@ def test_explain_all_engines_side_by_side(cli, write_json, minimal):
 def test_explain_needs_one_engine_or_all(cli, write_json, minimal):
     proc = cli("explain", write_json(minimal))
     assert proc.returncode == 2 and "--engine E or --all-engines" in proc.stderr
+
+
+def _effective(cli, path, *extra):
+    proc = cli("explain", "--all-engines", "--effective", "--json", *extra, path)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_effective_table_states_every_setting_on_every_engine(cli, write_json, minimal):
+    minimal["rollout"] = {"backend": "vllm"}
+    table = _effective(cli, write_json(minimal))
+    engines = [e["engine"] for e in table["engines"]]
+    assert {"native", "verl", "openrlhf", "nemo-rl"} <= set(engines)
+    states = {"same", "pinned", "declared", "refused", "inert", "not_applicable"}
+    for row in table["rows"]:
+        assert set(row["cells"]) == set(engines)
+        assert {c["state"] for c in row["cells"].values()} <= states, row
+    rows = {r["field"]: r for r in table["rows"]}
+    # OpenRLHF defaults to betas (0.9, 0.95): the launch pins the spec's (0.9, 0.999)
+    betas = rows["optim.betas"]["cells"]["openrlhf"]
+    assert betas["state"] == "pinned" and betas["effective"] == [0.9, 0.999]
+
+
+def test_differs_keeps_only_rows_that_are_not_the_same_everywhere(cli, write_json, minimal):
+    minimal["rollout"] = {"backend": "vllm"}
+    path = write_json(minimal)
+    full, differs = _effective(cli, path), _effective(cli, path, "--differs")
+    assert 0 < len(differs["rows"]) < len(full["rows"])
+    for row in differs["rows"]:
+        assert not row["same_everywhere"]
+        # never an unstated difference: every cell is same, pinned, declared or refused
+        for cell in row["cells"].values():
+            assert cell["state"] in ("same", "pinned", "declared", "refused", "inert",
+                                     "not_applicable")
+            if cell["state"] in ("declared", "refused"):
+                assert cell["reason"]
+
+
+def test_effective_table_fits_80_columns(cli, write_json, minimal):
+    minimal["rollout"] = {"backend": "vllm"}
+    proc = cli("explain", "--all-engines", "--effective", "--differs", write_json(minimal),
+               env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80, proc.stdout
+    assert "optim.betas" in proc.stdout
+
+
+def test_effective_needs_all_engines(cli, write_json, minimal):
+    proc = cli("explain", "--engine", "verl", "--effective", write_json(minimal))
+    assert proc.returncode == 2 and "--all-engines" in proc.stderr

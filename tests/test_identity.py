@@ -56,7 +56,8 @@ def test_minimal_and_its_normal_form_hash_alike(minimal):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("name", "renamed"), ("labels", {"owner": "someone"}),
+    ("name", "renamed"), ("labels", {"owner": "someone"}), ("version", 1),
+    ("equivalence", "strict"),
     ("resources", {"nodes": 4, "gpus_per_node": 8}),
     ("engine_options", {"verl": {"trainer.logger": ["console"]}}),
 ])
@@ -115,6 +116,8 @@ def _other_value(draw: st.DrawFn, path: str, value: Any) -> Any:
     if isinstance(value, float):
         return draw(st.floats(0.0, max(2.0, value * 3), allow_nan=False).filter(
             lambda x: x != value))
+    if isinstance(value, tuple):  # optim.betas
+        return (value[0], draw(st.sampled_from([b for b in (0.95, 0.98, 0.99) if b != value[1]])))
     if isinstance(value, list):
         return [*value, draw(st.sampled_from(["k_proj", "v_proj", "o_proj"]))]
     if isinstance(value, str) and len(value) == 64 and set(value) <= set("0123456789abcdef"):
