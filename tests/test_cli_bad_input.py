@@ -101,3 +101,50 @@ def test_failed_plan_writes_nothing(cli, write_json, minimal, tmp_path):
 def test_debug_shows_the_traceback(cli, tmp_path):
     proc = cli("validate", "--debug", tmp_path / "nope.json")
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def _in_process(capsys, *args: str) -> tuple[int, str, str]:
+    """The CLI's own main() in this interpreter: the same exit codes, without a process start."""
+    from stateset_backend.cli import main
+
+    code = main([*args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _nested(depth: int) -> list:
+    doc: list = []
+    for _ in range(depth):
+        doc = [doc]
+    return doc
+
+
+@pytest.mark.parametrize("mutate, fragment", [
+    (lambda d: d.update(seed=2**53), "seed: integer outside"),
+    (lambda d: d["budget"].update(total_updates=1e30), "budget.total_updates"),
+    (lambda d: d.update(name="a\u0000b"), "name: contains the character U+0000"),
+    (lambda d: d["model"].update(path="m\ud800"), "model.path: contains the character U+D800"),
+    (lambda d: d["algorithm"].update(objective={"x": 1}), "algorithm.objective"),
+    (lambda d: d.update(labels={"deep": _nested(40)}), "nested deeper than"),
+])
+def test_values_no_engine_can_carry_are_invalid_input(capsys, write_json, minimal, mutate,
+                                                      fragment):
+    mutate(minimal)
+    path = write_json(json.dumps(minimal, ensure_ascii=True))
+    for command in ("validate", "digest"):
+        code, out, err = _in_process(capsys, command, "--json", str(path))
+        assert code == 2 and fragment in err, err
+        assert json.loads(out)["error"]["exit_code"] == 2
+
+
+def test_a_closed_pipe_ends_quietly():
+    import subprocess
+    import sys
+
+    # The reader is gone before the first write: every write fails with EPIPE.
+    proc = subprocess.Popen([sys.executable, "-m", "stateset_backend", "schema", "spec"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and err == "", err

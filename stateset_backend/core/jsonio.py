@@ -40,6 +40,9 @@ def loads(text: str, *, source: str = "<input>") -> Any:
         ) from None
     except ValueError as exc:
         raise InvalidInput(f"{source}: {exc}") from None
+    except RecursionError:
+        raise InvalidInput(f"{source}: nested too deeply to be a spec, plan or contract") \
+            from None
 
 
 def read_json(path: str | os.PathLike[str], *, what: str = "file") -> Any:

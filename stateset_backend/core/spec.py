@@ -151,7 +151,8 @@ class Algorithm(_Section):
 
         Presence is what matters: ``"kl": null`` is an explicit choice and is kept.
         """
-        if not isinstance(data, dict) or data.get("objective") not in OBJECTIVE_DEFAULTS:
+        if not isinstance(data, dict) or not isinstance(data.get("objective"), str) or \
+                data["objective"] not in OBJECTIVE_DEFAULTS:
             return data
         filled = dict(data)
         for key, default in OBJECTIVE_DEFAULTS[data["objective"]].items():

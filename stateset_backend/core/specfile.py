@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -52,9 +53,47 @@ def format_errors(exc: ValidationError, model: type[BaseModel] = ExperimentSpec)
     return lines
 
 
+SAFE_INTEGER = 2**53 - 1  # RFC 8785 (I-JSON): larger integers have no exact canonical form
+MAX_DEPTH = 32
+_UNCARRIABLE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+
+
+def carriable_problems(doc: Any, path: str = "", depth: int = 0) -> list[str]:
+    """Values no engine can carry or no digest can hash, found before validation so each is
+    one ``path: message`` line instead of a crash deep in hashing or launching: integers
+    outside the exact range of canonical JSON, NUL and other control characters, lone
+    surrogates (not encodable as UTF-8), and absurd nesting."""
+    where = path or "spec"
+    if depth > MAX_DEPTH:
+        return [f"{where}: nested deeper than {MAX_DEPTH} levels"]
+    if isinstance(doc, bool):
+        return []
+    if isinstance(doc, int):
+        return [f"{where}: integer outside ±(2^53-1), which canonical JSON cannot carry "
+                "exactly"] if abs(doc) > SAFE_INTEGER else []
+    if isinstance(doc, str):
+        bad = _UNCARRIABLE.search(doc)
+        return [f"{where}: contains the character U+{ord(bad.group()):04X}, which no engine "
+                "can carry"] if bad else []
+    problems: list[str] = []
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            child = f"{path}.{key}" if path else str(key)
+            problems += carriable_problems(key, child + " (key)", depth + 1)
+            problems += carriable_problems(value, child, depth + 1)
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            problems += carriable_problems(value, f"{where}.{i}", depth + 1)
+    return problems
+
+
 def parse_spec(doc: Any, *, source: str = "spec") -> ExperimentSpec:
     if not isinstance(doc, dict):
         raise InvalidInput(f"{source}: a spec is a JSON object, got {type(doc).__name__}")
+    problems = carriable_problems(doc)
+    if problems:
+        raise InvalidInput(f"{source}: {len(problems)} problem(s): " + "; ".join(problems[:10]),
+                           details={"problems": problems})
     try:
         return ExperimentSpec.model_validate(doc)
     except ValidationError as exc:
