@@ -148,3 +148,29 @@ def test_a_closed_pipe_ends_quietly():
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0 and err == "", err
+
+
+@pytest.mark.parametrize("mutate, fragment", [
+    (lambda d: d.update(engine_options={"verl": {"trainer.wandb_api_key": "x"}}),
+     "engine_options.verl.trainer.wandb_api_key: looks like a credential"),
+    (lambda d: d.update(labels={"hf_token": "hf_abc"}), "labels.hf_token"),
+    (lambda d: d["model"].update(path="https://user:pw@example.com/m"), "model.path: a URI"),
+    (lambda d: d["data"]["train"].update(uri="s3://b/train.jsonl?X-Amz-Signature=abc"),
+     "data.train.uri: a URI"),
+    (lambda d: d.update(engine_options={"openrlhf": {"--x": {"password": "p"}}}),
+     "engine_options.openrlhf.--x.password"),
+])
+def test_credentials_never_enter_a_spec(capsys, write_json, minimal, mutate, fragment):
+    mutate(minimal)
+    code, _, err = _in_process(capsys, "validate", str(write_json(minimal)))
+    assert code == 2 and fragment in err, err
+    assert "hf_abc" not in err and ":pw@" not in err  # the secret itself is never echoed
+
+
+def test_token_counts_are_not_credentials(minimal):
+    from stateset_backend.core.specfile import parse_spec
+
+    minimal["data"]["max_prompt_tokens"] = 64
+    minimal["algorithm"] = {"objective": "dapo", "overlong": {"buffer_tokens": 8}}
+    minimal["data"]["max_response_tokens"] = 64
+    parse_spec(minimal)

@@ -87,10 +87,40 @@ def carriable_problems(doc: Any, path: str = "", depth: int = 0) -> list[str]:
     return problems
 
 
+_SECRET_KEY = re.compile(r"(^|[_.-])(api[_-]?key|token|access[_-]?key|secret([_-]?key)?|"
+                         r"password|passwd|credentials?|private[_-]?key)$", re.IGNORECASE)
+_URI_USERINFO = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#@]*@")
+_SECRET_QUERY = re.compile(r"[?&](token|access_token|api[_-]?key|key|sig|signature|password|"
+                           r"x-amz-signature|x-goog-signature|sv)=", re.IGNORECASE)
+
+
+def secret_problems(doc: Any, path: str = "") -> list[str]:
+    """Credentials have no place in a spec: it is copied into plans that are shared and
+    reviewed, and into the run store. They reach an engine through environment variables,
+    which plans list by name only."""
+    problems: list[str] = []
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            child = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and _SECRET_KEY.search(key):
+                problems.append(f"{child}: looks like a credential; pass it to the engine "
+                                "through an environment variable, never in the spec")
+            else:
+                problems += secret_problems(value, child)
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            problems += secret_problems(value, f"{path}.{i}")
+    elif isinstance(doc, str) and (_URI_USERINFO.search(doc) or (
+            "://" in doc and _SECRET_QUERY.search(doc))):
+        problems.append(f"{path or 'spec'}: a URI carrying credentials (user info or a "
+                        "credential query parameter); use an environment variable")
+    return problems
+
+
 def parse_spec(doc: Any, *, source: str = "spec") -> ExperimentSpec:
     if not isinstance(doc, dict):
         raise InvalidInput(f"{source}: a spec is a JSON object, got {type(doc).__name__}")
-    problems = carriable_problems(doc)
+    problems = carriable_problems(doc) or secret_problems(doc)
     if problems:
         raise InvalidInput(f"{source}: {len(problems)} problem(s): " + "; ".join(problems[:10]),
                            details={"problems": problems})
