@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -60,7 +61,7 @@ def test_a_hardcoded_other_value_is_refused_unless_the_dialect_declares_it(minim
     rules = _rules(**{"algorithm.advantage.epsilon": hardcoded(1e-9, EPSILON)})
     refused = _row(spec, rules, _dialect(), "algorithm.advantage.epsilon")
     assert refused.state == "refused" and "1e-09" in refused.reason
-    with pytest.raises(Unsupported, match="algorithm.advantage.epsilon"):
+    with pytest.raises(Unsupported, match=re.escape("algorithm.advantage.epsilon")):
         translate(spec, rules, _dialect(), "toy", "1.0")
 
     declared = _row(spec, rules, _dialect(deviations=DECLARED), "algorithm.advantage.epsilon")
@@ -75,7 +76,7 @@ def test_a_hardcoded_other_value_is_refused_unless_the_dialect_declares_it(minim
 def test_strict_equivalence_refuses_a_declared_deviation(minimal):
     spec = parse_spec({**minimal, "equivalence": "strict"})
     rules = _rules(**{"algorithm.advantage.epsilon": hardcoded(1e-9, EPSILON)})
-    with pytest.raises(Unsupported, match="equivalence: strict"):
+    with pytest.raises(Unsupported, match=re.escape("equivalence: strict")):
         translate(spec, rules, _dialect(deviations=DECLARED), "toy", "1.0")
 
 
@@ -89,14 +90,14 @@ def test_a_deviation_declared_for_another_setting_does_not_cover_this_one(minima
 
 def test_not_applicable_on_an_experiment_setting_is_an_adapter_bug(minimal):
     spec = parse_spec(minimal)
-    with pytest.raises(AdapterBug, match="optim.betas"):
+    with pytest.raises(AdapterBug, match=re.escape("optim.betas")):
         explain_rows(spec, _rules(**{"optim.betas": na("uses its own")}), _dialect(), "toy")
 
 
 def test_a_leaf_without_a_rule_is_an_adapter_bug(minimal):
     rules = _rules()
     del rules["optim.eps"]
-    with pytest.raises(AdapterBug, match="no rule for optim.eps"):
+    with pytest.raises(AdapterBug, match=re.escape("no rule for optim.eps")):
         explain_rows(parse_spec(minimal), rules, _dialect(), "toy")
 
 
@@ -112,7 +113,7 @@ def test_moot_settings_are_inert_on_every_engine(minimal):
 def test_engine_defaults_the_launch_leaves_unset_stop_the_plan():
     dialect = _dialect(defaults={"actor.optim.betas": [0.9, 0.999], "+data.seed": 1})
     assert unpinned_defaults(dialect, {"data.seed": 3}) == ["actor.optim.betas"]
-    with pytest.raises(AdapterBug, match="actor.optim.betas"):
+    with pytest.raises(AdapterBug, match=re.escape("actor.optim.betas")):
         check_all_pinned("toy", dialect, {"+data.seed": 3})
     check_all_pinned("toy", dialect, {"actor.optim.betas": [0.9, 0.95], "data.seed": 3})
 
@@ -130,7 +131,7 @@ def test_typed_dialect_keys_fail_when_the_contract_loads():
         "supported": ">=1", "capabilities": [],
         "dialects": [{"versions": ">=1", "name": "d1", "keys": {"lr": "--lr"}}]},
         source="toy.json")
-    with pytest.raises(InvalidInput, match="dialect 'd1': keys.loss_agg"):
+    with pytest.raises(InvalidInput, match=re.escape("dialect 'd1': keys.loss_agg")):
         _typed_keys(contract, contract.dialects[0], _Keys)
 
 
@@ -166,5 +167,32 @@ def test_k3_is_clamped_by_default_and_k1_is_not(minimal):
 
 
 def test_greedy_validation_cannot_take_several_samples(minimal):
-    with pytest.raises(InvalidInput, match="greedy"):
+    with pytest.raises(InvalidInput, match=re.escape("greedy")):
         parse_spec({**minimal, "evaluation": {"samples": 4}})
+
+
+@pytest.mark.parametrize("option", [
+    "actor.clip_ratio", "~actor.clip_ratio", "+actor.clip_ratio", "++actor.clip_ratio",
+    "actor", "+actor", "actor.clip_ratio=0.5", "actor.clip_ratio.0",
+])
+def test_engine_options_cannot_reach_a_pinned_hydra_key_in_any_spelling(option):
+    from stateset_backend.core.rules import option_conflict
+
+    assert option_conflict(option, {"actor.clip_ratio": 0.2}) == "actor.clip_ratio"
+
+
+@pytest.mark.parametrize("option, conflicts", [
+    ("--actor.adam.lr", True), ("--actor.adam.l", True), ("--actor.adam", True),
+    ("--actor.adam.lr=1", True), ("--actor.adam.lrx", False), ("--train.seed", False),
+])
+def test_engine_options_cannot_abbreviate_a_pinned_flag(option, conflicts):
+    from stateset_backend.core.rules import option_conflict
+
+    assert (option_conflict(option, ["--actor.adam.lr"]) is not None) is conflicts
+
+
+def test_unrelated_engine_options_pass(minimal):
+    from stateset_backend.core.rules import option_conflict
+
+    assert option_conflict("trainer.val_before_train", {"trainer.logger": 1}) is None
+    assert option_conflict("actor.clip", {"actor.clip_ratio": 1}) is None

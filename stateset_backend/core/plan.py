@@ -23,7 +23,7 @@ from .digest import binding_digest, experiment_digest, plan_checksum
 from .errors import InvalidInput, Unsupported
 from .jsonio import atomic_write_json, read_json
 from .registry import AdapterEntry
-from .rules import translate
+from .rules import option_conflict, translate
 from .spec import ExperimentSpec
 from .specfile import parse_spec
 
@@ -103,6 +103,7 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     launch = adapter.render(translation, spec, ctx)
     native = launch.native if launch.native is not None else translation.native
     check_all_pinned(adapter.name, dialect, native)
+    guard_engine_options(adapter.name, spec.engine_options.get(adapter.name, {}), native)
     resources = spec.resources.model_dump(mode="json")
     engine_options = spec.engine_options.get(adapter.name, {})
     doc: dict[str, Any] = {
@@ -131,6 +132,18 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     }
     doc["checksum"] = plan_checksum(doc)
     return LaunchPlan.model_validate(doc)
+
+
+def guard_engine_options(engine: str, options: dict[str, Any], native: dict[str, Any]) -> None:
+    """``engine_options`` may add what the spec does not describe; it may never reach a key
+    the launch sets for identity, outputs or a spec setting, in any spelling."""
+    owned = [key for key in native if key not in options]
+    for key in options:
+        taken = option_conflict(key, owned)
+        if taken is not None:
+            raise InvalidInput(f"engine_options.{engine}.{key}: would change {taken}, which "
+                               "stateset-backend sets for this run's identity, outputs or a "
+                               "spec setting")
 
 
 def write_plan(plan: LaunchPlan, path: str | os.PathLike[str]) -> None:

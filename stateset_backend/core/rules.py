@@ -302,9 +302,35 @@ def translate(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect, engine: st
         raise Unsupported(f"{engine} {version} cannot honour: " + "; ".join(refused),
                           details={"refused": refused})
     for key, value in spec.engine_options.get(engine, {}).items():
-        if key in sources:
+        taken = option_conflict(key, native)
+        if taken is not None:
             raise InvalidInput(f"engine_options.{engine}.{key}: overrides the key that "
-                               f"{sources[key]} pins; change {sources[key]} instead")
+                               f"{sources[taken]} pins ({taken}); change {sources[taken]} "
+                               "instead")
         native[key] = value
         sources[key] = f"engine_options.{engine}"
     return Translation(native, sources, tuple(rows))
+
+
+def _bare(key: str) -> str:
+    """A native key without Hydra's edit prefixes (``~`` delete, ``+`` add, ``++`` force) or an
+    ``=value`` suffix: every spelling that reaches the same key."""
+    return key.lstrip("~+").split("=", 1)[0]
+
+
+def option_conflict(key: str, taken: Any) -> str | None:
+    """The key in ``taken`` that an ``engine_options`` entry would delete, add over, override
+    or shadow, in any spelling, or None.
+
+    Hydra keys conflict when equal or when one is a dotted parent of the other (a mapping at
+    ``actor`` replaces ``actor.clip_ratio``). Flags conflict when equal or when the option is
+    a prefix of a taken flag, because argparse accepts any unambiguous abbreviation."""
+    bare = _bare(key)
+    for other in taken:
+        theirs = _bare(other)
+        if bare.startswith("-") or theirs.startswith("-"):
+            if bare and theirs.startswith(bare):
+                return str(other)
+        elif bare == theirs or theirs.startswith(bare + ".") or bare.startswith(theirs + "."):
+            return str(other)
+    return None
