@@ -1,8 +1,11 @@
 """Rendering native values as Hydra/OmegaConf ``key=value`` command-line overrides.
 
 verl and NeMo RL both take their configuration as such overrides; one renderer keeps their
-quoting identical and correct (a string that looks like a number or holds a comma must be
-quoted, or Hydra parses it into something else).
+quoting identical and correct. A string is user data and must read back as the same literal
+after two parsers: Hydra's override grammar (a string that looks like a number or holds a comma
+is quoted; inside quotes a backslash escapes only a quote) and OmegaConf's resolution (``${…}``
+is an interpolation, ``\\${`` a literal). A spec string holding ``${oc.env:SECRET}`` would
+otherwise make the engine copy a secret into its config, logs and trackers.
 """
 
 from __future__ import annotations
@@ -11,8 +14,28 @@ import json
 import re
 from typing import Any
 
-_BARE = re.compile(r"^[A-Za-z_/~.][A-Za-z0-9_./~:@+-]*$")
+from .errors import InvalidInput
+
+_BARE = re.compile(r"^[A-Za-z_/.][A-Za-z0-9_./-]*$")
 _RESERVED = {"true", "false", "null", "none", "nan", "inf", "-inf"}
+_KEY = re.compile(r"^(~|\+\+|\+)?[A-Za-z_][A-Za-z0-9_.\-]*$")
+_DICT_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+_BEFORE_INTERPOLATION = re.compile(r"(\\*)\$\{")
+_BEFORE_QUOTE = re.compile(r"(\\*)'")
+_AT_END = re.compile(r"(\\+)$")
+
+
+def literal(text: str) -> str:
+    """``text`` as OmegaConf reads it back verbatim: each ``${`` preceded by k backslashes
+    becomes 2k+1 backslashes, so no interpolation or resolver ever runs."""
+    return _BEFORE_INTERPOLATION.sub(lambda m: "\\" * (2 * len(m.group(1)) + 1) + "${", text)
+
+
+def quoted(text: str) -> str:
+    """A single-quoted Hydra string: backslashes escape only a quote or the closing quote."""
+    body = _BEFORE_QUOTE.sub(lambda m: "\\" * (2 * len(m.group(1)) + 1) + "'", text)
+    body = _AT_END.sub(lambda m: "\\" * (2 * len(m.group(1))), body)
+    return f"'{body}'"
 
 
 def value(v: Any) -> str:
@@ -26,13 +49,22 @@ def value(v: Any) -> str:
     if isinstance(v, list | tuple):
         return "[" + ",".join(value(x) for x in v) + "]"
     if isinstance(v, dict):
+        for k in v:
+            if not isinstance(k, str) or not _DICT_KEY.match(k):
+                raise InvalidInput(f"{k!r}: not a key a Hydra override can carry (letters, "
+                                   "digits, '_' and '-')")
         return "{" + ",".join(f"{k}:{value(x)}" for k, x in v.items()) + "}"
-    text = str(v)
+    text = literal(str(v))
     if _BARE.match(text) and text.lower() not in _RESERVED:
         return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return quoted(text)
 
 
 def render(native: dict[str, Any]) -> list[str]:
-    """``key=value`` for every native key, in a stable order."""
+    """``key=value`` for every native key, in a stable order. Keys come from adapters and
+    from ``engine_options``; one that is not a plain dotted key (an ``=``, a space, an
+    interpolation, a package ``@``) could rewrite the override itself, so it is refused."""
+    for key in native:
+        if not _KEY.match(key):
+            raise InvalidInput(f"{key!r}: not a key a Hydra override can carry")
     return [f"{key}={value(v)}" for key, v in sorted(native.items())]
