@@ -15,11 +15,11 @@ take their defaults); its digest changes once, since the v1 digest never fixed t
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-SPEC_VERSION = 2
+SPEC_VERSION: Final = 2
 SPEC_SCHEMA_ID = f"stateset-backend/experiment-spec/v{SPEC_VERSION}"
 
 Objective = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "ppo"]
