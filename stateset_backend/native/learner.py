@@ -8,15 +8,16 @@ reporting numbers.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..core.spec import Algorithm
+from ..core.spec import Algorithm, Optim
 from . import objectives
 from .batch import RolloutBatch
 from .rollout import response_logprobs
@@ -34,22 +35,49 @@ class LearnerConfig:
     ppo_epochs: int
     mini_batches: int
     grad_clip: float
+    compute: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
 
-def make_optimizer(model: Any, lr: float, weight_decay: float,
-                   warmup_steps: int) -> tuple[torch.optim.Optimizer, Any]:
+# LR decay after warmup, as a function of progress in [0, 1] and the floor ratio
+SCHEDULES: dict[str, Callable[[float, float], float]] = {
+    "constant": lambda progress, floor: 1.0,
+    # verl's get_cosine_schedule_with_warmup (half a cosine), floored at min_lr_ratio
+    "cosine": lambda progress, floor: max(floor, math.cos(math.pi * progress) * (1 - floor) * 0.5
+                                          + (1 + floor) * 0.5),
+    "linear": lambda progress, floor: floor + (1 - floor) * (1 - progress),
+}
+
+
+def lr_factor(update: int, *, schedule: str, warmup: int, total: int,
+              min_lr_ratio: float) -> float:
+    """LR multiplier at update ``update`` (0-based): u/W during warmup (the first update runs at
+    lr 0 when W > 0, as in verl and Hugging Face), then the schedule's decay from update W to
+    ``total``."""
+    if update < warmup:
+        return update / warmup
+    progress = min(1.0, (update - warmup) / max(1, total - warmup))
+    return SCHEDULES[schedule](progress, min_lr_ratio)
+
+
+def make_optimizer(model: Any, optim: Optim, total_updates: int) -> tuple[torch.optim.Optimizer,
+                                                                          Any]:
+    """AdamW over the trainable parameters; the scheduler advances once per update."""
+    if optim.kind != "adamw":
+        raise ValueError(f"the native engine has no optimizer {optim.kind!r}")
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0)
-    return optimizer, scheduler
+    optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, eps=optim.eps,
+                                  weight_decay=optim.weight_decay)
+    schedule = functools.partial(lr_factor, schedule=optim.schedule, warmup=optim.warmup_steps,
+                                 total=total_updates, min_lr_ratio=optim.min_lr_ratio)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
 def advantages_for(batch: RolloutBatch, algorithm: Algorithm) -> Tensor:
-    estimator, _ = objectives.RECIPES[algorithm.objective]
+    baseline, _ = objectives.RECIPES[algorithm.objective]
     adv = algorithm.advantage
-    return objectives.ADVANTAGES[estimator](
-        batch.rewards, batch.group_ids, std_normalize=adv.std_normalize,
+    return objectives.advantages(
+        batch.rewards, batch.group_ids, batch.response_mask.sum(-1), baseline=baseline,
+        std_normalize=adv.std_normalize, scope=adv.scope,
         unbiased=adv.std == "unbiased", eps=adv.epsilon)
 
 
@@ -88,6 +116,7 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
     _, loss_name = objectives.RECIPES[alg.objective]
     loss_fn = objectives.POLICY_LOSSES[loss_name]
     kl_in_loss = alg.kl is not None and alg.kl.placement == "loss"
+    loss_knobs = {"dual_clip": alg.clip.dual_clip} if loss_name == "clipped" else {}
     old_logp = torch.nan_to_num(batch.sample_logprobs, nan=0.0)
     model.train()
     totals = {"loss/policy": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0,
@@ -98,17 +127,20 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
     for _ in range(cfg.ppo_epochs):
         for idx in _split(batch.size // group_size, group_size, cfg.mini_batches, generator):
             mask = batch.response_mask[idx]
-            logp, entropy = response_logprobs(model, batch.prompt_ids[idx],
-                                              batch.prompt_mask[idx], batch.response_ids[idx],
-                                              mask, cfg.temperature, group_size)
+            with cfg.compute():
+                logp, entropy = response_logprobs(model, batch.prompt_ids[idx],
+                                                  batch.prompt_mask[idx],
+                                                  batch.response_ids[idx], mask,
+                                                  cfg.temperature, group_size)
             pl = loss_fn(logp, old_logp[idx], advantages[idx], mask, clip_low=alg.clip.low,
-                         clip_high=alg.clip.high)
+                         clip_high=alg.clip.high, **loss_knobs)
             agg = alg.loss_aggregation
             policy_loss = objectives.aggregate(pl.loss, mask, agg, cfg.max_response_tokens)
             loss = policy_loss
             kl_value = torch.zeros(())
             if ref_logp is not None and alg.kl is not None:
-                kl_tokens = objectives.kl_estimate(logp, ref_logp[idx], alg.kl.estimator)
+                kl_tokens = objectives.kl_estimate(logp, ref_logp[idx], alg.kl.estimator,
+                                                    alg.kl.clamp)
                 kl_value = objectives.aggregate(kl_tokens, mask, agg, cfg.max_response_tokens)
                 if kl_in_loss:
                     loss = loss + alg.kl.coef * kl_value
@@ -125,7 +157,6 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
                 raise NonFiniteUpdate(f"gradient norm is {grad_norm.item()}; the step was not "
                                       "applied")
             optimizer.step()
-            scheduler.step()
             steps += 1
             totals["loss/policy"] += float(policy_loss.detach())
             totals["kl"] += float(kl_value.detach())
@@ -135,5 +166,6 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
             totals["grad_norm"] += float(grad_norm)
     metrics = {k: v / max(steps, 1) for k, v in totals.items()}
     metrics["lr"] = float(scheduler.get_last_lr()[0])
+    scheduler.step()  # once per update, not per optimizer step
     assert all(math.isfinite(v) for v in metrics.values())
     return metrics

@@ -1,48 +1,75 @@
-"""The RL math, as a registry of small pure tensor functions.
+"""The RL math, as registries of small pure tensor functions.
 
-Each advantage estimator and policy loss is one decorated function of tensors, looked up by
-name, so a new objective is one function, and each can be tested alone on hand-computed
-values. Nothing here reads a config object: every knob is an argument.
+Each advantage baseline, advantage normaliser, policy loss, KL estimator and loss
+aggregation is one decorated function of tensors, looked up by name, so a new objective is one
+function and each can be tested alone on hand-computed values. Nothing here reads a config
+object: every knob is an argument.
+
+Where an objective carries a verl name, its numbers are verl 0.9.1's
+``verl.trainer.ppo.core_algos`` (values and gradients; ``tests/engines/test_native_vs_verl.py``
+proves it), with the spec's knobs (``dual_clip``, ``kl.clamp``, ``advantage.scope``) set to
+the values verl hard-codes.
 
 Shapes: ``B`` samples, ``T`` response tokens. ``mask`` is 1.0 on sampled tokens, 0.0 after.
-Log-ratios are computed in log space and clamped before ``exp`` so one extreme token cannot
-overflow a whole batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
+# verl clamps token log-ratios to [-20, 20] before exp (vanilla, CISPO, k3's inner term) and a
+# GSPO sequence log-ratio to at most 10: one extreme token cannot overflow a whole batch.
 LOG_RATIO_LIMIT = 20.0
+GSPO_LOG_RATIO_MAX = 10.0
 
-AdvantageFn = Callable[..., Tensor]
+F = TypeVar("F")
+BaselineFn = Callable[[Tensor, Tensor], Tensor]
+NormaliserFn = Callable[..., Tensor]
 PolicyLossFn = Callable[..., "PolicyLoss"]
+KLFn = Callable[[Tensor, Tensor], Tensor]
+AggregationFn = Callable[[Tensor, Tensor, int], Tensor]
 
-ADVANTAGES: dict[str, AdvantageFn] = {}
+ADVANTAGES: dict[str, BaselineFn] = {}
+NORMALISERS: dict[str, NormaliserFn] = {}
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+KL_ESTIMATORS: dict[str, KLFn] = {}
+AGGREGATIONS: dict[str, AggregationFn] = {}
 
 
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    def deco(fn: AdvantageFn) -> AdvantageFn:
-        ADVANTAGES[name] = fn
+def _registrar(registry: dict[str, F], name: str) -> Callable[[F], F]:
+    def deco(fn: F) -> F:
+        registry[name] = fn
         return fn
 
     return deco
+
+
+def register_advantage(name: str) -> Callable[[BaselineFn], BaselineFn]:
+    return _registrar(ADVANTAGES, name)
+
+
+def register_normaliser(name: str) -> Callable[[NormaliserFn], NormaliserFn]:
+    return _registrar(NORMALISERS, name)
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    def deco(fn: PolicyLossFn) -> PolicyLossFn:
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return deco
+    return _registrar(POLICY_LOSSES, name)
 
 
-# objective -> (advantage estimator, policy loss)
+def register_kl(name: str) -> Callable[[KLFn], KLFn]:
+    return _registrar(KL_ESTIMATORS, name)
+
+
+def register_aggregation(name: str) -> Callable[[AggregationFn], AggregationFn]:
+    return _registrar(AGGREGATIONS, name)
+
+
+# objective -> (advantage baseline, policy loss); the normaliser is the spec's advantage.scope
 RECIPES: dict[str, tuple[str, str]] = {
     "grpo": ("group", "clipped"),
     "dr_grpo": ("group", "clipped"),
@@ -50,28 +77,32 @@ RECIPES: dict[str, tuple[str, str]] = {
     "gspo": ("group", "gspo"),
     "cispo": ("group", "cispo"),
     "rloo": ("leave_one_out", "clipped"),
-    "reinforce_pp": ("reinforce_pp", "clipped"),
+    "reinforce_pp": ("group", "clipped"),
 }
 
 
 # -- groups --------------------------------------------------------------------------------
+def _group_sum(values: Tensor, group_ids: Tensor, n_groups: int) -> Tensor:
+    return torch.zeros(n_groups, dtype=values.dtype).index_add_(0, group_ids, values)
+
+
 def _group_stats(rewards: Tensor, group_ids: Tensor, unbiased: bool) -> tuple[Tensor, Tensor,
                                                                                Tensor]:
     """Per-sample group mean, group std and group size (via scatter, no Python loop)."""
     n_groups = int(group_ids.max().item()) + 1
-    ones = torch.ones_like(rewards)
-    count = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, group_ids, ones)
-    total = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, group_ids, rewards)
-    mean = total / count
+    count = _group_sum(torch.ones_like(rewards), group_ids, n_groups)
+    mean = _group_sum(rewards, group_ids, n_groups) / count
     centered = rewards - mean[group_ids]
-    sq = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, group_ids, centered ** 2)
+    sq = _group_sum(centered ** 2, group_ids, n_groups)
     denom = (count - 1).clamp(min=1) if unbiased else count
     std = (sq / denom).sqrt()
     return mean[group_ids], std[group_ids], count[group_ids]
 
 
 def zero_variance_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """Boolean per sample: its group's rewards are all equal (no learning signal)."""
+    """Boolean per sample: its group's rewards are all exactly equal, as given (no learning
+    signal). Exact comparison, never a std threshold: equal rewards that the dtype cannot
+    represent exactly (0.1 in float32) still have a mean that rounds away from them."""
     n_groups = int(group_ids.max().item()) + 1
     hi = torch.full((n_groups,), -torch.inf, dtype=rewards.dtype).scatter_reduce(
         0, group_ids, rewards, reduce="amax")
@@ -80,63 +111,127 @@ def zero_variance_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
     return (hi == lo)[group_ids]
 
 
-# -- advantage estimators (one scalar per sample) ------------------------------------------
+# -- advantage baselines (one centred scalar per sample) -----------------------------------
 @register_advantage("group")
-def group_advantage(rewards: Tensor, group_ids: Tensor, *, std_normalize: bool,
-                    unbiased: bool = True, eps: float = 1e-6) -> Tensor:
-    """GRPO: reward minus the group mean, optionally over the group std (Dr.GRPO: no std)."""
-    mean, std, _ = _group_stats(rewards, group_ids, unbiased)
-    adv = rewards - mean
-    return adv / (std + eps) if std_normalize else adv
+def group_baseline(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """GRPO / REINFORCE++-baseline: reward minus the group mean."""
+    mean, _, _ = _group_stats(rewards, group_ids, unbiased=True)
+    return rewards - mean
 
 
 @register_advantage("leave_one_out")
-def leave_one_out_advantage(rewards: Tensor, group_ids: Tensor, *, std_normalize: bool,
-                            unbiased: bool = True, eps: float = 1e-6) -> Tensor:
-    """RLOO: reward minus the mean of the *other* samples of the group."""
-    mean, std, count = _group_stats(rewards, group_ids, unbiased)
-    adv = (rewards - mean) * count / (count - 1).clamp(min=1)
-    return adv / (std + eps) if std_normalize else adv
+def leave_one_out_baseline(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """RLOO: reward minus the mean of the *other* samples of the group (verl's form:
+    r n/(n-1) - mean n/(n-1)); a group of one keeps its reward."""
+    mean, _, count = _group_stats(rewards, group_ids, unbiased=True)
+    scale = torch.where(count > 1, count / (count - 1).clamp(min=1), 1.0)
+    return torch.where(count > 1, rewards * scale - mean * scale, rewards)
 
 
-@register_advantage("reinforce_pp")
-def reinforce_pp_advantage(rewards: Tensor, group_ids: Tensor, *, std_normalize: bool,
-                           unbiased: bool = True, eps: float = 1e-6) -> Tensor:
-    """REINFORCE++ with baseline: subtract the group mean, then normalise over the batch."""
-    mean, _, _ = _group_stats(rewards, group_ids, unbiased)
-    adv = rewards - mean
+# -- advantage normalisers, by advantage.scope ---------------------------------------------
+@register_normaliser("group")
+def group_std_normaliser(centred: Tensor, rewards: Tensor, group_ids: Tensor,
+                         token_counts: Tensor, *, unbiased: bool, eps: float,
+                         eps_on_variance: bool = False) -> Tensor:
+    """Divide by the std of the group's rewards plus eps (GRPO)."""
+    _, std, _ = _group_stats(rewards, group_ids, unbiased)
+    scale = (std * std + eps).sqrt() if eps_on_variance else std + eps
+    return centred / scale
+
+
+@register_normaliser("batch")
+def batch_whitening(centred: Tensor, rewards: Tensor, group_ids: Tensor, token_counts: Tensor,
+                    *, unbiased: bool, eps: float, eps_on_variance: bool = False) -> Tensor:
+    """Whiten over the batch's response tokens (REINFORCE++-baseline, verl's masked_whiten):
+    each sample counts once per token it generated; subtract the mean, divide by the std.
+
+    ``unbiased`` divides the variance by N-1 with N the number of tokens. verl adds 1e-8 to
+    the variance (``eps_on_variance=True, eps=1e-8``); the spec adds epsilon to the std.
+    """
+    w = token_counts.to(centred.dtype)
+    n = w.sum()
+    mean = (centred * w).sum() / n
+    var = ((centred - mean) ** 2 * w).sum() / n
+    if unbiased:
+        var = var * n / (n - 1).clamp(min=1)
+    scale = (var + eps).sqrt() if eps_on_variance else var.sqrt() + eps
+    return (centred - mean) / scale
+
+
+def advantages(rewards: Tensor, group_ids: Tensor, token_counts: Tensor, *, baseline: str,
+               std_normalize: bool, scope: str, unbiased: bool, eps: float,
+               eps_on_variance: bool = False) -> Tensor:
+    """One advantage per sample: baseline, then (optionally) the scope's normalisation.
+
+    A group whose rewards are all equal has a centred advantage of exactly 0 whatever the
+    rewards' dtype; with group scope it stays 0, with batch scope it is shifted by the batch
+    mean like every other sample.
+    """
+    centred = ADVANTAGES[baseline](rewards, group_ids)
+    centred = torch.where(zero_variance_groups(rewards, group_ids),
+                          torch.zeros_like(centred), centred)
     if not std_normalize:
-        return adv
-    std = adv.std(unbiased=unbiased) if adv.numel() > 1 else torch.zeros(())
-    return (adv - adv.mean()) / (std + eps)
+        return centred
+    return NORMALISERS[scope](centred, rewards, group_ids, token_counts, unbiased=unbiased,
+                              eps=eps, eps_on_variance=eps_on_variance)
 
 
-# -- KL estimators (per token) -------------------------------------------------------------
-def kl_estimate(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
-    """KL(pi || pi_ref) per token from samples of pi; d = log pi - log pi_ref."""
-    d = (logp - ref_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-    if estimator == "k1":
-        return d
-    if estimator == "k2":
-        return 0.5 * d * d
-    if estimator == "k3":
-        return torch.exp(-d) - 1.0 + d
-    raise ValueError(f"unknown KL estimator {estimator!r}")
+# -- KL estimators (per token), verl's kl / mse / low_var_kl -------------------------------
+@register_kl("k1")
+def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """d = log pi - log pi_ref (verl ``kl``)."""
+    return logp - ref_logp
+
+
+@register_kl("k2")
+def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """d^2 / 2 (verl ``mse``)."""
+    return 0.5 * (logp - ref_logp).square()
+
+
+@register_kl("k3")
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """exp(-d) - 1 + d with -d clamped to [-20, 20] before exp (verl ``low_var_kl``)."""
+    x = (ref_logp - logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    return torch.exp(x) - x - 1
+
+
+def kl_estimate(logp: Tensor, ref_logp: Tensor, estimator: str,
+                clamp: float | None = None) -> Tensor:
+    """KL(pi || pi_ref) per token from samples of pi, clamped to [-clamp, clamp] when set
+    (verl hard-codes 10 for k3 and nothing for k1/k2)."""
+    kl = KL_ESTIMATORS[estimator](logp, ref_logp)
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
 # -- aggregation ---------------------------------------------------------------------------
+@register_aggregation("token_mean")
+def token_mean(values: Tensor, mask: Tensor, max_tokens: int) -> Tensor:
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+@register_aggregation("seq_mean_token_mean")
+def seq_mean_token_mean(values: Tensor, mask: Tensor, max_tokens: int) -> Tensor:
+    lengths = mask.sum(-1)
+    per_seq = (values * mask).sum(-1) / lengths.clamp(min=1.0)
+    return per_seq.sum() / (lengths > 0).sum().clamp(min=1)
+
+
+@register_aggregation("seq_mean_token_sum")
+def seq_mean_token_sum(values: Tensor, mask: Tensor, max_tokens: int) -> Tensor:
+    return (values * mask).sum() / (mask.sum(-1) > 0).sum().clamp(min=1)
+
+
+@register_aggregation("seq_mean_token_sum_norm")
+def seq_mean_token_sum_norm(values: Tensor, mask: Tensor, max_tokens: int) -> Tensor:
+    """Dr.GRPO: token sums averaged over sequences, over a constant ``max_tokens`` (the
+    response budget; verl's ``loss_scale_factor``, which falls back to the padded width)."""
+    return seq_mean_token_sum(values, mask, max_tokens) / max_tokens
+
+
 def aggregate(values: Tensor, mask: Tensor, mode: str, max_tokens: int) -> Tensor:
     """Token values [B, T] -> one scalar, by the spec's loss aggregation."""
-    per_seq_sum = (values * mask).sum(-1)
-    if mode == "token_mean":
-        return per_seq_sum.sum() / mask.sum().clamp(min=1.0)
-    if mode == "seq_mean_token_mean":
-        return (per_seq_sum / mask.sum(-1).clamp(min=1.0)).mean()
-    if mode == "seq_mean_token_sum":
-        return per_seq_sum.mean()
-    if mode == "seq_mean_token_sum_norm":
-        return per_seq_sum.sum() / (values.shape[0] * max_tokens)
-    raise ValueError(f"unknown loss aggregation {mode!r}")
+    return AGGREGATIONS[mode](values, mask, max_tokens)
 
 
 # -- policy losses (per token) -------------------------------------------------------------
@@ -146,22 +241,25 @@ class PolicyLoss:
     clipped: Tensor  # [B, T] 1.0 where clipping changed the objective
 
 
-def _log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
-    return (logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-
-
-def _clipped_surrogate(log_ratio: Tensor, adv: Tensor, low: float, high: float) -> PolicyLoss:
-    ratio = torch.exp(log_ratio)
-    unclipped = ratio * adv
-    clipped = ratio.clamp(1.0 - low, 1.0 + high) * adv
-    return PolicyLoss(-torch.minimum(unclipped, clipped), (clipped < unclipped).float())
+def _clipped_surrogate(ratio: Tensor, adv: Tensor, low: float, high: float) -> tuple[Tensor,
+                                                                                      Tensor]:
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - low, 1.0 + high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
 
 
 @register_policy_loss("clipped")
 def clipped_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, *, clip_low: float,
-                 clip_high: float) -> PolicyLoss:
-    """PPO's clipped surrogate per token; asymmetric when clip_low != clip_high (DAPO)."""
-    return _clipped_surrogate(_log_ratio(logp, old_logp), adv[:, None], clip_low, clip_high)
+                 clip_high: float, dual_clip: float | None = None) -> PolicyLoss:
+    """PPO's clipped surrogate per token (verl ``vanilla``); asymmetric when clip_low !=
+    clip_high (DAPO). With ``dual_clip`` c > 1, a token with a negative advantage loses at
+    most -A*c (Ye et al. 2020; verl's clip_ratio_c)."""
+    ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    a = adv[:, None]
+    loss, clipped = _clipped_surrogate(ratio, a, clip_low, clip_high)
+    if dual_clip is not None:
+        loss = torch.where(a < 0, torch.minimum(-a * dual_clip, loss), loss)
+    return PolicyLoss(loss, clipped)
 
 
 @register_policy_loss("gspo")
@@ -170,28 +268,30 @@ def gspo_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, *, clip
     """GSPO: one ratio per sequence, exp of the length-normalised log-prob difference.
 
     Written in the GSPO-token form (sg(s_i) + log pi_t - sg(log pi_t)) so the value is the
-    sequence ratio while the gradient flows through every token.
+    sequence ratio while the gradient flows through every token; the log-ratio is capped at
+    10 before exp, as verl does.
     """
     lengths = mask.sum(-1).clamp(min=1.0)
-    seq_log_ratio = (_log_ratio(logp, old_logp) * mask).sum(-1) / lengths
-    token_log_ratio = seq_log_ratio.detach()[:, None] + logp - logp.detach()
-    return _clipped_surrogate(token_log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT),
-                              adv[:, None], clip_low, clip_high)
+    seq_log_ratio = ((logp - old_logp) * mask).sum(-1) / lengths
+    token_log_ratio = logp - logp.detach() + seq_log_ratio.detach()[:, None]
+    ratio = torch.exp(token_log_ratio.clamp(max=GSPO_LOG_RATIO_MAX))
+    loss, clipped = _clipped_surrogate(ratio, adv[:, None], clip_low, clip_high)
+    return PolicyLoss(loss, clipped)
 
 
 @register_policy_loss("cispo")
 def cispo_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, *, clip_low: float,
                clip_high: float) -> PolicyLoss:
     """CISPO: the clipped importance weight, detached, times the advantage and log-prob."""
-    ratio = torch.exp(_log_ratio(logp, old_logp))
-    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high).detach()
-    return PolicyLoss(-weight * adv[:, None] * logp, (weight != ratio.detach()).float())
+    ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
+    weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    return PolicyLoss(-weight.detach() * adv[:, None] * logp, (ratio != weight).float())
 
 
 # -- reward shaping ------------------------------------------------------------------------
 def overlong_penalty(lengths: Tensor, max_tokens: int, buffer_tokens: int,
                      penalty: float) -> Tensor:
-    """DAPO soft overlong punishment: 0 until max - buffer, then linear down to -penalty."""
-    start = max_tokens - buffer_tokens
-    over = (lengths.float() - start).clamp(min=0.0)
-    return -(over / buffer_tokens).clamp(max=1.0) * penalty
+    """DAPO soft overlong punishment: 0 until max - buffer, then linear down to -penalty at
+    the hard limit (verl's DAPO reward manager: min(-(len - (max - buffer)) / buffer * p, 0))."""
+    exceed = lengths.double() - (max_tokens - buffer_tokens)
+    return (-exceed / buffer_tokens * penalty).clamp(min=-penalty, max=0.0)

@@ -16,34 +16,76 @@ def t(*rows):
     return torch.tensor(rows, dtype=torch.float32)
 
 
+def adv(rewards, groups, *, baseline="group", std_normalize=True, scope="group",
+        unbiased=True, eps=1e-6, token_counts=None, eps_on_variance=False):
+    counts = torch.ones_like(rewards) if token_counts is None else token_counts
+    return O.advantages(rewards, torch.tensor(groups), counts, baseline=baseline,
+                        std_normalize=std_normalize, scope=scope, unbiased=unbiased, eps=eps,
+                        eps_on_variance=eps_on_variance)
+
+
 def test_group_advantage_with_unbiased_and_population_std():
-    rewards, groups = t(1.0, 0.0, 2.0, 2.0), torch.tensor([0, 0, 1, 1])
-    unbiased = O.ADVANTAGES["group"](rewards, groups, std_normalize=True, unbiased=True, eps=0)
+    rewards, groups = t(1.0, 0.0, 2.0, 2.0), [0, 0, 1, 1]
+    unbiased = adv(rewards, groups, unbiased=True, eps=1e-12)
     # group 0: mean .5, unbiased std sqrt(.5) -> +-.5/.7071; group 1 has zero variance -> 0
     assert unbiased[:2].tolist() == approx([1 / math.sqrt(2), -1 / math.sqrt(2)], rel=1e-5)
-    population = O.ADVANTAGES["group"](rewards, groups, std_normalize=True, unbiased=False,
-                                       eps=0)
+    population = adv(rewards, groups, unbiased=False, eps=1e-12)
     assert population[:2].tolist() == approx([1.0, -1.0])
-    zero = O.ADVANTAGES["group"](rewards, groups, std_normalize=True, unbiased=True, eps=1e-6)
-    assert zero[2:].tolist() == [0.0, 0.0]
+    assert unbiased[2:].tolist() == [0.0, 0.0]
 
 
 def test_dr_grpo_advantage_has_no_std_division():
-    adv = O.ADVANTAGES["group"](t(3.0, 1.0), torch.tensor([0, 0]), std_normalize=False)
-    assert adv.tolist() == approx([1.0, -1.0])
+    assert adv(t(3.0, 1.0), [0, 0], std_normalize=False).tolist() == approx([1.0, -1.0])
 
 
 def test_rloo_subtracts_the_mean_of_the_others():
-    adv = O.ADVANTAGES["leave_one_out"](t(1.0, 0.0, 0.0), torch.tensor([0, 0, 0]),
-                                        std_normalize=False)
-    assert adv.tolist() == approx([1.0, -0.5, -0.5])
+    out = adv(t(1.0, 0.0, 0.0), [0, 0, 0], baseline="leave_one_out", std_normalize=False)
+    assert out.tolist() == approx([1.0, -0.5, -0.5])
 
 
-def test_reinforce_pp_normalises_over_the_batch():
-    adv = O.ADVANTAGES["reinforce_pp"](t(1.0, 0.0, 3.0, 1.0), torch.tensor([0, 0, 1, 1]),
-                                       std_normalize=True, unbiased=True, eps=0)
-    std = math.sqrt((0.25 + 0.25 + 1 + 1) / 3)
-    assert adv.tolist() == approx([0.5 / std, -0.5 / std, 1 / std, -1 / std], rel=1e-5)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16,
+                                   torch.float16])
+@pytest.mark.parametrize("value", [0.1, 1 / 3, 0.7, -2.9, 1e4 + 0.1])
+def test_equal_rewards_have_exactly_zero_advantage_in_any_dtype(dtype, value):
+    # eight equal rewards whose float mean rounds away from them (0.7 in float32 gave ~0.056)
+    rewards = torch.tensor([value] * 8 + [0.0, 1.0], dtype=torch.float64).to(dtype)
+    groups = [0] * 8 + [1, 1]
+    for baseline in ("group", "leave_one_out"):
+        for std_normalize in (True, False):
+            out = adv(rewards, groups, baseline=baseline, std_normalize=std_normalize)
+            assert out[:8].tolist() == [0.0] * 8
+            assert out[8:].abs().min() > 0
+
+
+def test_batch_scope_whitens_over_response_tokens():
+    # group-centred: [.5, -.5, 1, -1]; sample i counts tokens[i] times
+    rewards, tokens = t(1.0, 0.0, 3.0, 1.0), t(1.0, 3.0, 2.0, 2.0)
+    centred = [0.5, -0.5, 1.0, -1.0]
+    n = 8.0
+    mean = sum(c * w for c, w in zip(centred, tokens.tolist(), strict=True)) / n  # -0.125
+    var = sum((c - mean) ** 2 * w for c, w in zip(centred, tokens.tolist(), strict=True)) / n
+    unbiased_std = math.sqrt(var * n / (n - 1))
+    out = adv(rewards, [0, 0, 1, 1], scope="batch", eps=1e-6, token_counts=tokens)
+    assert out.tolist() == approx([(c - mean) / (unbiased_std + 1e-6) for c in centred],
+                                  rel=1e-6)
+    population = adv(rewards, [0, 0, 1, 1], scope="batch", unbiased=False, eps=1e-6,
+                     token_counts=tokens)
+    assert population.tolist() == approx([(c - mean) / (math.sqrt(var) + 1e-6)
+                                          for c in centred], rel=1e-6)
+    # verl's masked_whiten: rsqrt(unbiased var + 1e-8)
+    verl = adv(rewards, [0, 0, 1, 1], scope="batch", eps=1e-8, token_counts=tokens,
+               eps_on_variance=True)
+    assert verl.tolist() == approx([(c - mean) / math.sqrt(var * n / (n - 1) + 1e-8)
+                                    for c in centred], rel=1e-6)
+
+
+def test_batch_scope_shifts_zero_variance_groups_by_the_batch_mean():
+    # centred [0, 0, 1, -1] weighted [1, 1, 1, 3]: mean -1/3, unbiased var (30/9)/5 = 2/3
+    out = adv(t(2.0, 2.0, 3.0, 1.0), [0, 0, 1, 1], scope="batch", eps=1e-6,
+              token_counts=t(1.0, 1.0, 1.0, 3.0))
+    std = math.sqrt(2 / 3) + 1e-6
+    assert out.tolist() == approx([1 / 3 / std, 1 / 3 / std, 4 / 3 / std, -2 / 3 / std],
+                                  rel=1e-5)
 
 
 def test_zero_variance_groups():
@@ -56,6 +98,24 @@ def test_zero_variance_groups():
 def test_kl_estimators(estimator, expected):
     kl = O.kl_estimate(t(math.log(0.5)), t(math.log(0.25)), estimator)
     assert kl.item() == approx(expected, rel=1e-5)
+
+
+def test_kl_clamp_bounds_every_estimator():
+    logp, ref = t(0.0, 0.0, 0.0), t(-30.0, 3.0, 30.0)  # d = 30, -3, -30; k3(-3) = e^3 - 4
+    assert O.kl_estimate(logp, ref, "k1").tolist() == [30.0, -3.0, -30.0]  # no clamp unless set
+    assert O.kl_estimate(logp, ref, "k1", clamp=5.0).tolist() == [5.0, -3.0, -5.0]
+    assert O.kl_estimate(logp, ref, "k2", clamp=5.0).tolist() == [5.0, 4.5, 5.0]
+    k3 = O.kl_estimate(logp, ref, "k3").tolist()
+    # inner log-ratio clamped to [-20, 20] before exp: d = +-30 count as +-20
+    assert k3 == approx([math.exp(-20) + 20 - 1, math.exp(3) - 3 - 1, math.exp(20) - 20 - 1])
+    assert O.kl_estimate(logp, ref, "k3", clamp=10.0).tolist() == approx(
+        [10.0, 10.0, 10.0])
+
+
+def test_kl_clamp_stops_the_gradient_outside_the_bound():
+    logp = torch.tensor([0.0, 0.0], requires_grad=True)
+    O.kl_estimate(logp, t(-30.0, -1.0), "k1", clamp=5.0).sum().backward()
+    assert logp.grad is not None and logp.grad.tolist() == [0.0, 1.0]
 
 
 def test_kl_estimators_are_zero_at_equal_policies():
@@ -89,6 +149,23 @@ def test_clipped_surrogate(ratio, adv, low, high, loss, clipped):
     assert logp.grad is not None
     # clipped tokens carry no gradient; unclipped ones carry -A * ratio
     assert logp.grad.item() == approx(0.0 if clipped else -adv * ratio, rel=1e-5)
+
+
+@pytest.mark.parametrize("ratio, adv, c, loss", [
+    (5.0, -1.0, 3.0, 3.0),     # negative advantage, huge ratio: capped at -A*c
+    (2.0, -1.0, 3.0, 2.0),     # under the cap: the ordinary clipped loss
+    (5.0, 1.0, 3.0, -1.2),     # positive advantage: dual-clip never applies
+    (5.0, -1.0, None, 5.0),    # no dual-clip: unbounded
+])
+def test_dual_clip(ratio, adv, c, loss):
+    logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
+    out = O.POLICY_LOSSES["clipped"](logp, t([0.0]), t(adv), t([1.0]), clip_low=0.2,
+                                     clip_high=0.2, dual_clip=c)
+    assert out.loss.item() == approx(loss, rel=1e-5)
+    out.loss.sum().backward()
+    assert logp.grad is not None
+    capped = c is not None and -adv * ratio > -adv * c
+    assert logp.grad.item() == approx(0.0 if capped or adv > 0 else -adv * ratio, rel=1e-5)
 
 
 def test_gspo_uses_one_length_normalised_ratio_per_sequence():
@@ -134,6 +211,12 @@ def test_log_ratios_are_clamped_before_exp():
     assert out.loss.item() == approx(math.exp(O.LOG_RATIO_LIMIT), rel=1e-4)
 
 
+def test_gspo_caps_the_sequence_log_ratio_at_10():
+    out = O.POLICY_LOSSES["gspo"](t([30.0, 30.0]), t([0.0, 0.0]), t(-1.0), t([1.0, 1.0]),
+                                  clip_low=0.2, clip_high=0.2)
+    assert out.loss[0].tolist() == approx([math.exp(10.0)] * 2, rel=1e-5)
+
+
 def test_overlong_penalty():
     pen = O.overlong_penalty(torch.tensor([5, 6, 8, 10, 12]), max_tokens=10, buffer_tokens=4,
                              penalty=1.0)
@@ -148,3 +231,13 @@ def test_every_objective_the_native_contract_promises_has_a_recipe():
     assert promised == set(O.RECIPES)
     for estimator, loss in O.RECIPES.values():
         assert estimator in O.ADVANTAGES and loss in O.POLICY_LOSSES
+
+
+def test_every_spec_choice_has_a_registered_function():
+    from typing import get_args
+
+    from stateset_backend.core.spec import KLEstimator, LossAggregation
+
+    assert set(O.KL_ESTIMATORS) == set(get_args(KLEstimator))
+    assert set(O.AGGREGATIONS) == set(get_args(LossAggregation))
+    assert set(O.NORMALISERS) == {"group", "batch"}
