@@ -53,34 +53,38 @@ def load_split(split: DataSplit, base_dir: Path) -> list[Example]:
 
 
 class PromptSampler:
-    """Epoch-wise shuffled order; its position is part of every checkpoint."""
+    """Passes over the train split, each shuffled from the seed (or in file order); a pass that
+    cannot fill a whole request drops its remainder and the next pass starts. Its position is
+    part of every checkpoint."""
 
-    def __init__(self, size: int, seed: int) -> None:
-        self.size, self.seed = size, seed
+    def __init__(self, size: int, seed: int, shuffle: bool = True) -> None:
+        self.size, self.seed, self.shuffle = size, seed, shuffle
         self.epoch, self.cursor = 0, 0
         self._order = self._permutation()
 
     def _permutation(self) -> list[int]:
         order = list(range(self.size))
-        random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
+        if self.shuffle:
+            random.Random(f"{self.seed}:{self.epoch}").shuffle(order)
         return order
 
     def take(self, n: int) -> list[int]:
-        out: list[int] = []
-        while len(out) < n:
-            if self.cursor == self.size:
-                self.epoch, self.cursor = self.epoch + 1, 0
-                self._order = self._permutation()
-            out.append(self._order[self.cursor])
-            self.cursor += 1
+        if n > self.size:
+            raise DataError(f"an update needs {n} prompts but the train split has {self.size}")
+        if self.cursor + n > self.size:  # partial_batch "drop": skip the pass's remainder
+            self.epoch, self.cursor = self.epoch + 1, 0
+            self._order = self._permutation()
+        out = self._order[self.cursor:self.cursor + n]
+        self.cursor += n
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"size": self.size, "seed": self.seed, "epoch": self.epoch,
-                "cursor": self.cursor}
+        return {"size": self.size, "seed": self.seed, "shuffle": self.shuffle,
+                "epoch": self.epoch, "cursor": self.cursor}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if (state["size"], state["seed"]) != (self.size, self.seed):
+        if (state["size"], state["seed"], state.get("shuffle", True)) != \
+                (self.size, self.seed, self.shuffle):
             raise DataError("checkpoint's data position belongs to different data or seed")
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
         self._order = self._permutation()

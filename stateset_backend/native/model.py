@@ -6,7 +6,10 @@ Nothing is ever downloaded: hub ids resolve only from the local cache. When the 
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,20 @@ def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def compute_context(spec_model: Model,
+                    device: torch.device) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """Forward and backward in ``model.dtype`` over master weights in ``model.param_dtype``:
+    autocast when they differ. Computing wider than the weights is refused."""
+    if spec_model.dtype == spec_model.param_dtype:
+        return contextlib.nullcontext
+    if spec_model.param_dtype != "float32":
+        raise ModelError(f"model.dtype {spec_model.dtype} with model.param_dtype "
+                         f"{spec_model.param_dtype}: the native engine computes in the weights' "
+                         "dtype or a narrower one over float32 weights")
+    return functools.partial(torch.autocast, device_type=device.type,
+                             dtype=DTYPES[spec_model.dtype])
+
+
 def _check_revision(directory: Path, revision: str | None) -> None:
     if revision is not None and revision.startswith("sha256:"):
         actual = directory_digest(directory)
@@ -36,12 +53,12 @@ def _check_revision(directory: Path, revision: str | None) -> None:
                              f"spec pins {revision}")
 
 
-def load_policy(spec_model: Model, seed: int, base_dir: Path,
-                device: torch.device) -> tuple[Any, Any]:
+def load_policy(spec_model: Model, seed: int, base_dir: Path, device: torch.device,
+                chat_template: bool = False) -> tuple[Any, Any]:
     """(model, tokenizer). LoRA, when asked for, wraps the model so only adapters train."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    dtype = DTYPES[spec_model.dtype]
+    dtype = DTYPES[spec_model.param_dtype]  # master weights; compute_context sets compute
     builtin = builtin_dir(spec_model.path)
     if builtin is not None:
         _check_revision(builtin, spec_model.revision)
@@ -64,6 +81,9 @@ def load_policy(spec_model: Model, seed: int, base_dir: Path,
         except OSError as exc:
             raise ModelError(f"cannot load model {spec_model.path!r} without downloading: "
                              f"{str(exc).splitlines()[0]}") from None
+    if chat_template and getattr(tokenizer, "chat_template", None) is None:
+        raise ModelError(f"model {spec_model.path!r} ships no chat template: set "
+                         "data.chat_template to false to tokenize prompts as plain text")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if spec_model.lora is not None:

@@ -41,6 +41,14 @@ def _top_p_filter(probs: Tensor, top_p: float) -> Tensor:
     return filtered / filtered.sum(-1, keepdim=True)
 
 
+def _top_k_filter(probs: Tensor, top_k: int | None) -> Tensor:
+    if top_k is None or top_k >= probs.shape[-1]:
+        return probs
+    kth = probs.topk(top_k, dim=-1).values[..., -1:]
+    filtered = probs.masked_fill(probs < kth, 0.0)
+    return filtered / filtered.sum(-1, keepdim=True)
+
+
 def _prefill(model: Any, prompt_ids: Tensor, prompt_mask: Tensor,
              group_size: int) -> tuple[Tensor, Any, Tensor]:
     """Run each distinct prompt once and share its KV cache across its group.
@@ -68,8 +76,12 @@ def _prefill(model: Any, prompt_ids: Tensor, prompt_mask: Tensor,
 def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int,
            temperature: float, top_p: float, eos_id: int, pad_id: int,
            generator: torch.Generator | None, greedy: bool = False,
-           group_size: int = 1) -> tuple[Tensor, Tensor, Tensor]:
-    """(response_ids, response_mask, sample_logprobs), each [N, T]; NaN log-prob after EOS."""
+           group_size: int = 1, top_k: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(response_ids, response_mask, sample_logprobs), each [N, T]; NaN log-prob after EOS.
+
+    Top-k, then top-p, filter the temperature-scaled distribution (vLLM's order); the recorded
+    log-prob is the token's under the unfiltered distribution. ``greedy`` takes the argmax.
+    """
     was_training = model.training
     model.eval()
     device = prompt_ids.device
@@ -84,7 +96,7 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
         if greedy:
             token = log_probs.argmax(-1)
         else:
-            probs = _top_p_filter(log_probs.exp(), top_p)
+            probs = _top_p_filter(_top_k_filter(log_probs.exp(), top_k), top_p)
             token = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1)
             token = token.to(device)
         lp = log_probs.gather(-1, token[:, None]).squeeze(-1)

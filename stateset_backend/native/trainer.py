@@ -18,16 +18,39 @@ from ..core.spec import ExperimentSpec
 from ..core.specfile import parse_spec
 from . import checkpoint, layout, objectives
 from .batch import RolloutBatch, check_batch
-from .data import Example, PromptSampler, load_split
-from .learner import LearnerConfig, advantages_for, make_optimizer, reference_logprobs, update
-from .model import frozen_reference, load_policy, pick_device
+from .data import DataError, Example, PromptSampler, load_split
+from .learner import (
+    LearnerConfig,
+    advantages_for,
+    make_optimizer,
+    reference_logprobs,
+    update,
+)
+from .model import compute_context, frozen_reference, load_policy, pick_device
 from .progress import Progress
 from .reward import RewardFn, load_reward
 from .rollout import sample
 
 
 class SettingsError(ValueError):
-    """The launch config does not describe the experiment it claims to."""
+    """The launch config does not describe the experiment it claims to, or asks for something
+    the native engine cannot do."""
+
+
+@dataclass(frozen=True)
+class Decoding:
+    temperature: float  # 0 = greedy
+    top_p: float
+    top_k: int | None
+
+
+def _refuse_unsupported(spec: ExperimentSpec) -> None:
+    """Settings the native engine cannot honour stop the run before anything loads (the native
+    contract refuses them earlier; this is the engine's own guard)."""
+    _, loss = objectives.RECIPES[spec.algorithm.objective]
+    if spec.algorithm.clip.dual_clip is not None and loss != "clipped":
+        raise SettingsError(f"algorithm.clip.dual_clip applies to the clipped PPO surrogate; "
+                            f"{spec.algorithm.objective} has no such loss")
 
 
 @dataclass(frozen=True)
@@ -85,19 +108,27 @@ class Trainer:
         self.spec = spec = spec_settings.spec
         self.out = Outputs(output)
         self.device = pick_device()
+        _refuse_unsupported(spec)
+        self.compute = compute_context(spec.model, self.device)
         base = settings.base_dir
-        self.model, self.tokenizer = load_policy(spec.model, spec.seed, base, self.device)
+        self.model, self.tokenizer = load_policy(spec.model, spec.seed, base, self.device,
+                                                 chat_template=spec.data.chat_template)
+        if spec.data.prompt_overflow == "truncate_left":
+            self.tokenizer.truncation_side = "left"
+        elif spec.data.prompt_overflow == "truncate_right":
+            self.tokenizer.truncation_side = "right"
         self.reference = frozen_reference(self.model) if spec.algorithm.kl is not None else None
         self.reward_fn: RewardFn = load_reward(spec.reward, base)
-        self.train_rows = load_split(spec.data.train, base)
-        self.val_rows = load_split(spec.data.validation, base) if spec.data.validation else []
-        self.sampler = PromptSampler(len(self.train_rows), spec.seed)
+        self.train_rows = self._fit_prompts(load_split(spec.data.train, base), "train")
+        self.val_rows = (self._fit_prompts(load_split(spec.data.validation, base), "validation")
+                         if spec.data.validation else [])
+        self.sampler = PromptSampler(len(self.train_rows), spec.seed, spec.data.shuffle)
         self.generator = torch.Generator().manual_seed(spec.seed)
-        self.optimizer, self.scheduler = make_optimizer(
-            self.model, spec.optim.lr, spec.optim.weight_decay, spec.optim.warmup_steps)
+        self.optimizer, self.scheduler = make_optimizer(self.model, spec.optim,
+                                                        spec.budget.total_updates)
         self.learner_cfg = LearnerConfig(
             spec.algorithm, spec.rollout.temperature, spec.data.max_response_tokens,
-            spec.budget.ppo_epochs, spec.budget.mini_batches, spec.optim.grad_clip)
+            spec.budget.ppo_epochs, spec.budget.mini_batches, spec.optim.grad_clip, self.compute)
         self.update_count = 0
         self.resumed_from: int | None = None
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
@@ -125,26 +156,62 @@ class Trainer:
             "experiment_digest": self.settings.experiment_digest,
             "committed_updates": self.update_count, "resumed_from": self.resumed_from})
 
+    # -- prompts -------------------------------------------------------------------------
+    def _render(self, prompt: str) -> str:
+        """A text prompt as one user message in the model's chat template, or as it is."""
+        if not self.spec.data.chat_template:
+            return prompt
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                  tokenize=False, add_generation_prompt=True)
+        return str(text)
+
+    def _tokenize(self, texts: list[str], **kwargs: Any) -> Any:
+        # a chat template writes its own special tokens
+        return self.tokenizer(texts, add_special_tokens=not self.spec.data.chat_template,
+                              **kwargs)
+
+    def _fit_prompts(self, rows: list[Example], split: str) -> list[Example]:
+        """Apply data.prompt_overflow to prompts longer than max_prompt_tokens: drop them here,
+        refuse them, or leave them to be truncated when encoded."""
+        data = self.spec.data
+        if data.prompt_overflow in ("truncate_left", "truncate_right"):
+            return rows
+        lengths = [len(ids) for ids in
+                   self._tokenize([self._render(r.prompt) for r in rows])["input_ids"]]
+        over = [r for r, n in zip(rows, lengths, strict=True) if n > data.max_prompt_tokens]
+        if over and data.prompt_overflow == "error":
+            raise DataError(f"data.{split}: {len(over)} prompt(s) exceed max_prompt_tokens "
+                            f"{data.max_prompt_tokens}, the first is row {over[0].index}")
+        kept = [r for r, n in zip(rows, lengths, strict=True) if n <= data.max_prompt_tokens]
+        if not kept:
+            raise DataError(f"data.{split}: every prompt exceeds max_prompt_tokens "
+                            f"{data.max_prompt_tokens}")
+        return kept
+
     # -- rollout -------------------------------------------------------------------------
     def _encode(self, rows: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
-        enc = self.tokenizer([r.prompt for r in rows], padding=True, padding_side="left",
-                             truncation=True, max_length=self.spec.data.max_prompt_tokens,
+        truncate = self.spec.data.prompt_overflow in ("truncate_left", "truncate_right")
+        enc = self._tokenize([self._render(r.prompt) for r in rows], padding=True,
+                             padding_side="left", truncation=truncate,
+                             max_length=self.spec.data.max_prompt_tokens if truncate else None,
                              return_tensors="pt")
         return enc["input_ids"].to(self.device), enc["attention_mask"].float().to(self.device)
 
-    def _rollout(self, indices: list[int], group_size: int, greedy: bool = False,
-                 rows_source: list[Example] | None = None) -> RolloutBatch:
-        source = rows_source if rows_source is not None else self.train_rows
-        rows = [source[i] for i in indices for _ in range(group_size)]
-        prompt_ids, prompt_mask = self._encode([source[i] for i in indices])
+    def _rollout(self, indices: list[int], group_size: int, *, rows_source: list[Example],
+                 decoding: Decoding, generator: torch.Generator) -> RolloutBatch:
+        rows = [rows_source[i] for i in indices for _ in range(group_size)]
+        prompt_ids, prompt_mask = self._encode([rows_source[i] for i in indices])
         prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0)
         prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0)
         spec = self.spec
-        response_ids, response_mask, logps = sample(
-            self.model, prompt_ids, prompt_mask, max_new_tokens=spec.data.max_response_tokens,
-            temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
-            eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
-            generator=self.generator, greedy=greedy, group_size=group_size)
+        with self.compute():
+            response_ids, response_mask, logps = sample(
+                self.model, prompt_ids, prompt_mask,
+                max_new_tokens=spec.data.max_response_tokens,
+                temperature=decoding.temperature or 1.0, top_p=decoding.top_p,
+                top_k=decoding.top_k, eos_id=self.tokenizer.eos_token_id,
+                pad_id=self.tokenizer.pad_token_id, generator=generator,
+                greedy=decoding.temperature == 0, group_size=group_size)
         texts = self.tokenizer.batch_decode(
             torch.where(response_mask.bool(), response_ids, self.tokenizer.pad_token_id),
             skip_special_tokens=True)
@@ -156,7 +223,7 @@ class Trainer:
                 response_mask.sum(-1).cpu(), spec.data.max_response_tokens,
                 overlong.buffer_tokens, overlong.penalty)
         groups = torch.arange(len(indices)).repeat_interleave(group_size)
-        index = torch.tensor(indices).repeat_interleave(group_size)
+        index = torch.tensor([r.index for r in rows])  # the data-set row of each prompt
         return RolloutBatch(prompt_ids.cpu(), prompt_mask.cpu(), response_ids.cpu(),
                             response_mask.cpu(), logps.cpu(), groups, index, rewards.float(),
                             self.update_count)
@@ -170,7 +237,10 @@ class Trainer:
         sampled: list[torch.Tensor] = []
         have, rounds = 0, 0
         while True:
-            part = self._rollout(self.sampler.take(want - have), alg.group_size)
+            part = self._rollout(self.sampler.take(want - have), alg.group_size,
+                                 rows_source=self.train_rows, decoding=Decoding(
+                                     self.spec.rollout.temperature, self.spec.rollout.top_p,
+                                     self.spec.rollout.top_k), generator=self.generator)
             sampled.append(part.rewards)
             if exclude:
                 zero = objectives.zero_variance_groups(part.rewards, part.group_ids)
@@ -186,11 +256,18 @@ class Trainer:
     # -- evaluation ----------------------------------------------------------------------
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
+        """Mean reward of evaluation.samples responses per validation prompt, decoded as
+        evaluation says (temperature 0 = greedy). Sampling draws from its own generator, seeded
+        per update, so validating never changes what training samples."""
+        ev = self.spec.evaluation
+        decoding = Decoding(ev.temperature, ev.top_p, None)
+        generator = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + self.update_count)
         rewards: list[float] = []
-        chunk = 64
+        chunk = max(1, 64 // ev.samples)
         for start in range(0, len(self.val_rows), chunk):
             idx = list(range(start, min(start + chunk, len(self.val_rows))))
-            batch = self._rollout(idx, 1, greedy=True, rows_source=self.val_rows)
+            batch = self._rollout(idx, ev.samples, rows_source=self.val_rows,
+                                  decoding=decoding, generator=generator)
             rewards.extend(batch.rewards.tolist())
         return {"val/reward/mean": sum(rewards) / len(rewards)}
 
@@ -241,11 +318,14 @@ class Trainer:
         kl = spec.algorithm.kl
         ref_logp = None
         if kl is not None:
-            ref_logp = reference_logprobs(self.model, self.reference, batch,
-                                          spec.rollout.temperature, spec.algorithm.group_size)
+            with self.compute():
+                ref_logp = reference_logprobs(self.model, self.reference, batch,
+                                              spec.rollout.temperature,
+                                              spec.algorithm.group_size)
             if kl.placement == "reward":
                 sampled = torch.nan_to_num(batch.sample_logprobs, nan=0.0)
-                kl_tokens = objectives.kl_estimate(sampled, ref_logp, kl.estimator)
+                kl_tokens = objectives.kl_estimate(sampled, ref_logp, kl.estimator,
+                                                   kl.clamp)
                 batch.rewards = batch.rewards - kl.coef * (kl_tokens * batch.response_mask).sum(-1)
         advantages = advantages_for(batch, spec.algorithm)
         metrics = update(self.model, self.optimizer, self.scheduler, batch, advantages,

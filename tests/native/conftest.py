@@ -20,6 +20,7 @@ def tiny_spec(**changes: Any) -> dict[str, Any]:
     doc["algorithm"] = {"objective": "grpo", "group_size": 4,
                         "kl": {"coef": 0.01, "estimator": "k3", "placement": "loss"}}
     doc["data"]["max_response_tokens"] = 2
+    doc["data"]["chat_template"] = False  # the built-in tiny tokenizer ships no chat template
     doc["budget"] = {"total_updates": 6, "prompts_per_update": 4, "ppo_epochs": 2,
                      "mini_batches": 2}
     doc["checkpoint"] = {"every": 2, "keep": None}
