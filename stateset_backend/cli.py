@@ -72,7 +72,8 @@ def _engine_version(entry: AdapterEntry, requested: str | None, python: str | No
     if requested is not None:
         parse_version(requested)
         return requested
-    installed = entry.adapter.installed_version(python, home)
+    with entry.guard("detecting the installed version"):
+        installed = entry.adapter.installed_version(python, home)
     if installed is None:
         raise Unsupported(f"{entry.adapter.name} is not installed here; pass --engine-version "
                           "V to plan for a machine that has it "
@@ -170,7 +171,8 @@ def _explain_column(entry: AdapterEntry, spec: ExperimentSpec, version: str) -> 
 
     adapter = entry.adapter
     dialect = adapter.contract.dialect(parse_version(version))
-    return column(spec, adapter.name, version, dialect, adapter.rules(dialect))
+    with entry.guard("explaining the spec"):
+        return column(spec, adapter.name, version, dialect, adapter.rules(dialect))
 
 
 def _outcome_text(row: dict[str, Any]) -> str:
@@ -240,8 +242,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     for name in (sorted(registry.adapters) if args.all_engines else [args.engine]):
         entry = registry.get(name)
         if args.all_engines:
-            version = entry.adapter.installed_version(args.python, args.engine_home) or \
-                entry.adapter.contract.newest_known_version()
+            with entry.guard("detecting the installed version"):
+                installed = entry.adapter.installed_version(args.python, args.engine_home)
+            version = installed or entry.adapter.contract.newest_known_version()
         else:
             version = _engine_version(entry, args.engine_version, args.python, args.engine_home)
         columns.append(_explain_column(entry, spec, version))

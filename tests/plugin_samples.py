@@ -38,7 +38,33 @@ class NoArguments:
         return None
 
 
+class _Exploding(NativeAdapter):
+    """An adapter whose methods raise what third-party code raises: anything."""
+
+    name = "exploding"
+
+    @property
+    def contract(self):
+        from stateset_backend.core.contracts import parse_contract
+
+        doc = NativeAdapter().contract.to_json()
+        return parse_contract({**doc, "engine": "exploding"}, source="exploding")
+
+    def rules(self, dialect):
+        raise ZeroDivisionError("rules blew up")
+
+    def installed_version(self, python=None, home=None):
+        raise RuntimeError("version probe blew up")
+
+
+class RegistersExploding:
+    @hookimpl
+    def register_adapters(self, register):
+        register(_Exploding())
+
+
 raises_in_hook = RaisesInHook()
+registers_exploding = RegistersExploding()
 takes_native_name = TakesNativeName()
 registers_nonsense = RegistersNonsense()
 wrong_hook_signature = WrongHookSignature()

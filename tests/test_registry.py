@@ -102,3 +102,30 @@ def test_plugin_selection_and_strict_mode_from_the_environment(cli):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("stateset-backend: error: plugin 'broken' failed")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("target, error", [
+    ("plugin_sample_exits", "SystemExit: this plugin exits at import"),
+    ("plugin_sample_interrupts", "KeyboardInterrupt"),
+])
+def test_a_plugin_that_exits_or_interrupts_at_import_is_contained(monkeypatch, target, error):
+    _with_entry_points(monkeypatch, bad=target)
+    reg = build_registry(strict=False)
+    assert [f.plugin for f in reg.failures] == ["bad"]
+    assert error in reg.failures[0].error
+    assert "native" in reg.adapters
+
+
+def test_an_adapter_that_raises_is_one_line_naming_its_plugin(monkeypatch):
+    from stateset_backend.conformance.specs import MINIMAL
+    from stateset_backend.core.errors import AdapterBug
+    from stateset_backend.core.plan import make_plan
+    from stateset_backend.core.specfile import parse_spec
+
+    _with_entry_points(monkeypatch, boom="plugin_samples:registers_exploding")
+    entry = build_registry(strict=False).get("exploding")
+    with pytest.raises(AdapterBug, match=r"exploding adapter \(plugin 'boom'.*rules blew up"):
+        make_plan(parse_spec(MINIMAL), entry, "0.1.0")
+    with pytest.raises(AdapterBug, match="version probe blew up"), \
+            entry.guard("detecting the installed version"):
+        entry.adapter.installed_version()

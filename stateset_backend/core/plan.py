@@ -95,12 +95,15 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     required = required_capabilities(spec)
     check(contract, engine_version, required).raise_if_missing()
     dialect = contract.dialect(parse_version(engine_version))
-    translation = translate(spec, adapter.rules(dialect), dialect, adapter.name, engine_version)
+    with entry.guard("translating the spec"):
+        translation = translate(spec, adapter.rules(dialect), dialect, adapter.name,
+                                engine_version)
     run_id = new_run_id()
     exp_digest = experiment_digest(spec)
     base = str((base_dir or Path.cwd()).resolve())
     ctx = LaunchContext(run_id, exp_digest, engine_version, dialect, base)
-    launch = adapter.render(translation, spec, ctx)
+    with entry.guard("rendering the launch"):
+        launch = adapter.render(translation, spec, ctx)
     native = launch.native if launch.native is not None else translation.native
     check_all_pinned(adapter.name, dialect, native)
     guard_engine_options(adapter.name, spec.engine_options.get(adapter.name, {}), native)

@@ -8,7 +8,10 @@ error and the others keep working, so one broken third-party package cannot take
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -17,7 +20,7 @@ import pluggy
 
 from . import hookspecs
 from .adapter import EngineAdapter
-from .errors import InvalidInput, StatesetError
+from .errors import AdapterBug, InvalidInput, StatesetError
 
 ENTRY_POINT_GROUP = "stateset_backend"
 BUILTIN = "builtin"
@@ -36,6 +39,21 @@ class AdapterEntry:
     plugin: str
     distribution: str
     version: str
+
+    @contextlib.contextmanager
+    def guard(self, what: str) -> Iterator[None]:
+        """Anything an adapter raises that is not one of our typed errors is its bug: one line
+        naming the engine, plugin and distribution (exit 3), never a traceback or exit 1."""
+        try:
+            yield
+        except StatesetError:
+            raise
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as exc:
+            raise AdapterBug(f"the {self.adapter.name} adapter (plugin {self.plugin!r}, "
+                             f"{self.distribution} {self.version}) failed in {what}: "
+                             f"{_describe(exc)}") from exc
 
 
 @dataclass(frozen=True)
@@ -93,6 +111,28 @@ def _accept(adapter: object, registry: Registry) -> str:
     return adapter.name
 
 
+@contextlib.contextmanager
+def _real_interrupts() -> Iterator[Any]:
+    """Tell a real Ctrl-C (SIGINT delivered to us) from a plugin raising KeyboardInterrupt at
+    import: only the first may stop the CLI."""
+    seen = [False]
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        seen[0] = True
+        raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread: signals cannot be caught here anyway
+        yield lambda: True
+        return
+    try:
+        yield lambda: seen[0]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def build_registry(*, strict: bool | None = None,
                    only: set[str] | None = None) -> Registry:
     """Load built-in adapters and every selected entry-point plugin."""
@@ -112,17 +152,20 @@ def build_registry(*, strict: bool | None = None,
     # Built-ins first, so a third-party adapter that takes a built-in name is the one refused.
     entry_points = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP),
                           key=lambda ep: (ep.name != BUILTIN, ep.name))
-    for ep in entry_points:
-        if only is not None and ep.name not in only and ep.name != BUILTIN:
-            continue
-        dist_name = ep.dist.name if ep.dist is not None else None
-        dist_version = ep.dist.version if ep.dist is not None else "unknown"
-        try:
-            plugin = ep.load()
-            pm.register(plugin, name=ep.name)
-            sources[ep.name] = (dist_name or ep.name, dist_version)
-        except Exception as exc:  # a broken plugin must not take the others down
-            fail(ep.name, dist_name, exc)
+    with _real_interrupts() as interrupted:
+        for ep in entry_points:
+            if only is not None and ep.name not in only and ep.name != BUILTIN:
+                continue
+            dist_name = ep.dist.name if ep.dist is not None else None
+            dist_version = ep.dist.version if ep.dist is not None else "unknown"
+            try:
+                plugin = ep.load()
+                pm.register(plugin, name=ep.name)
+                sources[ep.name] = (dist_name or ep.name, dist_version)
+            except BaseException as exc:  # SystemExit too: one plugin cannot stop the CLI
+                if isinstance(exc, KeyboardInterrupt) and interrupted():
+                    raise
+                fail(ep.name, dist_name, exc)
 
     try:
         pm.check_pending()
@@ -146,7 +189,9 @@ def build_registry(*, strict: bool | None = None,
             names = [_accept(adapter, registry) for adapter in staged]
             if len(set(names)) != len(names):
                 raise ValueError("registered the same engine name twice")
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             fail(plugin_name, dist, exc)
             continue
         for adapter in staged:  # all or nothing per plugin
