@@ -79,13 +79,37 @@ class Result(_Doc):
         return self.model_dump(mode="json", by_alias=True)
 
 
+METRIC_LIMIT = 1e30  # larger than any loss, reward or norm a healthy run reports
+
+
 def _non_finite(rows: list[dict[str, Any]]) -> list[str]:
+    """Every metric value that is not a finite number: NaN, Infinity, a string such as "NaN"
+    (which an engine's logger may write), a bool, null, or a magnitude no healthy run has."""
     bad = []
     for row in rows:
         for name, value in row.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                bad.append(f"{name}={value} at step {row.get('step')}")
+            if name == "step":
+                continue
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and \
+                math.isfinite(value) and abs(value) <= METRIC_LIMIT
+            if not ok:
+                bad.append(f"{name}={value!r} at step {row.get('step')}")
     return bad
+
+
+def _escapes(path: Path, attempt_dir: Path) -> str | None:
+    """Why an artifact may not be hashed: a symlink anywhere on its path may point outside the
+    attempt (a planted link would make another file this run's artifact); it is never
+    followed. Hard links are allowed: a resumed attempt's staged checkpoint is one."""
+    root = attempt_dir.resolve()
+    probe = attempt_dir
+    for part in Path(path).relative_to(attempt_dir).parts:
+        probe = probe / part
+        if probe.is_symlink():
+            return f"{probe.relative_to(attempt_dir)} is a symbolic link"
+    if not path.resolve().is_relative_to(root):
+        return "resolves outside the attempt directory"
+    return None
 
 
 def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt_dir: Path,
@@ -123,16 +147,23 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
             "no metrics were reported" if not collected.metrics else
             (f"non-finite: {', '.join(bad[:5])}" if bad else
              f"{len(collected.metrics)} rows, all finite"))
-        missing = []
+        missing, escaping = [], []
         for art in collected.artifacts:
             path = attempt_dir / art.path
+            rel = Path(art.path)
+            why = "names a path outside the attempt directory" if rel.is_absolute() or \
+                ".." in rel.parts else _escapes(path, attempt_dir)
+            if why is not None:
+                escaping.append(f"{art.path} ({why})")
+                continue
             if not path.is_file():
                 missing.append(art.path)
                 continue
             artifacts.append(ArtifactRecord(path=art.path, kind=art.kind, step=art.step,
                                             bytes=path.stat().st_size,
                                             sha256=sha256_file(path)))
-        add("artifacts", bool(artifacts) and not missing,
+        add("artifacts", bool(artifacts) and not missing and not escaping,
+            f"refused: {', '.join(escaping[:5])}" if escaping else
             f"missing: {', '.join(missing[:5])}" if missing else
             (f"{len(artifacts)} files hashed" if artifacts else "no artifacts were produced"))
     if exit_.interrupted:

@@ -1,0 +1,86 @@
+"""A result is succeeded only when every check holds: metrics are finite numbers (never a
+string such as "NaN"), and no artifact is reached through a link leaving the attempt."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from stateset_backend.adapters.native import NativeAdapter
+from stateset_backend.conformance.specs import MINIMAL
+from stateset_backend.core.adapter import Artifact, Collected
+from stateset_backend.core.launch import Exit
+from stateset_backend.core.plan import make_plan
+from stateset_backend.core.registry import AdapterEntry
+from stateset_backend.core.results import evaluate
+from stateset_backend.core.specfile import parse_spec
+
+
+@pytest.fixture(scope="module")
+def plan():
+    entry = AdapterEntry(NativeAdapter(), "builtin", "stateset-backend", "0.1.0")
+    return make_plan(parse_spec(MINIMAL), entry, "0.1.0")
+
+
+def _collected(plan, tmp_path: Path, metrics=None, artifacts=None) -> Collected:
+    (tmp_path / "ckpt").mkdir(exist_ok=True)
+    (tmp_path / "ckpt" / "weights.bin").write_bytes(b"w")
+    return Collected(run_id=plan.run_id, experiment_digest=plan.experiment_digest,
+                     committed_updates=3,
+                     metrics=metrics if metrics is not None else
+                     [{"step": 1, "reward/mean": 0.5}],
+                     artifacts=artifacts if artifacts is not None else
+                     [Artifact("ckpt/weights.bin", "checkpoint", 3)])
+
+
+def _checks(plan, tmp_path, collected):
+    status, checks, records = evaluate(plan, Exit(code=0), collected, tmp_path)
+    return status, {c.name: c for c in checks}, records
+
+
+def test_a_healthy_attempt_succeeds(plan, tmp_path):
+    status, _, records = _checks(plan, tmp_path, _collected(plan, tmp_path))
+    assert status == "succeeded" and records[0].path == "ckpt/weights.bin"
+
+
+@pytest.mark.parametrize("value", ["NaN", "0.5", float("nan"), float("inf"), None, True, 1e300])
+def test_a_metric_that_is_not_a_finite_number_is_invalid(plan, tmp_path, value):
+    collected = _collected(plan, tmp_path, metrics=[{"step": 1, "loss/policy": value}])
+    status, checks, _ = _checks(plan, tmp_path, collected)
+    assert status == "invalid" and not checks["metrics_finite"].ok
+    assert "loss/policy" in checks["metrics_finite"].detail
+
+
+def test_a_symlink_leaving_the_attempt_is_refused_and_never_hashed(plan, tmp_path):
+    attempt = tmp_path / "attempt"
+    attempt.mkdir()
+    outside = tmp_path / "secret.bin"
+    outside.write_bytes(b"not ours")
+    collected = _collected(plan, attempt)
+    os.symlink(outside, attempt / "ckpt" / "planted.bin")
+    collected.artifacts.append(Artifact("ckpt/planted.bin", "checkpoint", 3))
+    status, checks, records = _checks(plan, attempt, collected)
+    assert status == "invalid" and "ckpt/planted.bin" in checks["artifacts"].detail
+    assert "symbolic link" in checks["artifacts"].detail
+    assert all(r.path != "ckpt/planted.bin" for r in records)
+
+
+def test_a_symlinked_folder_is_refused(plan, tmp_path):
+    attempt = tmp_path / "attempt"
+    attempt.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "w.bin").write_bytes(b"x")
+    collected = _collected(plan, attempt)
+    os.symlink(tmp_path / "elsewhere", attempt / "linked")
+    collected.artifacts.append(Artifact("linked/w.bin", "checkpoint", 3))
+    status, checks, _ = _checks(plan, attempt, collected)
+    assert status == "invalid" and "linked is a symbolic link" in checks["artifacts"].detail
+
+
+def test_a_path_climbing_out_is_refused(plan, tmp_path):
+    collected = _collected(plan, tmp_path)
+    collected.artifacts.append(Artifact("../escape.bin", "checkpoint", 3))
+    status, checks, _ = _checks(plan, tmp_path, collected)
+    assert status == "invalid" and "outside the attempt" in checks["artifacts"].detail
