@@ -3,11 +3,13 @@
 OpenRLHF renamed every flag into a dotted hierarchy at 0.10.2, and argparse accepts any
 unambiguous abbreviation of a flag, so a stale or shortened flag can silently land on another
 option. Every flag here is an exact option string taken from the contract's dialect for the
-installed version.
+installed version, and every flag whose release default changes the math is passed on every
+launch (the contract records those defaults; the core refuses a launch that leaves one out).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,41 +19,126 @@ from ..core.adapter import (
     Artifact,
     Checkpoint,
     Collected,
+    DialectKeys,
     EngineAdapter,
     LaunchContext,
     NativeLaunch,
     stage_checkpoint,
 )
 from ..core.contracts import Dialect
-from ..core.hub import pinned_model_path, revision_outcome
-from ..core.inputs import REWARD_SHIM_FILE, reward_shim
+from ..core.errors import Unsupported
+from ..core.hub import pinned_model_path
+from ..core.inputs import REWARD_SHIM_FILE, local_path, reward_shim
 from ..core.jsonio import atomic_write_bytes
 from ..core.rules import (
-    Mapped,
-    NotApplicable,
+    Hardcoded,
     Outcome,
-    Rejected,
+    Pinned,
+    Refused,
     RuleSet,
     Translation,
-    na,
+    carried,
+    hardcoded,
     only,
     to,
     with_owned_keys,
-    zero_variance_rule,
 )
+from ..core.shared_rules import disabled_when_none, even_split, external_rules
 from ..core.spec import ExperimentSpec
 
 TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
+KEEP_ALL = 2**31 - 1  # OpenRLHF always rotates checkpoints (default 3): "keep all" is a huge N
+KL_CLAMP = 10.0  # compute_approx_kl clamps every estimator's value to [-10, 10]
+GROUP_STD_EPSILON = 1e-9  # group_norm: (r - mean) / (std + 1e-9)
 # canonical metric -> OpenRLHF's TensorBoard tag
 METRICS = {"reward/mean": "train/reward", "loss/policy": "train/policy_loss", "kl": "train/kl",
            "entropy": "train/entropy_loss", "grad_norm": "train/actor_grad_norm",
            "lr": "train/actor_lr", "response_length/mean": "train/response_length",
            "val/reward/mean": "eval/reward"}
-ESTIMATOR = {"grpo": "group_norm", "dr_grpo": "dr_grpo", "dapo": "group_norm",
-             "gspo": "group_norm", "rloo": "rloo", "reinforce_pp": "reinforce_baseline",
-             "ppo": "gae"}
 DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
+SCHEDULER = {"constant": "constant_with_warmup", "cosine": "cosine_with_min_lr",
+             "linear": "linear"}
+BATCH_WHITENED = frozenset({"gae", "reinforce_baseline"})  # estimators OpenRLHF whitens
+
+
+class OpenRLHFKeys(DialectKeys):
+    """One release range's option strings (None: the release has no such flag) and the few
+    behaviours that differ between releases without a flag of their own."""
+
+    # identity, inputs, outputs and resources
+    model: str
+    prompt_data: str
+    eval_data: str
+    input_key: str
+    label_key: str
+    reward_url: str
+    run_name: str
+    tensorboard: str
+    ckpt_path: str
+    save_path: str
+    load_checkpoint: str
+    nodes: str
+    gpus_per_node: str
+    vllm_engines: str
+    micro_rollout_batch_size: str
+    micro_train_batch_size: str
+    # algorithm
+    estimator: str
+    group_size: str
+    policy_loss_type: str
+    loss_agg_mode: str | None
+    eps_clip_low_high: str
+    dual_clip: str
+    entropy_coef: str
+    kl_coef: str
+    kl_estimator: str
+    kl_use_loss: str
+    no_std_norm: str
+    gamma: str
+    lambd: str
+    overlong_buffer_len: str
+    overlong_penalty_factor: str
+    dynamic_filtering: str
+    dynamic_filtering_range: str
+    # optimizer: the actor's flag and, where the critic has its own, the critic's
+    lr: list[str]
+    betas: list[str]
+    eps: list[str] | None
+    weight_decay: list[str]
+    max_norm: list[str]
+    lr_scheduler: list[str]
+    warmup_ratio: list[str]
+    min_lr_ratio: list[str] | None
+    # budget, prompts, sampling, validation, checkpoints, dtypes, LoRA
+    num_episodes: str
+    rollout_batch_size: str
+    generate_batch_size: str
+    train_batch_size: str
+    max_epochs: str
+    max_samples: str
+    seed: str
+    max_len: str
+    max_new_tokens: str
+    apply_chat_template: str
+    temperature: str
+    top_p: str
+    eval_temperature: str
+    eval_samples: str
+    eval_steps: str
+    save_steps: str
+    max_ckpt_num: str
+    best_metric_key: str | None
+    param_dtype: str
+    lora_rank: str
+    lora_alpha: str
+    lora_dropout: str
+    target_modules: str
+    # behaviours
+    schedulers: list[str]  # lr_scheduler names this release's scheduler call accepts
+    fixed_min_lr_ratio: float | None  # the cosine floor when the release has no flag for it
+    token_mean_over: str  # "micro_batch" (before 0.11.1) or "optimizer_step"
+    fixed: dict[str, Any]  # switches every launch sets to the same value
 
 
 def render_flags(native: dict[str, Any]) -> list[str]:
@@ -69,176 +156,426 @@ def render_flags(native: dict[str, Any]) -> list[str]:
     return argv
 
 
+# -- what the spec's objective becomes ------------------------------------------------------
+def estimator(spec: ExperimentSpec) -> str | Refused:
+    """OpenRLHF's advantage estimator for the spec's objective and advantage settings."""
+    a = spec.algorithm
+    scope, std = a.advantage.scope, a.advantage.std_normalize
+    if a.objective == "ppo":
+        return "gae" if scope == "batch" else Refused(
+            "OpenRLHF whitens GAE advantages over the batch (advantage.scope batch)")
+    if a.objective == "reinforce_pp":
+        return "reinforce_baseline" if scope == "batch" else Refused(
+            "OpenRLHF's REINFORCE++-baseline whitens over the batch (advantage.scope batch)")
+    if scope != "group":
+        return Refused(f"OpenRLHF normalises {a.objective} advantages within the group only")
+    if a.objective == "rloo":
+        return "rloo" if not std else Refused("OpenRLHF's RLOO cannot divide by a std")
+    if a.objective in ("grpo", "dapo", "gspo", "dr_grpo"):
+        # group_norm always divides by the std (it never reads no_std_norm): mean-only is
+        # OpenRLHF's dr_grpo estimator
+        return "group_norm" if std else "dr_grpo"
+    return Refused(f"OpenRLHF has no {a.objective} objective")
+
+
+def optimizer_steps_per_update(spec: ExperimentSpec) -> int:
+    return spec.budget.ppo_epochs * spec.budget.mini_batches
+
+
+def warmup_ratio(warmup_updates: int, spec: ExperimentSpec) -> float:
+    """A ratio OpenRLHF turns back into exactly warmup_updates * k optimizer steps: it computes
+    ceil(total_steps * ratio), and W / T itself often lands one step high (7/25 * 25 > 7)."""
+    k = optimizer_steps_per_update(spec)
+    steps, total = warmup_updates * k, spec.budget.total_updates * k
+    if steps == 0:
+        return 0.0
+    ratio = (steps - 0.5) / total
+    assert math.ceil(total * ratio) == steps
+    return ratio
+
+
+def train_rows(spec: ExperimentSpec, base_dir: str | None) -> int:
+    """Rows of the local train split (jsonl: non-empty lines; parquet: from its metadata).
+
+    OpenRLHF has no step limit, so the number of updates follows from the split's size."""
+    uri = spec.data.train.uri
+    path = local_path(uri, Path(base_dir or "."))
+    why = None
+    if path is None:
+        why = "it is not a local file"
+    elif path.suffix not in (".jsonl", ".parquet"):
+        why = "only .jsonl and .parquet splits are counted"
+    elif not path.is_file():
+        why = "no such file"
+    if why is None and path is not None:
+        try:
+            if path.suffix == ".parquet":
+                import pyarrow.parquet as pq
+
+                return int(pq.ParquetFile(path).metadata.num_rows)
+            with path.open("rb") as lines:
+                return sum(1 for line in lines if line.strip())
+        except (OSError, ImportError, ValueError) as exc:
+            why = f"it cannot be read ({exc})"
+    raise Unsupported(f"OpenRLHF has no step limit, so the launch sizes its passes over "
+                      f"data.train from the split's row count, and {uri} cannot be counted: "
+                      f"{why}")
+
+
+def passes(spec: ExperimentSpec, rows: int) -> tuple[int, int]:
+    """(passes, rows kept) so that exactly total_updates whole updates run: each pass over the
+    first U*B rows makes U updates, with U the largest divisor of T that fits in the split."""
+    total, batch = spec.budget.total_updates, spec.budget.prompts_per_update
+    fit = rows // batch
+    if fit == 0:
+        raise Unsupported(f"data.train has {rows} rows, fewer than one update's "
+                          f"{batch} prompts (budget.prompts_per_update)")
+    per_pass = max(u for u in range(1, min(fit, total) + 1) if total % u == 0)
+    return total // per_pass, per_pass * batch
+
+
+# -- rules, by section ------------------------------------------------------------------------
+def _algorithm_rules(f: OpenRLHFKeys) -> dict[str, Any]:
+    def objective(value: Any, spec: ExperimentSpec) -> Outcome:
+        est = estimator(spec)
+        if isinstance(est, Refused):
+            return est
+        return Pinned({f.estimator: est,
+                       f.policy_loss_type: "gspo" if value == "gspo" else "ppo"})
+
+    def ratio_level(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == "sequence" and spec.algorithm.objective != "gspo":
+            return Refused("OpenRLHF computes sequence-level ratios only for gspo")
+        return Pinned({f.policy_loss_type: "gspo" if value == "sequence" else "ppo"})
+
+    def aggregation(value: Any, spec: ExperimentSpec) -> Outcome:
+        a = spec.algorithm
+        if a.objective == "gspo" and value != "seq_mean_token_mean":
+            return Refused("OpenRLHF's GSPO loss is always the mean over sequences of token "
+                           "means, whatever the aggregation flag says")
+        if f.loss_agg_mode is None:
+            if value != "token_mean":
+                return Refused("loss aggregation is configurable only from OpenRLHF 0.11.2")
+            if f.token_mean_over == "micro_batch":
+                return Hardcoded("mean over micro-batches of each micro-batch's token mean",
+                                 "token_mean_per_micro_batch")
+            return Pinned({}, "OpenRLHF 0.11.1 averages over every token of an optimizer step")
+        modes = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean"}
+        if value not in modes:
+            return Refused(f"OpenRLHF has no {value} aggregation")
+        native = {f.loss_agg_mode: modes[value]}
+        kl_in_loss = a.kl is not None and a.kl.placement == "loss"
+        if value == "seq_mean_token_mean" and (kl_in_loss or a.entropy_coef != 0):
+            return Hardcoded("policy loss seq-mean-token-mean, KL and entropy terms "
+                             "token-mean", "kl_and_entropy_terms_token_mean", native)
+        return Pinned(native)
+
+    def clip(value: Any, spec: ExperimentSpec) -> Outcome:
+        return Pinned({f.eps_clip_low_high: [spec.algorithm.clip.low, spec.algorithm.clip.high]})
+
+    def kl_off(value: Any, spec: ExperimentSpec) -> Outcome:
+        # coefficient 0 also means no reference model is loaded
+        return Pinned({f.kl_coef: 0.0, f.kl_use_loss: False, f.kl_estimator: "k1"})
+
+    def kl_clamp(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value is not None and value != KL_CLAMP:
+            return Refused(f"OpenRLHF clamps the KL estimate to [-{KL_CLAMP:g}, {KL_CLAMP:g}] "
+                           "(hard-coded); set algorithm.kl.clamp to 10 or null")
+        return Hardcoded(KL_CLAMP, "kl_clamped_to_10")
+
+    def std_normalize(value: Any, spec: ExperimentSpec) -> Outcome:
+        est = estimator(spec)
+        if isinstance(est, Refused):
+            return est
+        # only the batch whitening reads no_std_norm; the group estimators are chosen above
+        return Pinned({f.no_std_norm: est in BATCH_WHITENED and not value, f.estimator: est})
+
+    def std_kind(value: Any, spec: ExperimentSpec) -> Outcome:
+        batch = spec.algorithm.advantage.scope == "batch"
+        return Hardcoded("population" if batch else "unbiased",
+                         "batch_population_std" if batch else "group_unbiased_std")
+
+    def epsilon(value: Any, spec: ExperimentSpec) -> Outcome:
+        if spec.algorithm.advantage.scope == "batch":
+            return Hardcoded("variance floored at 1e-8 (std at least 1e-4), nothing added",
+                             "batch_variance_floor_1e-8")
+        return Hardcoded(GROUP_STD_EPSILON, "group_std_plus_1e-9")
+
+    def scope(value: Any, spec: ExperimentSpec) -> Outcome:
+        est = estimator(spec)
+        return est if isinstance(est, Refused) else Pinned({f.estimator: est})
+
+    def zero_variance(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == "keep":
+            return Pinned({f.dynamic_filtering: False, f.dynamic_filtering_range: [0, 1]},
+                          "OpenRLHF keeps zero-variance groups (their advantages are 0)")
+        if spec.algorithm.dynamic_sampling is None:
+            return Refused("OpenRLHF excludes zero-variance groups only with dynamic filtering "
+                           "(algorithm.dynamic_sampling)")
+        return Hardcoded("groups kept iff 0 < mean score < 1", "zero_variance_by_mean_score",
+                         {f.dynamic_filtering: True, f.dynamic_filtering_range: [0, 1]})
+
+    def gae_off(value: Any, spec: ExperimentSpec) -> Outcome:
+        return Pinned({f.gamma: 1.0, f.lambd: 1.0})
+
+    return {
+        "algorithm.objective": objective,
+        "algorithm.group_size": to(f.group_size),
+        "algorithm.clip.low": clip,
+        "algorithm.clip.high": clip,
+        "algorithm.clip.dual_clip": to(f.dual_clip),
+        "algorithm.ratio_level": ratio_level,
+        "algorithm.loss_aggregation": aggregation,
+        "algorithm.kl": kl_off,
+        "algorithm.kl.coef": to(f.kl_coef),
+        "algorithm.kl.estimator": to(f.kl_estimator),
+        "algorithm.kl.placement": to(f.kl_use_loss, convert=lambda v: v == "loss"),
+        "algorithm.kl.clamp": kl_clamp,
+        "algorithm.advantage.std_normalize": std_normalize,
+        "algorithm.advantage.std": std_kind,
+        "algorithm.advantage.epsilon": epsilon,
+        "algorithm.advantage.scope": scope,
+        "algorithm.advantage.zero_variance_groups": zero_variance,
+        "algorithm.dynamic_sampling": lambda v, s: Pinned({f.dynamic_filtering: False}),
+        "algorithm.dynamic_sampling.max_rounds": hardcoded(None, "refill_without_round_limit"),
+        "algorithm.overlong": lambda v, s: Pinned({f.overlong_buffer_len: None,
+                                                   f.overlong_penalty_factor: 1.0}),
+        "algorithm.overlong.buffer_tokens": to(f.overlong_buffer_len),
+        "algorithm.overlong.penalty": to(f.overlong_penalty_factor),
+        "algorithm.entropy_coef": to(f.entropy_coef),
+        "algorithm.gae": gae_off,
+        "algorithm.gae.gamma": to(f.gamma),
+        "algorithm.gae.lam": to(f.lambd),
+    }
+
+
+def _optim_rules(f: OpenRLHFKeys) -> dict[str, Any]:
+    def eps(value: Any, spec: ExperimentSpec) -> Outcome:
+        if f.eps is None:  # FusedAdam built without an eps argument
+            return Hardcoded(1e-8, "adam_eps_1e-8")
+        return Pinned({k: value for k in f.eps})
+
+    def weight_decay(value: Any, spec: ExperimentSpec) -> Outcome:
+        native = {k: value for k in f.weight_decay}
+        if value == 0:
+            return Pinned(native)
+        return Hardcoded("the spec's decay on every parameter except biases and norm weights",
+                         "weight_decay_spares_bias_and_norm", native)
+
+    def schedule(value: Any, spec: ExperimentSpec) -> Outcome:
+        name = SCHEDULER[value]
+        if name not in f.schedulers:
+            return Refused(f"OpenRLHF before 0.11.1 passes a minimum-LR argument to every "
+                           f"schedule, and its {name} schedule does not take one (TypeError)")
+        native = {k: name for k in f.lr_scheduler}
+        if value != "constant" and optimizer_steps_per_update(spec) > 1:
+            return Hardcoded("decay advanced per optimizer step (k per update)",
+                             "lr_decay_per_optimizer_step", native)
+        return Pinned(native)
+
+    def min_lr_ratio(value: Any, spec: ExperimentSpec) -> Outcome:
+        kind = spec.optim.schedule
+        if kind == "linear" and value > 0:
+            return Refused("OpenRLHF's linear schedule decays to 0 (min_lr_ratio is passed only "
+                           "to its cosine_with_min_lr schedule)")
+        if f.min_lr_ratio is None:
+            if kind == "cosine":
+                return Hardcoded(f.fixed_min_lr_ratio, "cosine_floor_fixed")
+            return Pinned({}, f"a {kind} schedule has no floor")
+        return Pinned({k: value for k in f.min_lr_ratio})
+
+    def warmup(value: Any, spec: ExperimentSpec) -> Outcome:
+        native = {k: warmup_ratio(value, spec) for k in f.warmup_ratio}
+        if value > 0 and optimizer_steps_per_update(spec) > 1:
+            return Hardcoded("warmup over warmup_steps * k optimizer steps",
+                             "lr_warmup_per_optimizer_step", native)
+        return Pinned(native)
+
+    return {
+        "optim.kind": carried("AdamW (DeepSpeed FusedAdam in decoupled-decay mode)"),
+        "optim.lr": lambda v, s: Pinned({k: v for k in f.lr}),
+        "optim.betas": lambda v, s: Pinned({k: list(v) for k in f.betas}),
+        "optim.eps": eps,
+        "optim.weight_decay": weight_decay,
+        "optim.grad_clip": lambda v, s: Pinned({k: v for k in f.max_norm}),
+        "optim.schedule": schedule,
+        "optim.warmup_steps": warmup,
+        "optim.min_lr_ratio": min_lr_ratio,
+    }
+
+
+def _data_rules(f: OpenRLHFKeys) -> dict[str, Any]:
+    def overflow(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value in ("truncate_right", "error"):
+            return Refused("OpenRLHF truncates an over-long prompt from the left (it has no "
+                           "prompt filter, right truncation or error)")
+        return Hardcoded("truncate_left", "overlong_prompt_truncated_left")
+
+    def shuffle(value: Any, spec: ExperimentSpec) -> Outcome:
+        if not value:
+            return Refused("OpenRLHF always shuffles the prompts of every pass")
+        return Hardcoded("shuffled by an RNG not seeded from the spec seed",
+                         "unseeded_prompt_order")
+
+    return {
+        "data.train.uri": to(f.prompt_data),
+        "data.train.prompt_field": to(f.input_key),
+        "data.train.answer_field": to(f.label_key),
+        "data.validation": lambda v, s: Pinned({f.eval_data: None}),
+        "data.validation.uri": to(f.eval_data),
+        "data.validation.prompt_field": lambda v, s: Pinned({}) if v == s.data.train.prompt_field
+        else Refused("OpenRLHF reads one prompt field for the train and validation splits"),
+        "data.validation.answer_field": lambda v, s: Pinned({}) if v == s.data.train.answer_field
+        else Refused("OpenRLHF reads one answer field for the train and validation splits"),
+        "data.max_prompt_tokens": lambda v, s: Pinned(
+            {f.max_len: v + s.data.max_response_tokens}),
+        "data.max_response_tokens": to(f.max_new_tokens),
+        "data.chat_template": to(f.apply_chat_template),
+        "data.prompt_overflow": overflow,
+        "data.shuffle": shuffle,
+    }
+
+
+def _dtype(f: OpenRLHFKeys) -> Any:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value not in DTYPE:
+            return Refused("OpenRLHF trains in bf16 or fp16")
+        native = {f.param_dtype: DTYPE[value]}
+        if value == "float16":
+            return Hardcoded("float16 training, bfloat16 vLLM rollout", "fp16_rollout_in_bf16",
+                             native)
+        return Pinned(native)
+
+    return rule
+
+
+def _total_updates(value: Any, spec: ExperimentSpec) -> Outcome:
+    if spec.algorithm.dynamic_sampling is not None:
+        return Hardcoded("total_updates minus the updates whose prompts were consumed by "
+                         "refills", "refill_consumes_prompts")
+    return Pinned({}, "passes and rows kept are sized from the train split's row count when "
+                      "the launch is rendered, so exactly this many updates run")
+
+
+def _mini_batches(f: OpenRLHFKeys) -> Any:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        samples = spec.budget.prompts_per_update * spec.algorithm.group_size
+        return even_split(samples, value, "samples") or \
+            Pinned({f.train_batch_size: samples // value})
+
+    return rule
+
+
+def _no_best(f: OpenRLHFKeys) -> dict[str, Any]:
+    """0.10.1+ save extra best_* checkpoints and evict by metric unless told 'none'."""
+    return {} if f.best_metric_key is None else {f.best_metric_key: "none"}
+
+
+def _evaluation_every(f: OpenRLHFKeys) -> Any:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        e = spec.evaluation
+        # the decoding keys are set even when no validation runs: their defaults are recorded
+        return Pinned({f.eval_steps: -1 if value is None else value,
+                       f.eval_temperature: e.temperature, f.eval_samples: e.samples,
+                       **_no_best(f)})
+
+    return rule
+
+
+def _evaluation_top_p(value: Any, spec: ExperimentSpec) -> Outcome:
+    if spec.evaluation.temperature == 0:
+        return Pinned({}, "greedy validation decoding ignores top_p")
+    if value == spec.rollout.top_p:
+        return Pinned({}, "OpenRLHF validates with the rollout's top_p")
+    return Refused("OpenRLHF validates with the rollout's top_p (it has no validation top_p); "
+                   "set evaluation.top_p to rollout.top_p")
+
+
 class OpenRLHFAdapter(EngineAdapter):
     name = "openrlhf"
     contract_file = "openrlhf.json"
+    dialect_keys = OpenRLHFKeys
 
     def rules(self, dialect: Dialect) -> RuleSet:
-        f = dialect.keys
-
-        def objective(value: Any, spec: ExperimentSpec) -> Outcome:
-            native: dict[str, Any] = {f["estimator"]: ESTIMATOR[value]} if value in ESTIMATOR \
-                else {}
-            if not native:
-                return Rejected(f"OpenRLHF has no {value} objective")
-            native[f["policy_loss_type"]] = "gspo" if value == "gspo" else "ppo"
-            return Mapped(native)
-
-        def ratio_level(value: Any, spec: ExperimentSpec) -> Outcome:
-            if value == "sequence" and spec.algorithm.objective != "gspo":
-                return Rejected("OpenRLHF computes sequence-level ratios only for gspo")
-            return Mapped({f["policy_loss_type"]: "gspo" if value == "sequence" else "ppo"})
-
-        def aggregation(value: Any, spec: ExperimentSpec) -> Outcome:
-            if spec.algorithm.objective == "gspo" and value != "seq_mean_token_mean":
-                return Rejected("OpenRLHF's GSPO loss is always the mean over sequences of "
-                                "token means, whatever the aggregation flag says")
-            if not f.get("loss_agg_mode"):
-                return NotApplicable("OpenRLHF before 0.11.2 always averages over tokens") \
-                    if value == "token_mean" else Rejected("loss aggregation is configurable "
-                                                           "only from OpenRLHF 0.11.2")
-            modes = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean"}
-            return Mapped({f["loss_agg_mode"]: modes[value]}) if value in modes else \
-                Rejected(f"OpenRLHF has no {value} aggregation")
-
-        def clip(value: Any, spec: ExperimentSpec) -> Outcome:
-            return Mapped({f["eps_clip_low_high"]: [spec.algorithm.clip.low,
-                                                    spec.algorithm.clip.high]})
-
-        def kl_off(value: Any, spec: ExperimentSpec) -> Outcome:
-            return Mapped({f["kl_coef"]: 0.0, f["kl_use_loss"]: False})
-
-        def std_normalize(value: Any, spec: ExperimentSpec) -> Outcome:
-            if spec.algorithm.objective == "rloo":
-                return NotApplicable("OpenRLHF's RLOO does not divide by a std") if not value \
-                    else Rejected("OpenRLHF's RLOO cannot divide advantages by a std")
-            return Mapped({f["no_std_norm"]: not value})
-
-        def mini_batches(value: Any, spec: ExperimentSpec) -> Outcome:
-            samples = spec.budget.prompts_per_update * spec.algorithm.group_size
-            if samples % value:
-                return Rejected(f"{samples} samples per update do not split into {value} "
-                                "equal mini-batches")
-            return Mapped({f["train_batch_size"]: samples // value})
-
-        def warmup(value: Any, spec: ExperimentSpec) -> Outcome:
-            return Mapped({f["warmup_ratio"]: value / spec.budget.total_updates})
-
-        def total_updates(value: Any, spec: ExperimentSpec) -> Outcome:
-            # one pass, limited to exactly the prompts the planned updates consume
-            return Mapped({f["num_episodes"]: 1,
-                           f["max_samples"]: value * spec.budget.prompts_per_update})
-
-        def data_file(slot: str) -> Any:
-            return to(f[slot])
-
-        verified = na("checked against the file by stateset-backend before launch")
+        f: OpenRLHFKeys = self.keys(dialect)
+        rules = {**external_rules("OpenRLHF"), **_algorithm_rules(f), **_optim_rules(f),
+                 **_data_rules(f)}
         return {
-            "name": na("the run name carries the run id and digest instead (identity)"),
-            "seed": to(f["seed"]),
-            "algorithm.objective": objective,
-            "algorithm.group_size": to(f["group_size"]),
-            "algorithm.clip.low": clip,
-            "algorithm.clip.high": clip,
-            "algorithm.ratio_level": ratio_level,
-            "algorithm.loss_aggregation": aggregation,
-            "algorithm.kl": kl_off,
-            "algorithm.kl.coef": to(f["kl_coef"]),
-            "algorithm.kl.estimator": to(f["kl_estimator"]),
-            "algorithm.kl.placement": to(f["kl_use_loss"], convert=lambda v: v == "loss"),
-            "algorithm.advantage.std_normalize": std_normalize,
-            "algorithm.advantage.std": only(lambda v: v == "unbiased", "OpenRLHF divides by "
-                                            "torch.std (unbiased)", na("unbiased std")),
-            "algorithm.advantage.epsilon": only(lambda v: v == 1e-6, "OpenRLHF's epsilon is "
-                                                "fixed", na("OpenRLHF's fixed epsilon")),
-            "algorithm.advantage.zero_variance_groups": zero_variance_rule(
-                "OpenRLHF", "dynamic filtering", {f["dynamic_filtering"]: True}),
-            "algorithm.dynamic_sampling": to(f["dynamic_filtering"], convert=lambda v: False),
-            "algorithm.dynamic_sampling.max_rounds": na("OpenRLHF refills the batch without a "
-                                                        "round limit"),
-            "algorithm.overlong": na("no overlong penalty"),
-            "algorithm.overlong.buffer_tokens": to(f["overlong_buffer_len"]),
-            "algorithm.overlong.penalty": to(f["overlong_penalty_factor"]),
-            "algorithm.entropy_coef": to(f["entropy_coef"]),
-            "algorithm.gae": na("no critic"),
-            "algorithm.gae.gamma": to(f["gamma"]),
-            "algorithm.gae.lam": to(f["lambd"]),
-            "model.path": lambda v, s: Mapped({f["model"]: pinned_model_path(s)}),
-            "model.revision": revision_outcome("OpenRLHF"),
-            "model.dtype": only(lambda v: v in DTYPE, "OpenRLHF trains in bf16 or fp16",
-                                to(f["param_dtype"], convert=lambda v: DTYPE[v])),
-            "model.lora": to(f["lora_rank"], convert=lambda v: 0),
-            "model.lora.rank": to(f["lora_rank"]),
+            **rules,
+            "seed": to(f.seed),
+            "model.path": lambda v, s: Pinned({f.model: pinned_model_path(s)}),
+            "model.dtype": _dtype(f),
+            "model.param_dtype": only(
+                lambda v: v == "float32", "OpenRLHF keeps DeepSpeed's fp32 master weights and "
+                "Adam state (ZeRO stage >= 1); it cannot keep them in bfloat16",
+                carried("DeepSpeed ZeRO-2 mixed precision: fp32 master weights and Adam "
+                        "state")),
+            "model.lora": lambda v, s: Pinned({f.lora_rank: 0, f.lora_alpha: 16,
+                                               f.lora_dropout: 0.0,
+                                               f.target_modules: "all-linear"},
+                                              "no LoRA (rank 0; the other keys are unused)"),
+            "model.lora.rank": to(f.lora_rank),
             "model.lora.alpha": only(lambda v: float(v).is_integer(), "OpenRLHF takes an "
-                                     "integer LoRA alpha", to(f["lora_alpha"], convert=int)),
-            "model.lora.dropout": to(f["lora_dropout"]),
-            "model.lora.target_modules": to(f["target_modules"],
+                                     "integer LoRA alpha", to(f.lora_alpha, convert=int)),
+            "model.lora.dropout": to(f.lora_dropout),
+            "model.lora.target_modules": to(f.target_modules,
                                             convert=lambda v: [v] if isinstance(v, str) else v),
-            "data.train.uri": data_file("prompt_data"),
-            "data.train.sha256": verified,
-            "data.train.prompt_field": to(f["input_key"]),
-            "data.train.answer_field": to(f["label_key"]),
-            "data.validation": na("no validation split"),
-            "data.validation.uri": data_file("eval_data"),
-            "data.validation.sha256": verified,
-            "data.validation.prompt_field": to(f["input_key"]),
-            "data.validation.answer_field": to(f["label_key"]),
-            "data.test": na("the test split is never used during training"),
-            "data.max_prompt_tokens": lambda v, s: Mapped(
-                {f["max_len"]: v + s.data.max_response_tokens}),
-            "data.max_response_tokens": to(f["max_new_tokens"]),
-            "reward.kind": only(lambda v: v == "python", "only python rewards are translated "
-                                "for OpenRLHF", na("a python reward function")),
-            "reward.entrypoint": lambda v, s: Mapped({
-                f["reward_url"]: f"{RUN_DIR}/{REWARD_SHIM_FILE}"}),
-            "reward.sha256": verified,
-            "environment.kind": only(lambda v: v == "single_turn", "multi-turn environments "
-                                     "are not translated for OpenRLHF", na("single-turn")),
-            "environment.entrypoint": na("single-turn"),
-            "environment.sha256": na("single-turn"),
-            "environment.max_turns": na("single-turn"),
+            "reward.entrypoint": lambda v, s: Pinned({f.reward_url:
+                                                      f"{RUN_DIR}/{REWARD_SHIM_FILE}"}),
             "rollout.backend": only(lambda v: v == "vllm", "OpenRLHF rolls out with vLLM",
-                                    to(f["vllm_engines"], convert=lambda v: 1)),
-            "rollout.temperature": to(f["temperature"]),
-            "rollout.top_p": to(f["top_p"]),
-            "optim.lr": to(f["lr"]),
-            "optim.weight_decay": to(f["weight_decay"]),
-            "optim.grad_clip": to(f["max_norm"]),
-            "optim.warmup_steps": warmup,
-            "budget.total_updates": total_updates,
-            "budget.prompts_per_update": to(f["rollout_batch_size"]),
-            "budget.ppo_epochs": to(f["max_epochs"]),
-            "budget.mini_batches": mini_batches,
-            "checkpoint.every": to(f["save_steps"], convert=lambda v: -1 if v is None else v),
-            "checkpoint.keep": lambda v, s: NotApplicable("keeps every checkpoint") if v is None
-            else Mapped({f["max_ckpt_num"]: v}),
-            "evaluation.every": to(f["eval_steps"], convert=lambda v: -1 if v is None else v),
-            "evaluation.select_by": only(lambda v: v is None, "OpenRLHF does not pick a "
-                                         "checkpoint by a validation metric",
-                                         na("no selection")),
-            "resources.nodes": to(f["nodes"]),
-            "resources.gpus_per_node": to(f["gpus_per_node"]),
+                                    lambda v, s: Hardcoded("vllm with min_tokens=1",
+                                                           "min_one_response_token",
+                                                           {f.vllm_engines: 1})),
+            "rollout.temperature": to(f.temperature),
+            "rollout.top_p": to(f.top_p),
+            "rollout.top_k": lambda v, s: Pinned({}, "OpenRLHF never passes top_k to vLLM "
+                                                 "(always -1: no top-k)") if v is None else
+            Refused("OpenRLHF always samples without top-k (vLLM top_k -1)"),
+            "budget.total_updates": _total_updates,
+            "budget.prompts_per_update": to(f.rollout_batch_size, f.generate_batch_size),
+            "budget.ppo_epochs": to(f.max_epochs),
+            "budget.mini_batches": _mini_batches(f),
+            "budget.partial_batch": hardcoded("the first U*B rows of the split, every pass",
+                                              "fixed_train_rows"),
+            "checkpoint.every": disabled_when_none(f.save_steps, -1),
+            "checkpoint.keep": lambda v, s: Pinned({f.max_ckpt_num: KEEP_ALL if v is None
+                                                    else v, **_no_best(f)}),
+            "evaluation.every": _evaluation_every(f),
+            "evaluation.temperature": to(f.eval_temperature),
+            "evaluation.samples": to(f.eval_samples),
+            "evaluation.top_p": _evaluation_top_p,
+            "resources.nodes": to(f.nodes),
+            "resources.gpus_per_node": to(f.gpus_per_node),
         }
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
-        f = ctx.dialect.keys
-        owned = {f["run_name"]: ctx.run_name,
-                 f["tensorboard"]: f"{RUN_DIR}/{TENSORBOARD}",
-                 f["ckpt_path"]: f"{RUN_DIR}/{CHECKPOINTS}",
-                 f["save_path"]: f"{RUN_DIR}/final"}
-        # Micro-batch sizes only trade memory for speed; OpenRLHF requires at least one
-        # micro-batch per actor process, so pick the largest size (<= 8) that gives that.
+        f: OpenRLHFKeys = self.keys(ctx.dialect)
+        owned = {f.run_name: ctx.run_name,
+                 f.tensorboard: f"{RUN_DIR}/{TENSORBOARD}",
+                 f.ckpt_path: f"{RUN_DIR}/{CHECKPOINTS}",
+                 f.save_path: f"{RUN_DIR}/final"}
+        episodes, rows = passes(spec, train_rows(spec, ctx.base_dir))
+        budget = {f.num_episodes: episodes, f.max_samples: rows}
+        # Micro-batch sizes trade memory for speed (and, before 0.11.1, weigh the token mean,
+        # which the contract declares); OpenRLHF needs at least one micro-batch per actor
+        # process, so take the largest size (<= 8) that gives that.
         processes = max(1, spec.resources.nodes * max(spec.resources.gpus_per_node, 1))
         samples = spec.budget.prompts_per_update * spec.algorithm.group_size
         micro = max(1, min(8, samples // processes))
-        defaults = {f["micro_rollout_batch_size"]: micro, f["micro_train_batch_size"]: micro}
+        memory = {f.micro_rollout_batch_size: micro, f.micro_train_batch_size: micro}
+        native = with_owned_keys("openrlhf", {**f.fixed, **memory, **translation.native},
+                                 {**owned, **budget})
+        # the engine runs in the run folder: local splits are named by absolute path
+        for key in (f.prompt_data, f.eval_data):
+            if native.get(key) is not None:
+                local = local_path(native[key], Path(ctx.base_dir or "."))
+                native[key] = str(local) if local is not None else native[key]
         return NativeLaunch(
-            argv=[PYTHON, "-m", "openrlhf.cli.train_ppo_ray",
-                  *render_flags(with_owned_keys("openrlhf", {**defaults, **translation.native},
-                                                owned))],
+            argv=[PYTHON, "-m", "openrlhf.cli.train_ppo_ray", *render_flags(native)],
             files={REWARD_SHIM_FILE: reward_shim(spec, ctx.base_dir, "OpenRLHF", REWARD_CALL)},
-            env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "WANDB_API_KEY"])
+            env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "WANDB_API_KEY"],
+            native=native)
 
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
         from ..core.tensorboard import canonical_rows, read_scalars
