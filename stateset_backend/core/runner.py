@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,8 +25,9 @@ from .jsonio import atomic_write_bytes
 from .launch import run_local
 from .plan import LaunchPlan, verify_engine_version
 from .registry import Registry
-from .results import Metrics, Result, evaluate, summarize
-from .store import RunStore
+from .results import Check, Metrics, Result, evaluate, summarize
+from .spec import ExperimentSpec
+from .store import Attempt, RunStore
 
 CANONICAL_SERIES = "canonical_metrics.jsonl"
 
@@ -79,7 +81,47 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
         raise InvalidInput("this plan runs an engine from its source checkout: pass "
                            "--engine-home DIR")
     resume_from = find_resume_point(plan, adapter, store) if resume else None
-    attempt = store.begin_attempt(plan)
+    try:
+        attempt = store.begin_attempt(plan)
+    except OSError as exc:
+        raise InvalidInput(f"runs directory {store.root}: cannot record the run there: "
+                           f"{exc.strerror or exc}") from None
+    try:
+        return _run_attempt(plan, adapter, store, attempt, spec, resume_from,
+                            python=python, timeout=timeout, echo_stderr=echo_stderr,
+                            engine_home=engine_home, ray_address=ray_address)
+    except OSError as exc:
+        reason = f"could not write into the runs directory: {exc.strerror or exc}"
+        path = _record_failure(plan, spec, store, attempt, reason)
+        raise EngineFailed(f"run {plan.run_id} attempt {attempt.number} failed: {reason}"
+                           + (f" (result: {path})" if path else " (attempt removed)")) \
+            from None
+
+
+def _record_failure(plan: LaunchPlan, spec: ExperimentSpec, store: RunStore, attempt: Attempt,
+                    reason: str) -> Path | None:
+    """Every attempt folder ends with a result.json saying what happened; when not even that
+    can be written (a full disk), the folder is removed rather than left unexplained."""
+    now = _now()
+    result = Result(
+        run_id=plan.run_id, attempt=attempt.number, experiment_digest=plan.experiment_digest,
+        binding_digest=plan.binding_digest, plan_checksum=plan.checksum, engine=plan.engine,
+        engine_version=plan.engine_version, provider=plan.provider, status="failed",
+        exit_code=None, started_at=now, ended_at=now, duration_s=0.0,
+        planned_updates=spec.budget.total_updates, committed_updates=0,
+        metrics=Metrics(series=None, summary={}, raw_names={}), deviations=plan.deviations,
+        artifacts=[], checks=[Check(name="store", ok=False, detail=reason)])
+    try:
+        return store.finish(attempt, result)
+    except OSError:
+        shutil.rmtree(attempt.directory, ignore_errors=True)
+        return None
+
+
+def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, attempt: Attempt,
+                 spec: ExperimentSpec, resume_from: Checkpoint | None, *, python: str | None,
+                 timeout: float | None, echo_stderr: bool, engine_home: str | None,
+                 ray_address: str | None) -> tuple[Result, Path]:
     run_dir = attempt.directory.resolve()
     interpreter = python or sys.executable
     for rel, content in plan.files.items():

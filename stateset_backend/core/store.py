@@ -43,8 +43,9 @@ class Attempt:
 
 class RunStore:
     def __init__(self, root: Path) -> None:
-        if root.exists() and not root.is_dir():
-            raise InvalidInput(f"--runs-dir {root}: exists and is not a directory")
+        for parent in (root, *root.parents):
+            if parent.exists() and not parent.is_dir():
+                raise InvalidInput(f"--runs-dir {root}: {parent} exists and is not a directory")
         self.root = root
 
     def run_dir(self, run_id: str) -> Path:

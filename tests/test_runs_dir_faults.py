@@ -1,0 +1,81 @@
+"""The runs directory failing under a run: one line and a documented exit code, and no attempt
+folder left without a result.json saying what happened."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+
+from stateset_backend import __version__
+from stateset_backend.adapters.native import NativeAdapter
+from stateset_backend.core import runner, store
+from stateset_backend.core.errors import EngineFailed, InvalidInput
+from stateset_backend.core.plan import make_plan
+from stateset_backend.core.registry import AdapterEntry, Registry
+from stateset_backend.core.specfile import load_spec
+from stateset_backend.core.store import RunStore
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.fixture
+def planned():
+    entry = AdapterEntry(NativeAdapter(), "builtin", "stateset-backend", __version__)
+    spec = load_spec(EXAMPLES / "support-routing.json")
+    plan = make_plan(spec, entry, __version__, base_dir=EXAMPLES)
+    return plan, Registry(adapters={"native": entry})
+
+
+def _disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_while_preparing_ends_in_a_failed_result(planned, tmp_path, monkeypatch):
+    plan, registry = planned
+    monkeypatch.setattr(runner, "atomic_write_bytes", _disk_full)
+    with pytest.raises(EngineFailed, match="No space left on device") as err:
+        runner.run_plan(plan, registry, RunStore(tmp_path / "runs"))
+    assert err.value.exit_code == 4
+    attempt = tmp_path / "runs" / plan.run_id / "attempts" / "1"
+    result = json.loads((attempt / "result.json").read_text())
+    assert result["status"] == "failed"
+    assert result["checks"] == [{"name": "store", "ok": False, "detail":
+                                 "could not write into the runs directory: No space left on "
+                                 "device"}]
+
+
+def test_when_not_even_the_result_fits_the_attempt_is_removed(planned, tmp_path, monkeypatch):
+    plan, registry = planned
+    real = store.atomic_write_json
+
+    def plan_only(path, doc):
+        if Path(path).name == "result.json":
+            _disk_full()
+        real(path, doc)
+
+    monkeypatch.setattr(runner, "atomic_write_bytes", _disk_full)
+    monkeypatch.setattr(store, "atomic_write_json", plan_only)
+    with pytest.raises(EngineFailed, match="attempt removed"):
+        runner.run_plan(plan, registry, RunStore(tmp_path / "runs"))
+    assert not (tmp_path / "runs" / plan.run_id / "attempts" / "1").exists()
+
+
+def test_a_runs_directory_below_a_file_is_invalid_input(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InvalidInput, match="exists and is not a directory"):
+        RunStore(tmp_path / "file" / "runs")
+
+
+def test_a_runs_directory_that_cannot_be_created_is_invalid_input(planned, tmp_path,
+                                                                  monkeypatch):
+    plan, registry = planned
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(InvalidInput, match="cannot record the run there: Read-only"):
+        runner.run_plan(plan, registry, RunStore(tmp_path / "runs"))
