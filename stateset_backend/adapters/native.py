@@ -23,9 +23,30 @@ from ..core.adapter import (
 )
 from ..core.contracts import Dialect
 from ..core.modeltree import all_leaf_paths
-from ..core.rules import RuleSet, Translation, na, only, refuse, to
+from ..core.rules import Outcome, Pinned, Refused, RuleSet, Translation, na, only, refuse, to
 from ..core.spec import ExperimentSpec
 from ..native import layout
+from ..native.tiny_model import BUILTIN_PREFIX
+
+
+def _chat_template(value: Any, spec: ExperimentSpec) -> Outcome:
+    if value and spec.model.path.startswith(BUILTIN_PREFIX):
+        return Refused(f"{spec.model.path} ships no chat template: set data.chat_template to "
+                       "false to tokenize prompts as plain text")
+    return Pinned({"data.chat_template": value})
+
+
+def _param_dtype(value: Any, spec: ExperimentSpec) -> Outcome:
+    if value == "bfloat16" and spec.model.dtype != "bfloat16":
+        return Refused(f"bfloat16 weights cannot compute in {spec.model.dtype}: the native "
+                       "engine computes in the weights' dtype or narrower")
+    return Pinned({"model.param_dtype": value})
+
+
+def _dual_clip(value: Any, spec: ExperimentSpec) -> Outcome:
+    if value is not None and spec.algorithm.objective in ("gspo", "cispo"):
+        return Refused(f"the native {spec.algorithm.objective} loss has no dual clip")
+    return Pinned({"algorithm.clip.dual_clip": value})
 
 
 class NativeAdapter(EngineAdapter):
@@ -45,6 +66,9 @@ class NativeAdapter(EngineAdapter):
                                     to("resources.nodes")),
             "reward.kind": only(lambda v: v == "python", "the native engine calls python "
                                 "reward functions in process", to("reward.kind")),
+            "data.chat_template": _chat_template,
+            "model.param_dtype": _param_dtype,
+            "algorithm.clip.dual_clip": _dual_clip,
         })
         for core_handled in ("engine_options", "labels", "version", "equivalence"):
             rules.pop(core_handled, None)

@@ -108,15 +108,18 @@ def zero_variance_groups(rewards: Tensor, group_ids: Tensor) -> Tensor:
         0, group_ids, rewards, reduce="amax")
     lo = torch.full((n_groups,), torch.inf, dtype=rewards.dtype).scatter_reduce(
         0, group_ids, rewards, reduce="amin")
-    return (hi == lo)[group_ids]
+    count = _group_sum(torch.ones_like(rewards), group_ids, n_groups)
+    return ((hi == lo) & (count > 1))[group_ids]  # a group of one compares with nothing
 
 
 # -- advantage baselines (one centred scalar per sample) -----------------------------------
 @register_advantage("group")
 def group_baseline(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """GRPO / REINFORCE++-baseline: reward minus the group mean."""
-    mean, _, _ = _group_stats(rewards, group_ids, unbiased=True)
-    return rewards - mean
+    """GRPO / REINFORCE++-baseline: reward minus the group mean. A group of one has no
+    baseline (verl's rule): REINFORCE++ with one sample per prompt is plain REINFORCE++,
+    whitened over the batch."""
+    mean, _, count = _group_stats(rewards, group_ids, unbiased=True)
+    return rewards - torch.where(count > 1, mean, torch.zeros_like(mean))
 
 
 @register_advantage("leave_one_out")

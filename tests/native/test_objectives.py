@@ -241,3 +241,16 @@ def test_every_spec_choice_has_a_registered_function():
     assert set(O.KL_ESTIMATORS) == set(get_args(KLEstimator))
     assert set(O.AGGREGATIONS) == set(get_args(LossAggregation))
     assert set(O.NORMALISERS) == {"group", "batch"}
+
+
+def test_a_group_of_one_has_no_baseline_and_is_never_zero_variance():
+    """One sample per prompt (REINFORCE++ with group_size 1): verl's rule, baseline 0, so the
+    batch whitening sees the raw rewards instead of all-zero advantages."""
+    rewards = torch.tensor([1.0, 0.0, 0.5], dtype=torch.float64)
+    groups = torch.tensor([0, 1, 2])
+    tokens = torch.tensor([1, 1, 1])
+    assert not O.zero_variance_groups(rewards, groups).any()
+    adv = O.advantages(rewards, groups, tokens, baseline="group", std_normalize=True,
+                                scope="batch", unbiased=True, eps=0.0)
+    expected = (rewards - rewards.mean()) / rewards.std()
+    assert torch.allclose(adv, expected)
