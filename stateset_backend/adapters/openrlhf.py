@@ -40,6 +40,7 @@ from ..core.rules import (
     carried,
     hardcoded,
     only,
+    refuse,
     to,
     with_owned_keys,
 )
@@ -59,6 +60,7 @@ METRICS = {"reward/mean": "train/reward", "loss/policy": "train/policy_loss", "k
 DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
 SCHEDULER = {"constant": "constant_with_warmup", "cosine": "cosine_with_min_lr",
              "linear": "linear"}
+MULTI_TURN = "multi-turn environments are not translated for OpenRLHF"
 BATCH_WHITENED = frozenset({"gae", "reinforce_baseline"})  # estimators OpenRLHF whitens
 
 
@@ -520,6 +522,8 @@ class OpenRLHFAdapter(EngineAdapter):
             "model.lora.dropout": to(f.lora_dropout),
             "model.lora.target_modules": to(f.target_modules,
                                             convert=lambda v: [v] if isinstance(v, str) else v),
+            "environment.entrypoint": refuse(MULTI_TURN),
+            "environment.sha256": refuse(MULTI_TURN),
             "reward.entrypoint": lambda v, s: Pinned({f.reward_url:
                                                       f"{RUN_DIR}/{REWARD_SHIM_FILE}"}),
             "rollout.backend": only(lambda v: v == "vllm", "OpenRLHF rolls out with vLLM",

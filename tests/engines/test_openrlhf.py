@@ -8,6 +8,7 @@ release of every dialect (``.ci/run`` downloads them).
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 from golden import variant
+from packaging.version import Version
 
 from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
 from stateset_backend.core.errors import Unsupported
@@ -25,22 +27,24 @@ from stateset_backend.core.specfile import parse_spec
 
 WHEELS = os.environ.get("STATESET_TEST_OPENRLHF_WHEELS")
 PARSER = Path(__file__).with_name("openrlhf_parse.py")
+DATA = Path(__file__).resolve().parents[2] / "examples" / "external" / "data"
+TRAIN_ROWS = 2000  # examples/external/data/train.parquet
 
 BASE: dict[str, Any] = {
     "name": "golden", "seed": 99,
     "algorithm": {"objective": "grpo", "group_size": 8},
     "model": {"path": "/models/qwen2.5-0.5b", "dtype": "bfloat16"},
-    "data": {"train": {"uri": "/data/train.jsonl", "sha256": "a" * 64, "prompt_field": "q",
-                       "answer_field": "a"},
-             "validation": {"uri": "/data/val.jsonl", "sha256": "b" * 64, "prompt_field": "q",
-                            "answer_field": "a"},
-             "max_prompt_tokens": 256, "max_response_tokens": 512},
+    "data": {"train": {"uri": str(DATA / "train.parquet"), "sha256": "a" * 64},
+             "validation": {"uri": str(DATA / "validation.parquet"), "sha256": "b" * 64},
+             "max_prompt_tokens": 256, "max_response_tokens": 512,
+             "prompt_overflow": "truncate_left"},
     "reward": {"entrypoint": "/rewards/math.py:score", "sha256": "c" * 64},
     "rollout": {"backend": "vllm", "temperature": 0.8, "top_p": 0.95},
-    "optim": {"lr": 1e-6, "weight_decay": 0.01, "grad_clip": 0.5, "warmup_steps": 5},
-    "budget": {"total_updates": 100, "prompts_per_update": 16, "mini_batches": 2},
+    "optim": {"lr": 1e-6, "betas": [0.9, 0.98], "eps": 1e-8, "weight_decay": 0.0,
+              "grad_clip": 0.5, "warmup_steps": 7},
+    "budget": {"total_updates": 25, "prompts_per_update": 16, "mini_batches": 1},
     "checkpoint": {"every": 20, "keep": 3},
-    "evaluation": {"every": 10},
+    "evaluation": {"every": 10, "temperature": 0.6, "top_p": 0.95, "samples": 2},
     "resources": {"nodes": 1, "gpus_per_node": 8},
 }
 
@@ -50,10 +54,19 @@ def golden(algorithm: dict[str, Any], **model: Any) -> dict[str, Any]:
     return variant(BASE, algorithm, algorithm_defaults={"loss_aggregation": "token_mean"}, **model)
 
 
+def with_(doc: dict[str, Any], **sections: dict[str, Any]) -> dict[str, Any]:
+    out = json.loads(json.dumps(doc))
+    for name, values in sections.items():
+        out[name] = {**out.get(name, {}), **values}
+    return out
+
+
 GOLDEN = {
     "grpo": golden({"objective": "grpo"}),
     "grpo_kl_k2_loss": golden({"objective": "grpo", "kl": {"coef": 0.01, "estimator": "k2",
                                                            "placement": "loss"}}),
+    "grpo_no_std": golden({"objective": "grpo", "advantage": {"std_normalize": False},
+                           "clip": {"low": 0.2, "high": 0.28, "dual_clip": 3.0}}),
     # OpenRLHF's GSPO loss is always the sequence mean of token means
     "gspo": golden({"objective": "gspo", "loss_aggregation": "seq_mean_token_mean"}),
     "dapo_like": golden({"objective": "dapo", "loss_aggregation": "token_mean",
@@ -63,6 +76,18 @@ GOLDEN = {
     "ppo": golden({"objective": "ppo", "gae": {"gamma": 0.99, "lam": 0.95}}),
     "lora": golden({"objective": "grpo"}, lora={"rank": 16, "alpha": 32, "dropout": 0.05,
                                                 "target_modules": ["q_proj", "v_proj"]}),
+    # cosine to a 10% floor (the only floor 0.9.8/0.10.1 have), two optimizer steps per update,
+    # more updates than the split holds (several passes), no validation, keep every checkpoint
+    "cosine_passes": with_(golden({"objective": "grpo"}),
+                           optim={"schedule": "cosine", "min_lr_ratio": 0.1,
+                                  "weight_decay": 0.01},
+                           budget={"total_updates": 300, "prompts_per_update": 16,
+                                   "mini_batches": 2},
+                           checkpoint={"every": 50, "keep": None},
+                           evaluation={"every": None}),
+    "linear_no_template": with_(golden({"objective": "grpo"}),
+                                optim={"schedule": "linear", "warmup_steps": 0},
+                                data={"chat_template": False}),
 }
 
 
@@ -71,43 +96,92 @@ def _plan(doc: dict[str, Any], version: str):
     return make_plan(parse_spec(doc), entry, version, base_dir=Path("/"))
 
 
-def _parse(plan, version: str, run_dir: Path) -> dict[str, Any]:
-    assert WHEELS is not None
-    (wheel,) = Path(WHEELS).glob(f"openrlhf-{version}-*.whl")
-    argv = [a.replace("{run_dir}", str(run_dir)) for a in plan.argv[3:]]
-    proc = subprocess.run([sys.executable, str(PARSER), str(wheel), "--", *argv],
+def _wheel(version: str) -> Path:
+    (wheel,) = Path(WHEELS or "").glob(f"openrlhf-{version}-*.whl")
+    return wheel
+
+
+def _run_parser(version: str, *args: str) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, str(PARSER), str(_wheel(version)), *args],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _parse(plan, version: str, run_dir: Path) -> dict[str, Any]:
+    argv = [a.replace("{run_dir}", str(run_dir)) for a in plan.argv[3:]]
+    return _run_parser(version, "--", *argv)
 
 
 needs_wheels = pytest.mark.skipif(WHEELS is None, reason="STATESET_TEST_OPENRLHF_WHEELS unset")
 
 FLAT = {"model": "pretrain", "estimator": "advantage_estimator", "n": "n_samples_per_prompt",
         "kl": "init_kl_coef", "kl_est": "kl_estimator", "kl_loss": "use_kl_loss",
-        "clip": "eps_clip_low_high", "loss": "policy_loss_type", "seed": "seed",
-        "lr": "actor_learning_rate", "rollout": "rollout_batch_size",
-        "train": "train_batch_size", "max_samples": "max_samples", "lora": "lora_rank",
-        "data": "prompt_data", "input": "input_key", "label": "label_key", "temp": "temperature",
-        "new": "max_new_tokens", "max_len": "max_len", "run": "wandb_run_name",
-        "ckpt": "ckpt_path", "no_std": "no_advantage_std_norm", "rm": "remote_rm_url",
-        "overlong": "overlong_buffer_len", "gamma": "gamma"}
+        "kl_target": "kl_target", "clip": "eps_clip_low_high", "dual_clip": "dual_clip",
+        "loss": "policy_loss_type", "seed": "seed", "lr": "actor_learning_rate",
+        "critic_lr": "critic_learning_rate", "betas": "adam_betas", "eps": None, "wd": "l2",
+        "max_norm": "max_norm", "sched": "lr_scheduler", "warmup": "lr_warmup_ratio",
+        "min_lr": None, "rollout": "rollout_batch_size", "gen_batch": "vllm_generate_batch_size",
+        "train": "train_batch_size", "epochs": "max_epochs", "episodes": "num_episodes",
+        "max_samples": "max_samples", "lora": "lora_rank", "data": "prompt_data",
+        "input": "input_key", "label": "label_key", "temp": "temperature", "top_p": "top_p",
+        "new": "max_new_tokens", "max_len": "max_len", "template": "apply_chat_template",
+        "run": "wandb_run_name", "ckpt": "ckpt_path", "no_std": "no_advantage_std_norm",
+        "rm": "remote_rm_url", "overlong": "overlong_buffer_len", "gamma": "gamma",
+        "lambd": "lambd", "entropy": "entropy_loss_coef", "eval_temp": "eval_temperature",
+        "eval_n": "eval_n_samples_per_prompt", "eval_steps": "eval_steps",
+        "save_steps": "save_steps", "max_num": "max_ckpt_num", "best": None,
+        "dtype": "param_dtype", "reward_clip": "reward_clip_range",
+        "filtering": "dynamic_filtering", "zero": "zero_stage"}
 DOTTED = {"model": "actor.model_name_or_path", "estimator": "algo.advantage.estimator",
           "n": "rollout.n_samples_per_prompt", "kl": "algo.kl.init_coef",
           "kl_est": "algo.kl.estimator", "kl_loss": "algo.kl.use_loss",
-          "clip": "actor.eps_clip_low_high", "loss": "actor.policy_loss_type",
-          "seed": "train.seed", "lr": "actor.adam.lr", "rollout": "rollout.batch_size",
-          "train": "train.batch_size", "max_samples": "data.max_samples",
+          "kl_target": "algo.kl.target", "clip": "actor.eps_clip_low_high",
+          "dual_clip": "actor.dual_clip", "loss": "actor.policy_loss_type",
+          "seed": "train.seed", "lr": "actor.adam.lr", "critic_lr": "critic.adam.lr",
+          "betas": "actor.adam.betas", "eps": "actor.adam.eps", "wd": "actor.adam.weight_decay",
+          "max_norm": "actor.max_norm", "sched": "actor.lr_scheduler",
+          "warmup": "actor.lr_warmup_ratio", "min_lr": "actor.min_lr_ratio",
+          "rollout": "rollout.batch_size", "gen_batch": "rollout.vllm_generate_batch_size",
+          "train": "train.batch_size", "epochs": "train.max_epochs",
+          "episodes": "train.num_episodes", "max_samples": "data.max_samples",
           "lora": "ds.lora.rank", "data": "data.prompt_dataset", "input": "data.input_key",
-          "label": "data.label_key", "temp": "rollout.temperature",
+          "label": "data.label_key", "temp": "rollout.temperature", "top_p": "rollout.top_p",
           "new": "rollout.max_new_tokens", "max_len": "data.max_len",
-          "run": "logger.wandb.run_name", "ckpt": "ckpt.path",
-          "no_std": "algo.advantage.no_std_norm", "rm": "reward.remote_url",
-          "overlong": "reward.overlong_buffer_len", "gamma": "algo.advantage.gamma"}
-
+          "template": "data.apply_chat_template", "run": "logger.wandb.run_name",
+          "ckpt": "ckpt.path", "no_std": "algo.advantage.no_std_norm",
+          "rm": "reward.remote_url", "overlong": "reward.overlong_buffer_len",
+          "gamma": "algo.advantage.gamma", "lambd": "algo.advantage.lambd",
+          "entropy": "actor.entropy_coef", "eval_temp": "eval.temperature",
+          "eval_n": "eval.n_samples_per_prompt", "eval_steps": "eval.steps",
+          "save_steps": "ckpt.save_steps", "max_num": "ckpt.max_num",
+          "best": "ckpt.best_metric_key", "dtype": "ds.param_dtype",
+          "reward_clip": "reward.clip_range", "filtering": "algo.dynamic_filtering_enable",
+          "zero": "ds.zero_stage"}
 
 # the first and last release of each dialect
-RELEASES = {"0.9.8": FLAT, "0.10.1": FLAT, "0.10.2": DOTTED, "0.11.1": DOTTED, "0.11.2": DOTTED}
+RELEASES = {"0.9.8": FLAT, "0.10.1": {**FLAT, "best": "best_metric_key"}, "0.10.2": DOTTED,
+            "0.11.1": DOTTED, "0.11.2": DOTTED}
+ESTIMATOR = {"grpo": "group_norm", "gspo": "group_norm", "dapo": "group_norm", "rloo": "rloo",
+             "reinforce_pp": "reinforce_baseline", "ppo": "gae"}
+
+
+def _normal(value: Any) -> Any:
+    """The parser dump's JSON form of a default (inf becomes the contract's "inf")."""
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return value
+
+
+@needs_wheels
+@pytest.mark.parametrize("version", sorted(RELEASES))
+def test_recorded_defaults_are_the_parsers_own(version):
+    """Every default the contract records is what that release's parser really defaults to."""
+    dialect = OpenRLHFAdapter().contract.dialect(Version(version))
+    real = _run_parser(version, "--defaults")
+    assert {k: _normal(real[k]) for k in dialect.defaults} == dialect.defaults
+    # and every switch the launch fixes is a real option of this release
+    assert not set(OpenRLHFAdapter().keys(dialect).fixed) - set(real)
 
 
 @needs_wheels
@@ -121,29 +195,62 @@ def test_real_parser_accepts_our_argv_and_parses_back(name, version, tmp_path):
         plan = _plan(doc, version)
     except Unsupported as exc:
         pytest.skip(f"refused before launch: {exc}")
+    dialect = plan.resolved_dialect()
+    assert set(dialect.defaults) <= set(plan.native)  # every recorded default is pinned
     got = _parse(plan, version, tmp_path)
 
     def v(key: str) -> Any:
         return got[names[key]]
 
-    a = spec.algorithm
-    estimator = {"grpo": "group_norm", "gspo": "group_norm", "dapo": "group_norm",
-                 "rloo": "rloo", "reinforce_pp": "reinforce_baseline", "ppo": "gae"}
+    a, o, b, e = spec.algorithm, spec.optim, spec.budget, spec.evaluation
+    std_off = not a.advantage.std_normalize
     assert v("model") == "/models/qwen2.5-0.5b"
-    assert v("estimator") == estimator[a.objective]
+    assert v("estimator") == ("dr_grpo" if a.objective == "grpo" and std_off
+                              else ESTIMATOR[a.objective])
     assert v("n") == a.group_size and v("seed") == 99
-    assert list(v("clip")) == [a.clip.low, a.clip.high]
+    assert list(v("clip")) == [a.clip.low, a.clip.high] and v("dual_clip") == a.clip.dual_clip
     assert v("loss") == ("gspo" if a.objective == "gspo" else "ppo")
-    assert v("kl") == (a.kl.coef if a.kl else 0.0)
+    assert v("kl") == (a.kl.coef if a.kl else 0.0) and v("kl_target") is None
     assert v("kl_loss") == (a.kl is not None and a.kl.placement == "loss")
     if a.kl is not None:
         assert v("kl_est") == a.kl.estimator
-    assert v("no_std") == (not a.advantage.std_normalize and a.objective != "rloo")
-    assert v("lr") == 1e-6 and v("temp") == 0.8
-    assert (v("rollout"), v("train")) == (16, 16 * a.group_size // 2)
-    assert v("max_samples") == 100 * 16
-    assert (v("new"), v("max_len")) == (512, 768)
-    assert (v("data"), v("input"), v("label")) == ("/data/train.jsonl", "q", "a")
+    # only the batch whitening reads no_std_norm
+    assert v("no_std") == (std_off and a.objective in ("reinforce_pp", "ppo"))
+    assert list(v("reward_clip")) == [-1e15, 1e15]
+    assert v("filtering") is (a.dynamic_sampling is not None)
+    assert v("entropy") == a.entropy_coef
+    # optimizer: betas always passed (the release default is 0.9, 0.95)
+    assert (v("lr"), v("critic_lr")) == (o.lr, o.lr)
+    assert list(v("betas")) == list(o.betas) and v("wd") == o.weight_decay
+    assert v("max_norm") == o.grad_clip
+    if names["eps"]:
+        assert v("eps") == o.eps
+    assert v("sched") == {"constant": "constant_with_warmup", "cosine": "cosine_with_min_lr",
+                          "linear": "linear"}[o.schedule]
+    if names["min_lr"]:
+        assert v("min_lr") == o.min_lr_ratio
+    # the budget: OpenRLHF's own step count (ppo_trainer max_steps) and update count
+    k = b.ppo_epochs * b.mini_batches
+    max_steps = v("max_samples") * a.group_size // v("train") * v("episodes") * v("epochs")
+    assert max_steps == b.total_updates * k
+    assert v("episodes") * (v("max_samples") // v("rollout")) == b.total_updates
+    assert v("max_samples") % v("rollout") == 0 and v("max_samples") <= TRAIN_ROWS
+    assert (v("rollout"), v("gen_batch"), v("epochs")) == (16, 16, b.ppo_epochs)
+    assert v("train") == 16 * a.group_size // b.mini_batches
+    assert math.ceil(max_steps * v("warmup")) == o.warmup_steps * k  # exact warmup steps
+    # prompts, sampling, validation decoding
+    assert (v("new"), v("max_len")) == (512, 768) and v("template") is spec.data.chat_template
+    assert (v("temp"), v("top_p")) == (0.8, 0.95)
+    assert (v("eval_temp"), v("eval_n")) == (e.temperature, e.samples)
+    assert v("eval_steps") == (e.every if e.every is not None else -1)
+    assert (v("data"), v("input"), v("label")) == (str(DATA / "train.parquet"), "prompt",
+                                                   "answer")
+    # checkpoints: rotation keeps `keep` (or all), newest first, no best-metric checkpoints
+    assert v("save_steps") == spec.checkpoint.every
+    assert v("max_num") == (spec.checkpoint.keep or 2**31 - 1)
+    if names["best"]:
+        assert v("best") == "none"
+    assert v("dtype") == "bf16" and v("zero") == 2
     assert v("lora") == (16 if spec.model.lora else 0)
     assert v("run") == f"{plan.run_id}.{plan.experiment_digest.removeprefix('sha256:')}"
     assert v("ckpt") == f"{tmp_path}/checkpoints"
@@ -151,42 +258,124 @@ def test_real_parser_accepts_our_argv_and_parses_back(name, version, tmp_path):
     assert (rm if isinstance(rm, str) else rm[0]) == f"{tmp_path}/stateset_reward.py"
     if a.overlong is not None:
         assert v("overlong") == 64
-    if a.gae is not None:
-        assert v("gamma") == 0.99
+    assert (v("gamma"), v("lambd")) == ((a.gae.gamma, a.gae.lam) if a.gae else (1.0, 1.0))
 
 
 @needs_wheels
 def test_every_flag_is_an_exact_option_string(tmp_path):
     """argparse would accept an abbreviation; ours must be the option strings themselves."""
     for version in RELEASES:
-        (wheel,) = Path(WHEELS or "").glob(f"openrlhf-{version}-*.whl")
-        import zipfile
-
-        with zipfile.ZipFile(wheel) as zf:
-            text = zf.read(next(n for n in zf.namelist()
-                                if n.endswith("openrlhf/cli/train_ppo_ray.py"))).decode()
+        options = set(_run_parser(version, "--defaults"))
         for name, doc in GOLDEN.items():
             try:
                 flags = [a for a in _plan(doc, version).argv if a.startswith("--")]
             except Unsupported:
                 continue
-            missing = [f for f in flags if f'"{f}"' not in text and f".{f[2:].split('.')[-1]}"
-                       not in text]
-            assert not missing, (version, name, missing)
+            assert not set(flags) - options, (version, name, set(flags) - options)
+
+
+def test_warmup_ratio_lands_on_whole_steps():
+    """ceil(steps * W/T) overshoots for many (W, T): 25 * (7/25) is 7.000000000000001."""
+    from stateset_backend.adapters.openrlhf import warmup_ratio
+
+    for total in range(1, 120):
+        for warmup in range(0, total + 1):
+            spec = parse_spec(with_(GOLDEN["grpo"], optim={"warmup_steps": warmup},
+                                    budget={"total_updates": total, "mini_batches": 2}))
+            assert math.ceil(total * 2 * warmup_ratio(warmup, spec)) == warmup * 2
+
+
+@pytest.mark.parametrize("total, rows, batch, expected", [
+    (25, 2000, 16, (1, 400)), (300, 2000, 16, (3, 1600)), (7, 100, 16, (7, 16)),
+    (125, 2000, 16, (1, 2000)), (126, 2000, 16, (2, 1008))])
+def test_passes_run_exactly_the_updates(total, rows, batch, expected):
+    from stateset_backend.adapters.openrlhf import passes
+
+    spec = parse_spec(with_(GOLDEN["grpo"], budget={"total_updates": total,
+                                                    "prompts_per_update": batch}))
+    episodes, kept = passes(spec, rows)
+    assert (episodes, kept) == expected and episodes * (kept // batch) == total
+
+
+def test_a_split_that_cannot_be_counted_is_refused(tmp_path):
+    doc = with_(GOLDEN["grpo"], data={"train": {"uri": str(tmp_path / "train.csv"),
+                                                "sha256": "a" * 64}})
+    with pytest.raises(Unsupported, match="OpenRLHF has no step limit"):
+        _plan(doc, "0.11.2")
+    doc["data"]["train"]["uri"] = str(tmp_path / "small.jsonl")
+    (tmp_path / "small.jsonl").write_text('{"prompt": "a", "answer": "b"}\n' * 3)
+    with pytest.raises(Unsupported, match="fewer than one update's 16 prompts"):
+        _plan(doc, "0.11.2")
 
 
 @pytest.mark.parametrize("version, change, missing", [
-    ("0.11.2", {"objective": "gspo", "loss_aggregation": "token_mean"},
+    ("0.11.2", {"algorithm": {"objective": "gspo", "loss_aggregation": "token_mean"}},
      "algorithm.loss_aggregation: OpenRLHF's GSPO loss is always the mean over sequences"),
-    ("0.10.2", {"objective": "grpo", "loss_aggregation": "seq_mean_token_mean"},
+    ("0.10.2", {"algorithm": {"objective": "grpo", "loss_aggregation": "seq_mean_token_mean"}},
      "loss_agg:seq_mean_token_mean (available in openrlhf >=0.11.2)"),
     # older releases name generation and precision flags differently (--generate_max_len)
-    ("0.9.7", {"objective": "grpo"}, "openrlhf 0.9.7 is not supported (supported: openrlhf "
-                                     ">=0.9.8)"),
+    ("0.9.7", {}, "openrlhf 0.9.7 is not supported (supported: openrlhf >=0.9.8)"),
+    ("0.11.2", {"algorithm": {"objective": "grpo", "kl": {"coef": 0.01, "clamp": 5.0}}},
+     "algorithm.kl.clamp: OpenRLHF clamps the KL estimate to [-10, 10]"),
+    ("0.11.2", {"optim": {"schedule": "linear", "min_lr_ratio": 0.1}},
+     "optim.min_lr_ratio: OpenRLHF's linear schedule decays to 0"),
+    ("0.11.0", {"optim": {"schedule": "linear"}}, "optim.schedule: OpenRLHF before 0.11.1"),
+    ("0.10.1", {"optim": {"schedule": "cosine", "min_lr_ratio": 0.0}},
+     "optim.min_lr_ratio: openrlhf flat-best-checkpoint always uses 0.1"),
+    ("0.10.1", {"optim": {"eps": 1e-6}}, "optim.eps: openrlhf flat-best-checkpoint always uses"),
+    ("0.11.2", {"rollout": {"top_k": 20}}, "rollout.top_k: OpenRLHF always samples without"),
+    ("0.11.2", {"data": {"prompt_overflow": "error"}}, "data.prompt_overflow: OpenRLHF "
+                                                       "truncates an over-long prompt"),
+    ("0.11.2", {"data": {"shuffle": False}}, "data.shuffle: OpenRLHF always shuffles"),
+    ("0.11.2", {"model": {"param_dtype": "bfloat16"}}, "model.param_dtype: OpenRLHF keeps"),
+    ("0.11.2", {"model": {"dtype": "float32"}}, "missing dtype:float32"),
+    ("0.11.2", {"evaluation": {"top_p": 0.5}}, "evaluation.top_p: OpenRLHF validates with"),
+    ("0.11.2", {"algorithm": {"objective": "grpo", "advantage": {"std_normalize": True,
+                                                                 "std": "population"}}},
+     "missing advantage_std:population"),
 ])
 def test_what_an_openrlhf_version_cannot_honour_is_refused(version, change, missing):
-    with pytest.raises(Unsupported, match=missing.replace("(", r"\(").replace(")", r"\)")):
-        _plan(golden(change), version)
+    doc = golden(change.pop("algorithm", {"objective": "grpo"}))
+    with pytest.raises(Unsupported, match=missing.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]")):
+        _plan(with_(doc, **change), version)
+
+
+@pytest.mark.parametrize("version", sorted(RELEASES))
+def test_declared_deviations_are_recorded_and_strict_refuses_them(version):
+    doc = with_(golden({"objective": "grpo", "kl": {"coef": 0.01, "estimator": "k1"}}),
+                optim={"weight_decay": 0.01, "schedule": "cosine", "min_lr_ratio": 0.1},
+                budget={"mini_batches": 2}, data={"prompt_overflow": "drop"})
+    plan = _plan(doc, version)
+    by_setting = {d["setting"]: d["deviation"] for d in plan.deviations}
+    assert by_setting == {
+        "algorithm.kl.clamp": "kl_clamped_to_10",
+        "algorithm.advantage.epsilon": "group_std_plus_1e-9",
+        "optim.weight_decay": "weight_decay_spares_bias_and_norm",
+        "optim.warmup_steps": "lr_warmup_per_optimizer_step",
+        "optim.schedule": "lr_decay_per_optimizer_step",
+        "budget.partial_batch": "fixed_train_rows",
+        "data.shuffle": "unseeded_prompt_order",
+        "data.prompt_overflow": "overlong_prompt_truncated_left",
+        "rollout.backend": "min_one_response_token",
+        **({"algorithm.loss_aggregation": "token_mean_per_micro_batch"}
+           if Version(version) < Version("0.11.1") else {}),
+    }
+    assert all(d["description"] for d in plan.deviations)
+    with pytest.raises(Unsupported, match="refused under equivalence: strict"):
+        _plan({**doc, "equivalence": "strict"}, version)
+
+
+def test_batch_whitening_and_dynamic_filtering_are_declared():
+    plan = _plan(golden({"objective": "reinforce_pp"}), "0.11.2")
+    batch = {d["setting"]: d["deviation"] for d in plan.deviations}
+    assert batch["algorithm.advantage.epsilon"] == "batch_variance_floor_1e-8"
+    assert batch["algorithm.advantage.std"] == "batch_population_std"
+    dapo = {d["setting"]: d["deviation"] for d in _plan(golden({"objective": "dapo"}),
+                                                        "0.11.2").deviations}
+    assert dapo["algorithm.advantage.zero_variance_groups"] == "zero_variance_by_mean_score"
+    assert dapo["algorithm.dynamic_sampling.max_rounds"] == "refill_without_round_limit"
+    assert dapo["budget.total_updates"] == "refill_consumes_prompts"
 
 
 def test_flags_follow_the_dialect():
