@@ -425,9 +425,11 @@ def _data_rules(f: OpenRLHFKeys) -> dict[str, Any]:
         "data.train.answer_field": to(f.label_key),
         "data.validation": lambda v, s: Pinned({f.eval_data: None}),
         "data.validation.uri": to(f.eval_data),
-        "data.validation.prompt_field": lambda v, s: Pinned({}) if v == s.data.train.prompt_field
+        "data.validation.prompt_field": lambda v, s: Pinned({}, "the train split's prompt key")
+        if v == s.data.train.prompt_field
         else Refused("OpenRLHF reads one prompt field for the train and validation splits"),
-        "data.validation.answer_field": lambda v, s: Pinned({}) if v == s.data.train.answer_field
+        "data.validation.answer_field": lambda v, s: Pinned({}, "the train split's answer key")
+        if v == s.data.train.answer_field
         else Refused("OpenRLHF reads one answer field for the train and validation splits"),
         "data.max_prompt_tokens": lambda v, s: Pinned(
             {f.max_len: v + s.data.max_response_tokens}),
