@@ -9,6 +9,11 @@ Before handing over to ``run_grpo.py`` (same process, same argv) it
 - converts each data split into the rows NeMo RL's ``ResponseDataset`` reads: ``input`` holds
   the prompt as JSON chat messages (a plain-text prompt becomes one user message), so chat
   prompts keep their system messages, and ``output`` holds the answer;
+- drops every prompt longer than the spec's ``max_prompt_tokens``, counted exactly as the
+  processor below tokenizes it (or stops, for ``prompt_overflow: error``), so NeMo RL's own
+  limit, which would keep an over-long prompt as a zero-loss stub, never fires; and checks that
+  one pass over the kept train rows holds at least one whole update, so that NeMo RL's epoch
+  limit (set to the number of updates) can never end the run early;
 - registers a data processor that renders those messages with the tokenizer's chat template
   (no prompt file: NeMo RL's default wraps every prompt in a math chain-of-thought template)
   and keeps the prompt text and answer for the reward;
@@ -26,6 +31,7 @@ import json
 import os
 import runpy
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +73,10 @@ def prompt_text(messages: list[dict[str, str]]) -> str:
     return next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
 
 
-def convert_split(source: str, target: Path, prompt_field: str, answer_field: str) -> int:
-    """Write ``source`` as ResponseDataset rows at ``target`` (atomically); returns the count."""
+def convert_split(source: str, target: Path, prompt_field: str, answer_field: str,
+                  fits: Callable[[list[dict[str, str]]], bool] | None = None) -> int:
+    """Write ``source`` as ResponseDataset rows at ``target`` (atomically), keeping the rows
+    whose prompt ``fits``; returns the count written."""
     rows = read_rows(source)
     lines = []
     for number, row in enumerate(rows, 1):
@@ -77,6 +85,8 @@ def convert_split(source: str, target: Path, prompt_field: str, answer_field: st
             answer = row[answer_field]
         except (KeyError, ValueError) as exc:
             raise SystemExit(f"{source}: row {number}: {exc}") from None
+        if fits is not None and not fits(messages):
+            continue
         lines.append(json.dumps({INPUT: json.dumps(messages), OUTPUT: str(answer)}))
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
@@ -85,15 +95,37 @@ def convert_split(source: str, target: Path, prompt_field: str, answer_field: st
     return len(lines)
 
 
+def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, Any]:
+    """The prompt as the policy sees it: the chat template's text and its token ids."""
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=True,
+                                             add_special_tokens=False)
+    token_ids = tokenizer(rendered, return_tensors="pt", add_special_tokens=False)["input_ids"][0]
+    return rendered, token_ids
+
+
+def prompt_limit(tokenizer: Any, max_tokens: int, overflow: str,
+                 source: str) -> Callable[[list[dict[str, str]]], bool]:
+    """Whether a prompt fits ``max_tokens``; with ``overflow`` "error" a longer one stops."""
+
+    def fits(messages: list[dict[str, str]]) -> bool:
+        length = len(render_prompt(tokenizer, messages)[1])
+        if length <= max_tokens:
+            return True
+        if overflow == "error":
+            raise SystemExit(f"{source}: a prompt has {length} tokens, over "
+                             f"data.max_prompt_tokens {max_tokens}")
+        return False
+
+    return fits
+
+
 def process(datum: dict[str, Any], task_data_spec: Any, tokenizer: Any, max_seq_length: int,
             idx: int) -> dict[str, Any]:
     """NeMo RL's processor signature: one ResponseDataset row -> a DatumSpec."""
     user, assistant = datum["messages"][0], datum["messages"][1]
     messages = json.loads(user["content"])
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=True,
-                                             add_special_tokens=False)
-    token_ids = tokenizer(rendered, return_tensors="pt", add_special_tokens=False)["input_ids"][0]
+    rendered, token_ids = render_prompt(tokenizer, messages)
     length = len(token_ids)
     loss_multiplier = 1.0
     if length >= max_seq_length:  # too long: keep a stub and learn nothing from it, as NeMo does
@@ -173,14 +205,35 @@ def register(run_dir: Path) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([folder, *[p for p in paths if p != folder]])
 
 
+def load_tokenizer(model: str) -> Any:
+    """The policy's tokenizer, loaded as NeMo RL's get_tokenizer loads it (its own template)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model, trust_remote_code=True)
+
+
+def convert_splits(run_dir: Path, config: dict[str, Any], tokenizer: Any) -> dict[str, int]:
+    """Every split converted, over-long prompts dropped; the rows kept per split."""
+    kept = {}
+    for name, split in config["splits"].items():
+        fits = prompt_limit(tokenizer, config["max_prompt_tokens"], config["prompt_overflow"],
+                            split["source"])
+        kept[name] = convert_split(split["source"], run_dir / DATA_DIR / f"{name}.jsonl",
+                                   split["prompt_field"], split["answer_field"], fits)
+        print(f"stateset-backend: {name} split: {kept[name]} rows of at most "
+              f"{config['max_prompt_tokens']} prompt tokens from {split['source']}", flush=True)
+    if kept.get("train", 0) < config["min_train_rows"]:
+        raise SystemExit(f"stateset-backend: {kept.get('train', 0)} train rows fit "
+                         f"data.max_prompt_tokens; one update needs "
+                         f"{config['min_train_rows']} (prompts per update x generation "
+                         "rounds), or NeMo RL would stop before budget.total_updates")
+    return kept
+
+
 def prepare(run_dir: Path) -> None:
     """Everything the launcher does before NeMo RL takes over: convert, then register."""
     config = json.loads((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
-    for name, split in config["splits"].items():
-        count = convert_split(split["source"], run_dir / DATA_DIR / f"{name}.jsonl",
-                              split["prompt_field"], split["answer_field"])
-        print(f"stateset-backend: {name} split: {count} rows from {split['source']}",
-              flush=True)
+    convert_splits(run_dir, config, load_tokenizer(config["model"]))
     register(run_dir)
 
 

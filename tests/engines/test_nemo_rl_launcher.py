@@ -112,6 +112,41 @@ def test_the_processor_renders_the_chat_and_keeps_prompt_and_answer_for_the_rewa
     assert short["loss_multiplier"] == 0.0 and len(short["message_log"][0]["token_ids"]) == 3
 
 
+def test_prompts_over_the_limit_are_dropped_as_the_processor_counts_them(tmp_path):
+    pytest.importorskip("torch")
+    tokenizer = _tokenizer()
+    source = tmp_path / "split.jsonl"
+    rows = [{"q": "hi", "a": 1}, {"q": "word " * 200, "a": 2}, {"q": "hello there", "a": 3}]
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    limit = max(len(launcher.render_prompt(tokenizer, launcher.prompt_messages(r["q"]))[1])
+                for r in (rows[0], rows[2]))
+    fits = launcher.prompt_limit(tokenizer, limit, "drop", str(source))
+    assert launcher.convert_split(str(source), tmp_path / "out.jsonl", "q", "a", fits) == 2
+    kept = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [row["output"] for row in kept] == ["1", "3"]
+    for row in kept:  # NeMo RL's own limit (one above ours) never stubs a kept prompt
+        datum = {"messages": [{"role": "user", "content": row["input"]},
+                              {"role": "assistant", "content": row["output"]}],
+                 "task_name": "t"}
+        assert launcher.process(datum, None, tokenizer, limit + 1, 0)["loss_multiplier"] == 1.0
+    stop = launcher.prompt_limit(tokenizer, limit, "error", str(source))
+    with pytest.raises(SystemExit, match=r"over data.max_prompt_tokens"):
+        launcher.convert_split(str(source), tmp_path / "out2.jsonl", "q", "a", stop)
+
+
+def test_too_few_train_rows_for_one_update_stop_before_nemo_rl_starts(tmp_path):
+    pytest.importorskip("torch")
+    source = tmp_path / "train.jsonl"
+    source.write_text("".join(json.dumps({"q": f"p{i}", "a": i}) + "\n" for i in range(5)))
+    config = {"splits": {"train": {"source": str(source), "prompt_field": "q",
+                                   "answer_field": "a"}},
+              "max_prompt_tokens": 64, "prompt_overflow": "drop", "min_train_rows": 6}
+    with pytest.raises(SystemExit, match=r"5 train rows fit .* one update needs 6"):
+        launcher.convert_splits(tmp_path, config, _tokenizer())
+    assert launcher.convert_splits(tmp_path, {**config, "min_train_rows": 5},
+                                   _tokenizer()) == {"train": 5}
+
+
 CHECKOUTS = [Path(p) for p in os.environ.get("STATESET_TEST_NEMO_RL_CHECKOUTS", "").split(
     os.pathsep) if p]
 
