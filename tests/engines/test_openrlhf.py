@@ -332,7 +332,7 @@ def test_a_split_that_cannot_be_counted_is_refused(tmp_path):
     ("0.11.2", {"evaluation": {"top_p": 0.5}}, "evaluation.top_p: OpenRLHF validates with"),
     ("0.11.2", {"algorithm": {"objective": "grpo", "advantage": {"std_normalize": True,
                                                                  "std": "population"}}},
-     "missing advantage_std:population"),
+     "algorithm.advantage.std: openrlhf dotted always uses unbiased"),
 ])
 def test_what_an_openrlhf_version_cannot_honour_is_refused(version, change, missing):
     doc = golden(change.pop("algorithm", {"objective": "grpo"}))
