@@ -303,7 +303,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from .core.errors import InvalidInput
     from .core.plan import load_plan
-    from .core.runner import raise_for_status, run_plan
+    from .core.runner import completed, raise_for_status, run_plan
     from .core.store import RunStore, runs_dir_from
 
     registry = _registry()
@@ -317,6 +317,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     store = RunStore(runs_dir_from(args.runs_dir))
     if args.resume and args.engine is not None:
         raise InvalidInput("--resume continues an earlier run: pass its PLAN, not --engine SPEC")
+    done = completed(plan, store) if args.resume else None
+    if done is not None:
+        result, path = done
+        _emit(args, {**result.to_json(), "already_complete": True},
+              f"run {result.run_id} is already complete ({result.committed_updates}/"
+              f"{result.planned_updates} updates, attempt {result.attempt}); nothing to resume "
+              f"(result: {path})")
+        return 0
     result, path = run_plan(plan, registry, store, python=args.python, timeout=args.timeout,
                             echo_stderr=not args.quiet, resume=args.resume,
                             engine_home=args.engine_home, ray_address=args.ray_address)

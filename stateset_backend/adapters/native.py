@@ -22,8 +22,18 @@ from ..core.adapter import (
     NativeLaunch,
 )
 from ..core.contracts import Dialect
-from ..core.modeltree import all_leaf_paths
-from ..core.rules import Outcome, Pinned, Refused, RuleSet, Translation, na, only, refuse, to
+from ..core.modeltree import all_leaf_paths, leaves
+from ..core.rules import (
+    CORE_HANDLED,
+    Outcome,
+    Pinned,
+    Refused,
+    RuleSet,
+    Translation,
+    only,
+    refuse,
+    to,
+)
 from ..core.spec import ExperimentSpec
 from ..native import layout
 from ..native.tiny_model import BUILTIN_PREFIX
@@ -61,7 +71,7 @@ class NativeAdapter(EngineAdapter):
                                         "rollout.backend")),
             "algorithm.gae": only(lambda v: v is None, "the native engine has no critic (PPO "
                                   "with GAE)", to("algorithm.gae")),
-            "name": na("recorded in the run's config; the run id names the run"),
+            "name": to("name"),
             "resources.nodes": only(lambda v: v == 1, "the native engine runs on one node",
                                     to("resources.nodes")),
             "reward.kind": only(lambda v: v == "python", "the native engine calls python "
@@ -80,8 +90,12 @@ class NativeAdapter(EngineAdapter):
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
+        # The engine speaks the spec's vocabulary: it gets every leaf, the inert ones too, so
+        # it can prove the settings hash back to the experiment digest it carries.
+        settings = {**{path: value for path, value in leaves(spec) if path not in CORE_HANDLED},
+                    **translation.native}
         config = {"run_id": ctx.run_id, "experiment_digest": ctx.experiment_digest,
-                  "base_dir": ctx.base_dir, "settings": translation.native}
+                  "base_dir": ctx.base_dir, "settings": settings}
         return NativeLaunch(
             argv=[PYTHON, "-m", "stateset_backend.native", "--config",
                   f"{RUN_DIR}/{layout.CONFIG_FILE}", "--output", RUN_DIR],
@@ -117,6 +131,9 @@ class NativeAdapter(EngineAdapter):
             return None
         newest = found[-1]
         return Checkpoint(newest, int(newest.name.removeprefix(layout.CHECKPOINT_PREFIX)))
+
+    def checkpoint_problem(self, checkpoint: Checkpoint, experiment_digest: str) -> str | None:
+        return layout.manifest_problem(checkpoint.path, experiment_digest)
 
     def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
                     attempt_dir: Path) -> list[str]:

@@ -212,6 +212,11 @@ class EngineAdapter(abc.ABC):
         """The newest complete checkpoint an attempt left behind (None: nothing to resume)."""
         return None
 
+    def checkpoint_problem(self, checkpoint: Checkpoint, experiment_digest: str) -> str | None:
+        """What makes ``checkpoint`` unfit to resume from (a damaged, truncated or missing
+        file, another experiment's state), or None. Engines without a manifest answer None."""
+        return None
+
     def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
                     attempt_dir: Path) -> list[str]:
         """The plan's argv changed to continue from ``checkpoint`` (an earlier attempt's) in

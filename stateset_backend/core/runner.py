@@ -21,7 +21,7 @@ from .errors import (
     Unsupported,
 )
 from .inputs import verify_inputs
-from .jsonio import atomic_write_bytes
+from .jsonio import atomic_write_bytes, read_json
 from .launch import run_local
 from .plan import LaunchPlan, verify_engine_version
 from .registry import Registry
@@ -54,9 +54,27 @@ def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore)
     for attempt_dir in numbered:
         found = adapter.latest_checkpoint(attempt_dir)
         if found is not None:
+            problem = adapter.checkpoint_problem(found, plan.experiment_digest)
+            if problem is not None:  # never fall back silently to older state
+                raise ResumeImpossible(f"run {plan.run_id}: the newest checkpoint (update "
+                                       f"{found.update}) cannot be resumed: {problem}")
             return found
     raise ResumeImpossible(f"run {plan.run_id} has no complete checkpoint to resume from in "
                            f"{attempts} ({len(numbered)} earlier attempt(s))")
+
+
+def completed(plan: LaunchPlan, store: RunStore) -> tuple[Result, Path] | None:
+    """The run's result when an earlier attempt already finished every planned update."""
+    latest = store.run_dir(plan.run_id) / "result.json"
+    if not latest.is_file():
+        return None
+    try:
+        result = Result.model_validate(read_json(latest, what="result"))
+    except (InvalidInput, ValueError):
+        return None
+    if result.status == "succeeded" and result.committed_updates >= result.planned_updates:
+        return result, latest
+    return None
 
 
 def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,

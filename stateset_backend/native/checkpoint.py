@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..core.content import sha256_file
-from .layout import MANIFEST, checkpoint_name, complete_checkpoints
+from .layout import MANIFEST, checkpoint_name, complete_checkpoints, manifest_problem
 
 
 class CheckpointError(RuntimeError):
@@ -99,19 +99,10 @@ def save(root: Path, *, model: Any, optimizer: Any, scheduler: Any, generator: t
 
 def verify(directory: Path, experiment_digest: str) -> dict[str, Any]:
     """The manifest of a complete checkpoint of this experiment, or CheckpointError."""
-    manifest_path = directory / MANIFEST
-    if not manifest_path.is_file():
-        raise CheckpointError(f"{directory} is not a complete checkpoint (no {MANIFEST})")
-    manifest = json.loads(manifest_path.read_text())
-    if manifest.get("experiment_digest") != experiment_digest:
-        raise CheckpointError(f"{directory} belongs to experiment "
-                              f"{manifest.get('experiment_digest')}, not {experiment_digest}")
-    for name, digest in manifest["files"].items():
-        path = directory / name
-        if not path.is_file() or sha256_file(path) != digest:
-            raise CheckpointError(f"{directory}/{name} is missing or does not match its "
-                                  "manifest")
-    return dict(manifest)
+    problem = manifest_problem(directory, experiment_digest)
+    if problem is not None:
+        raise CheckpointError(problem)
+    return dict(json.loads((directory / MANIFEST).read_text()))
 
 
 def load(directory: Path, *, experiment_digest: str, model: Any, optimizer: Any,

@@ -29,3 +29,35 @@ def complete_checkpoints(root: Path) -> list[Path]:
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and
                   p.name.startswith(CHECKPOINT_PREFIX) and (p / MANIFEST).is_file())
+
+
+def manifest_problem(directory: Path, experiment_digest: str) -> str | None:
+    """What is wrong with a checkpoint, checked against its manifest without loading it (so
+    the CLI can refuse a resume without importing torch), or None when it is whole."""
+    import hashlib
+    import json
+
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        return f"{manifest_path}: missing (the checkpoint is incomplete)"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if not isinstance(files, dict) or not files:
+            raise ValueError("no files listed")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"{manifest_path}: unreadable ({type(exc).__name__}: {exc})"
+    if manifest.get("experiment_digest") != experiment_digest:
+        return (f"{manifest_path}: belongs to experiment {manifest.get('experiment_digest')}, "
+                f"not {experiment_digest}")
+    for name, digest in sorted(files.items()):
+        path = directory / name
+        if path.is_symlink() or not path.is_file():
+            return f"{path}: missing"
+        h = hashlib.sha256()
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        if h.hexdigest() != digest:
+            return f"{path}: its content does not match the manifest (damaged or truncated)"
+    return None
