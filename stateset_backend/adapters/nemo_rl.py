@@ -33,7 +33,7 @@ from ..core.adapter import (
 from ..core.contracts import Dialect
 from ..core.errors import InvalidInput
 from ..core.hub import pinned_model_path
-from ..core.inputs import REWARD_SHIM_FILE, local_path, reward_shim
+from ..core.inputs import REWARD_SHIM_FILE, Uncountable, local_path, reward_shim, split_rows
 from ..core.rules import (
     Hardcoded,
     Outcome,
@@ -597,14 +597,9 @@ def _validation_temperature(value: Any, spec: ExperimentSpec) -> Outcome:
 
 def _row_count(uri: str, base_dir: Path) -> int:
     """Rows of a local split (NeMo RL sizes the validation batch by it)."""
-    path = local_path(uri, base_dir)
-    if path is None:
-        raise InvalidInput(f"{uri}: the NeMo RL launch converts local split files only")
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise InvalidInput(f"{path}: counting a parquet split's rows for NeMo RL needs "
-                               "pyarrow") from None
-        return int(pq.ParquetFile(path).metadata.num_rows)
-    return len(launcher.read_rows(str(path)))
+    try:
+        return split_rows(uri, base_dir)
+    except Uncountable as exc:
+        raise InvalidInput(f"the NeMo RL launch sizes validation by the split's rows: {exc}") \
+            from None
+

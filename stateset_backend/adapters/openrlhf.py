@@ -10,6 +10,7 @@ launch (the contract records those defaults; the core refuses a launch that leav
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,9 @@ from ..core.adapter import (
     stage_checkpoint,
 )
 from ..core.contracts import Dialect
-from ..core.errors import Unsupported
+from ..core.errors import InvalidInput, Unsupported
 from ..core.hub import pinned_model_path
-from ..core.inputs import REWARD_SHIM_FILE, local_path, reward_shim
+from ..core.inputs import REWARD_SHIM_FILE, Uncountable, local_path, reward_shim, split_rows
 from ..core.jsonio import atomic_write_bytes
 from ..core.rules import (
     Hardcoded,
@@ -144,18 +145,32 @@ class OpenRLHFKeys(DialectKeys):
 
 
 def render_flags(native: dict[str, Any]) -> list[str]:
-    """argparse argv: True -> bare flag, False/None -> omitted, lists -> several values."""
+    """argparse argv: True -> bare flag, False/None -> omitted, a scalar -> ``--flag=value``
+    (so a value that starts with ``--`` stays a value), lists -> several values.
+
+    A key that is not a ``--flag`` would become a positional argument, and a list item that
+    starts with ``-`` (other than a number) would be read as an option: both are refused."""
     argv: list[str] = []
     for flag, value in sorted(native.items()):
+        if not flag.startswith("--") or "=" in flag or len(flag) < 3:
+            raise InvalidInput(f"{flag!r}: OpenRLHF options are --flags (without '=')")
         if value is False or value is None:
             continue
         if value is True:
             argv.append(flag)
         elif isinstance(value, list | tuple):
-            argv += [flag, *(str(v) for v in value)]
+            items = [str(v) for v in value]
+            for item in items:
+                if item.startswith("-") and not _NUMBER.match(item):
+                    raise InvalidInput(f"{flag}: list value {item!r} would be read as an "
+                                       "option")
+            argv += [flag, *items]
         else:
-            argv += [flag, str(value)]
+            argv.append(f"{flag}={value}")
     return argv
+
+
+_NUMBER = re.compile(r"^-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 
 
 # -- what the spec's objective becomes ------------------------------------------------------
@@ -197,31 +212,13 @@ def warmup_ratio(warmup_updates: int, spec: ExperimentSpec) -> float:
 
 
 def train_rows(spec: ExperimentSpec, base_dir: str | None) -> int:
-    """Rows of the local train split (jsonl: non-empty lines; parquet: from its metadata).
-
-    OpenRLHF has no step limit, so the number of updates follows from the split's size."""
-    uri = spec.data.train.uri
-    path = local_path(uri, Path(base_dir or "."))
-    why = None
-    if path is None:
-        why = "it is not a local file"
-    elif path.suffix not in (".jsonl", ".parquet"):
-        why = "only .jsonl and .parquet splits are counted"
-    elif not path.is_file():
-        why = "no such file"
-    if why is None and path is not None:
-        try:
-            if path.suffix == ".parquet":
-                import pyarrow.parquet as pq
-
-                return int(pq.ParquetFile(path).metadata.num_rows)
-            with path.open("rb") as lines:
-                return sum(1 for line in lines if line.strip())
-        except (OSError, ImportError, ValueError) as exc:
-            why = f"it cannot be read ({exc})"
-    raise Unsupported(f"OpenRLHF has no step limit, so the launch sizes its passes over "
-                      f"data.train from the split's row count, and {uri} cannot be counted: "
-                      f"{why}")
+    """OpenRLHF has no step limit, so the number of updates follows from the split's size."""
+    try:
+        return split_rows(spec.data.train.uri, Path(base_dir or "."))
+    except Uncountable as exc:
+        raise Unsupported(f"OpenRLHF has no step limit, so the launch sizes its passes over "
+                          f"data.train from the split's row count, which cannot be counted: "
+                          f"{exc}") from None
 
 
 def passes(spec: ExperimentSpec, rows: int) -> tuple[int, int]:
@@ -618,7 +615,8 @@ class OpenRLHFAdapter(EngineAdapter):
             if (root / role / tag).is_dir():
                 stage_checkpoint(root / role / tag, attempt_dir / CHECKPOINTS / role / tag)
                 atomic_write_bytes(attempt_dir / CHECKPOINTS / role / "latest", tag.encode())
-        load_flag = "--load_checkpoint" if "--ckpt_path" in argv else "--ckpt.load_enable"
+        flat = any(a == "--ckpt_path" or a.startswith("--ckpt_path=") for a in argv)
+        load_flag = "--load_checkpoint" if flat else "--ckpt.load_enable"
         return [*argv, load_flag]
 
 

@@ -21,6 +21,7 @@ from .capabilities import required_capabilities
 from .contracts import Dialect, check, parse_version
 from .digest import binding_digest, experiment_digest, plan_checksum
 from .errors import InvalidInput, Unsupported
+from .inputs import check_budget_fits
 from .jsonio import atomic_write_json, read_json
 from .registry import AdapterEntry
 from .rules import option_conflict, translate
@@ -94,6 +95,7 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     contract = adapter.contract
     required = required_capabilities(spec)
     check(contract, engine_version, required).raise_if_missing()
+    check_budget_fits(spec, (base_dir or Path.cwd()).resolve())
     dialect = contract.dialect(parse_version(engine_version))
     with entry.guard("translating the spec"):
         translation = translate(spec, adapter.rules(dialect), dialect, adapter.name,
