@@ -174,3 +174,17 @@ def test_token_counts_are_not_credentials(minimal):
     minimal["algorithm"] = {"objective": "dapo", "overlong": {"buffer_tokens": 8}}
     minimal["data"]["max_response_tokens"] = 64
     parse_spec(minimal)
+
+
+@pytest.mark.parametrize("placeholder", ["{run_dir}", "{python}", "{engine_home}"])
+def test_user_text_cannot_hold_a_launch_placeholder(capsys, write_json, minimal, placeholder):
+    minimal["name"] = f"exp-{placeholder}"
+    code, _, err = _in_process(capsys, "validate", str(write_json(minimal)))
+    assert code == 2 and f"name: contains {placeholder}" in err
+
+
+def test_the_refused_placeholders_are_the_launch_placeholders():
+    from stateset_backend.core.adapter import ENGINE_HOME, PYTHON, RUN_DIR
+    from stateset_backend.core.specfile import PLACEHOLDERS
+
+    assert set(PLACEHOLDERS) == {RUN_DIR, PYTHON, ENGINE_HOME}

@@ -26,6 +26,8 @@ from .errors import AdapterBug, InvalidInput
 from .rules import RuleSet, Translation
 from .spec import ExperimentSpec
 
+# Placeholders filled in when a plan runs; spec validation refuses user text holding one
+# (core.specfile.PLACEHOLDERS), so the substitution never touches user text.
 RUN_DIR = "{run_dir}"
 PYTHON = "{python}"
 ENGINE_HOME = "{engine_home}"  # an engine run from a source checkout (--engine-home)

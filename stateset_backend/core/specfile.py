@@ -53,6 +53,9 @@ def format_errors(exc: ValidationError, model: type[BaseModel] = ExperimentSpec)
     return lines
 
 
+# Launch placeholders (core.adapter): filled in when a plan runs. User text must never hold one,
+# or the substitution would rewrite it.
+PLACEHOLDERS = ("{run_dir}", "{python}", "{engine_home}")
 SAFE_INTEGER = 2**53 - 1  # RFC 8785 (I-JSON): larger integers have no exact canonical form
 MAX_DEPTH = 32
 _UNCARRIABLE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
@@ -73,8 +76,12 @@ def carriable_problems(doc: Any, path: str = "", depth: int = 0) -> list[str]:
                 "exactly"] if abs(doc) > SAFE_INTEGER else []
     if isinstance(doc, str):
         bad = _UNCARRIABLE.search(doc)
-        return [f"{where}: contains the character U+{ord(bad.group()):04X}, which no engine "
-                "can carry"] if bad else []
+        if bad:
+            return [f"{where}: contains the character U+{ord(bad.group()):04X}, which no "
+                    "engine can carry"]
+        placeholder = next((p for p in PLACEHOLDERS if p in doc), None)
+        return [f"{where}: contains {placeholder}, which launches reserve for the paths they "
+                "fill in"] if placeholder else []
     problems: list[str] = []
     if isinstance(doc, dict):
         for key, value in doc.items():
