@@ -188,3 +188,10 @@ def test_the_refused_placeholders_are_the_launch_placeholders():
     from stateset_backend.core.specfile import PLACEHOLDERS
 
     assert set(PLACEHOLDERS) == {RUN_DIR, PYTHON, ENGINE_HOME}
+
+
+def test_an_unknown_builtin_model_is_invalid_at_plan_time(capsys, write_json, minimal):
+    minimal["model"] = {"path": "builtin:nope"}
+    minimal["data"]["chat_template"] = False
+    code, _, err = _in_process(capsys, "plan", "--engine", "native", str(write_json(minimal)))
+    assert code == 2 and "model.path: no built-in model 'nope'" in err, err

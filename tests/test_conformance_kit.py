@@ -51,7 +51,7 @@ class TestOpenRLHFConformance(AdapterConformance):
 
     @pytest.fixture
     def engine_versions(self):
-        return ["0.9.8", "0.10.2", "0.11.2"]
+        return ["0.9.8", "0.10.1", "0.10.2", "0.11.1", "0.11.2"]
 
 
 class TestNemoRLConformance(AdapterConformance):

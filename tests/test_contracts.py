@@ -57,10 +57,12 @@ def test_a_dialect_extends_another_with_its_differences():
     from packaging.version import Version
 
     contract = parse_contract(_contract_doc("openrlhf"), source="openrlhf")
-    full, without = (contract.dialect(Version(v)).keys for v in ("0.11.2", "0.10.2"))
-    assert full["loss_agg_mode"] == "--actor.loss_agg_mode" and without["loss_agg_mode"] == ""
-    assert {k: v for k, v in without.items() if k != "loss_agg_mode"} == \
-        {k: v for k, v in full.items() if k != "loss_agg_mode"}
+    base, extended = (contract.dialect(Version(v)) for v in ("0.9.8", "0.10.1"))
+    assert extended.keys["best_metric_key"] == "--best_metric_key"
+    assert base.keys.get("best_metric_key") is None
+    assert {k: v for k, v in extended.keys.items() if k != "best_metric_key"} == \
+        {k: v for k, v in base.keys.items() if k != "best_metric_key"}
+    assert set(base.defaults) < set(extended.defaults)  # defaults are merged too
 
 
 def test_extending_an_unknown_dialect_is_refused():

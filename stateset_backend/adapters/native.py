@@ -22,6 +22,7 @@ from ..core.adapter import (
     NativeLaunch,
 )
 from ..core.contracts import Dialect
+from ..core.errors import InvalidInput
 from ..core.modeltree import all_leaf_paths, leaves
 from ..core.rules import (
     CORE_HANDLED,
@@ -36,7 +37,7 @@ from ..core.rules import (
 )
 from ..core.spec import ExperimentSpec
 from ..native import layout
-from ..native.tiny_model import BUILTIN_PREFIX
+from ..native.tiny_model import BUILTIN_PREFIX, builtin_dir
 
 
 def _chat_template(value: Any, spec: ExperimentSpec) -> Outcome:
@@ -90,6 +91,10 @@ class NativeAdapter(EngineAdapter):
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
+        try:
+            builtin_dir(spec.model.path)
+        except FileNotFoundError as exc:  # found now, not after a launch
+            raise InvalidInput(f"model.path: {exc}") from None
         # The engine speaks the spec's vocabulary: it gets every leaf, the inert ones too, so
         # it can prove the settings hash back to the experiment digest it carries.
         settings = {**{path: value for path, value in leaves(spec) if path not in CORE_HANDLED},

@@ -33,7 +33,11 @@ ENGINES = {"verl": (VerlAdapter, "0.9.1"), "openrlhf": (OpenRLHFAdapter, "0.11.2
 def _shim(engine: str, tmp_path: Path) -> tuple[Path, Path]:
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD)
-    (tmp_path / "train.parquet").write_bytes(b"rows")  # never read at plan time
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": [f"p{i}" for i in range(8)],
+                             "answer": ["a"] * 8}), tmp_path / "train.parquet")
     doc = variant({
         "name": "shim", "seed": 1,
         "algorithm": {"objective": "grpo", "group_size": 4},
