@@ -185,27 +185,33 @@ def _outcome_text(row: dict[str, Any]) -> str:
     return f"{state.replace('_', ' ')}: {row.get('reason', '')}".rstrip(": ")
 
 
-_CELL = {"same": "same", "pinned": "pinned", "declared": "DECLARED", "refused": "REFUSED",
+_CELL = {"same": "same", "pinned": "pinned", "declared": "DECL", "refused": "REFUSED",
          "inert": "-", "not_applicable": "-"}
 
 
 def _effective_table(table: dict[str, Any], differs: bool) -> None:
-    """At most 80 columns: a short state per engine; the values and reasons of declared and
-    refused cells go in numbered notes under the table."""
+    """At most 80 columns: one short state per engine, settings grouped under their section
+    with the spec's value beside them; the values and reasons of declared and refused cells
+    go in numbered notes under the table."""
     from rich import box
     from rich.table import Table
 
     engines = [e["engine"] for e in table["engines"]]
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=", ".join(
+    width = max(7, *(len(name) for name in engines))
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title=", ".join(
         f"{e['engine']} {e['engine_version']}" for e in table["engines"]))
-    t.add_column("setting", overflow="fold", max_width=30)
-    t.add_column("spec", overflow="fold", max_width=12)
+    t.add_column("setting = spec value", overflow="fold", ratio=1)
     for name in engines:
-        t.add_column(name, overflow="fold", max_width=9)
+        t.add_column(name, overflow="fold", min_width=width, max_width=width, no_wrap=True)
     notes: list[str] = []
+    section = None
     for row in table["rows"]:
         if differs and row["same_everywhere"]:
             continue
+        head, _, rest = row["field"].partition(".")
+        if rest and head != section:
+            t.add_row(f"[bold]{head}[/]", *([""] * len(engines)))
+        section = head if rest else None
         cells = []
         for name in engines:
             cell = row["cells"][name]
@@ -214,13 +220,14 @@ def _effective_table(table: dict[str, Any], differs: bool) -> None:
                 notes.append(f"{row['field']} on {name}: " + (
                     f"{json.dumps(cell['effective'])} ({cell['reason']})"
                     if cell["state"] == "declared" else cell["reason"]))
-                text += f" [{len(notes)}]"
+                text = f"{text[:width - 4]} {len(notes)}"
             cells.append(text)
-        t.add_row(row["field"], json.dumps(row["value"]), *cells)
+        label = f"  {rest}" if rest else head
+        t.add_row(f"{label} = {json.dumps(row['value'])}", *cells)
     console = _console()
     console.print(t)
     for i, note in enumerate(notes, 1):
-        console.print(f"[{i}] {note}", markup=False)
+        console.print(f"{i}. {note}", markup=False)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ def echo_spec(write_json, minimal, tmp_path):
 
     (tmp_path / "data").mkdir(exist_ok=True)
     train = tmp_path / "data" / "train.jsonl"
-    train.write_text('{"prompt": "p", "answer": "a"}\n')
+    train.write_text('{"prompt": "p", "answer": "a"}\n' * 2)  # one update's prompts
     reward = tmp_path / "reward.py"
     reward.write_text("def score(prompt, response, answer):\n    return 1.0\n")
     minimal["data"]["train"]["sha256"] = sha256_file(train)

@@ -50,9 +50,11 @@ FULL_DAPO: dict[str, Any] = {
         "max_prompt_tokens": 256, "max_response_tokens": 128, "chat_template": True,
         "prompt_overflow": "drop", "shuffle": True,
     },
-    "reward": {"kind": "python", "entrypoint": "reward.py:score", "sha256": SHA_B},
+    "reward": {"kind": "environment"},
     "environment": {"kind": "multi_turn", "entrypoint": "env.py:Env", "sha256": "d" * 64,
-                    "max_turns": 3},
+                    "max_turns": 3, "max_turn_tokens": 64, "max_total_tokens": 512,
+                    "reward_placement": "per_turn", "turn_discount": 0.9,
+                    "step_timeout_s": 10.0, "max_failed_share": 0.1},
     "rollout": {"backend": "vllm", "temperature": 0.9, "top_p": 0.95, "top_k": 50},
     "optim": {"kind": "adamw", "lr": 2e-6, "betas": [0.9, 0.95], "eps": 1e-8,
               "weight_decay": 0.1, "grad_clip": 0.5, "schedule": "cosine", "warmup_steps": 5,
@@ -70,6 +72,9 @@ FULL_PPO: dict[str, Any] = copy.deepcopy(FULL_DAPO)
 FULL_PPO["algorithm"].update({"objective": "ppo", "group_size": 1, "dynamic_sampling": None,
                               "gae": {"gamma": 0.99, "lam": 0.9}})
 FULL_PPO["algorithm"]["advantage"]["zero_variance_groups"] = "keep"
+# PPO scores single responses with a reward function, so the two together cover every leaf.
+FULL_PPO["reward"] = {"kind": "python", "entrypoint": "reward.py:score", "sha256": SHA_B}
+FULL_PPO["environment"] = {"kind": "single_turn"}
 
 SAMPLES: dict[str, dict[str, Any]] = {"minimal": MINIMAL, "full_dapo": FULL_DAPO,
                                       "full_ppo": FULL_PPO}

@@ -28,15 +28,16 @@ class EngineColumn:
 
 
 def cell_state(row: FieldRow, dialect: Dialect) -> str:
-    """``same`` when every key the launch sets already defaults to the value it is set to."""
+    """``pinned`` when the launch moves at least one engine key away from the default the
+    dialect records for it; ``same`` when none of the keys it sets has a recorded default
+    that differs (an engine that takes the spec's own vocabulary, like the native one, has no
+    defaults of its own to differ from)."""
     if row.state != "pinned":
         return row.state
-    if not row.native:
-        return "same"  # carried without a key, or hard-coded by the engine to the spec's value
     defaults = {key.lstrip("+"): value for key, value in dialect.defaults.items()}
     for key, value in row.native.items():
         bare = key.lstrip("+")
-        if bare not in defaults or defaults[bare] != value:
+        if bare in defaults and defaults[bare] != value:
             return "pinned"
     return "same"
 

@@ -98,6 +98,8 @@ score = getattr(_module, _FUNCTION)
 
 def reward_function(spec: ExperimentSpec, base_dir: str | None) -> tuple[str, str]:
     """(absolute file path, function name) of a python reward, for engines that import it."""
+    if spec.reward.entrypoint is None:
+        raise InvalidInput("reward.entrypoint: this launch imports a python reward function")
     file_part, _, function = spec.reward.entrypoint.rpartition(":")
     path = Path(file_part)
     return str(path if path.is_absolute() else Path(base_dir or ".") / path), function
@@ -122,11 +124,15 @@ def pinned_files(spec: ExperimentSpec, base_dir: Path) -> list[tuple[str, Path, 
         local = local_path(split.uri, base_dir) if split is not None else None
         if split is not None and local is not None:
             pins.append((f"data.{name}", local, split.sha256))
-    reward = spec.reward
-    if reward.kind == "python" and reward.sha256 is not None:
+    reward, environment = spec.reward, spec.environment
+    if reward.kind == "python" and reward.entrypoint and reward.sha256 is not None:
         local = local_path(reward.entrypoint.rpartition(":")[0], base_dir)
         if local is not None:
             pins.append(("reward", local, reward.sha256))
+    if environment.entrypoint and environment.sha256 is not None:
+        local = local_path(environment.entrypoint.rpartition(":")[0], base_dir)
+        if local is not None:
+            pins.append(("environment", local, environment.sha256))
     return pins
 
 

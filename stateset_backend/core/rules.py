@@ -160,9 +160,14 @@ def inert_reason(spec: ExperimentSpec, path: str) -> str | None:
         return "advantages are not divided by a std (std_normalize is false)"
     if path == "evaluation.select_by" and spec.evaluation.select_by is None:
         return "no checkpoint is selected by a metric"
-    if path in ("environment.entrypoint", "environment.sha256") and \
+    if path.startswith("environment.") and path not in ("environment.kind",
+                                                        "environment.max_turns") and \
             spec.environment.kind == "single_turn":
         return "single-turn: the reward function is the environment"
+    if path in ("reward.entrypoint", "reward.sha256") and spec.reward.kind == "environment":
+        return "the environment gives the rewards"
+    if path == "environment.turn_discount" and spec.environment.reward_placement == "final":
+        return "only the final reward counts (reward_placement final)"
     return None
 
 

@@ -33,7 +33,7 @@ StdKind = Literal["unbiased", "population"]
 ZeroVarianceGroups = Literal["keep", "exclude"]
 DType = Literal["float32", "bfloat16", "float16"]
 RolloutBackend = Literal["vllm", "sglang", "hf"]
-RewardKind = Literal["python", "model", "remote"]
+RewardKind = Literal["python", "model", "remote", "environment"]
 EnvironmentKind = Literal["single_turn", "multi_turn", "tool_use"]
 AdvantageScope = Literal["group", "batch"]
 ParamDType = Literal["float32", "bfloat16"]
@@ -42,6 +42,7 @@ Schedule = Literal["constant", "cosine", "linear"]
 PromptOverflow = Literal["drop", "truncate_left", "truncate_right", "error"]
 PartialBatch = Literal["drop"]
 Equivalence = Literal["declared", "strict"]
+RewardPlacement = Literal["final", "per_turn"]
 
 OBJECTIVES: tuple[str, ...] = Objective.__args__  # type: ignore[attr-defined]
 GROUP_OBJECTIVES = frozenset({"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"})
@@ -274,13 +275,22 @@ _ENTRYPOINT = re.compile(r"^[^:]+\.py:[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class Reward(_Section):
-    kind: RewardKind = "python"
-    entrypoint: str = Field(min_length=1, description="python: 'file.py:function'; model: "
-                                                      "model path; remote: URL")
+    kind: RewardKind = Field("python", description="python: a function scores each response; "
+                             "environment: the conversation's environment returns the rewards "
+                             "(multi_turn and tool_use)")
+    entrypoint: str | None = Field(None, description="python: 'file.py:function'; model: model "
+                                                     "path; remote: URL; environment: null")
     sha256: Sha256Hex | None = Field(None, description="content of the reward file or model")
 
     @model_validator(mode="after")
     def _entrypoint_shape(self) -> Reward:
+        if self.kind == "environment":
+            if self.entrypoint is not None or self.sha256 is not None:
+                raise ValueError("an environment reward comes from environment.entrypoint: "
+                                 "leave reward.entrypoint and reward.sha256 null")
+            return self
+        if not self.entrypoint:
+            raise ValueError(f"a {self.kind} reward needs an entrypoint")
         if self.kind == "python":
             if not _ENTRYPOINT.match(self.entrypoint):
                 raise ValueError("a python reward entrypoint is 'file.py:function'")
@@ -290,18 +300,53 @@ class Reward(_Section):
         return self
 
 
+_CLASS_ENTRYPOINT = re.compile(r"^[^:]+\.py:[A-Za-z_][A-Za-z0-9_]*$")
+
+
 class Environment(_Section):
+    """Who the policy talks to. single_turn: one response per prompt, scored by the reward
+    function. multi_turn / tool_use: a conversation with an environment class
+    (docs/environments.md) that answers each assistant turn with observation messages, a
+    reward and whether the conversation is done; tool_use adds tools with JSON schemas."""
+
     kind: EnvironmentKind = "single_turn"
-    entrypoint: str | None = None
-    sha256: Sha256Hex | None = None
-    max_turns: PositiveInt = 1
+    entrypoint: str | None = Field(None, description="'file.py:Class', the environment class")
+    sha256: Sha256Hex | None = Field(None, description="content of the environment file")
+    max_turns: PositiveInt = Field(1, description="assistant turns per conversation")
+    max_turn_tokens: PositiveInt | None = Field(
+        None, description="tokens per assistant turn; null = data.max_response_tokens")
+    max_total_tokens: PositiveInt | None = Field(
+        None, description="tokens of the whole conversation (prompt, environment and "
+                          "assistant); the conversation ends when the next turn cannot fit; "
+                          "null = max_prompt_tokens + max_turns * the turn limit")
+    reward_placement: RewardPlacement = Field(
+        "final", description="final: the last step's reward is the conversation's reward; "
+                             "per_turn: each assistant turn learns from its discounted "
+                             "reward-to-go")
+    turn_discount: Probability = Field(1.0, description="per_turn: gamma in sum_k gamma^(k-t) "
+                                                        "r_k")
+    step_timeout_s: float = Field(30.0, gt=0.0, description="an environment step that takes "
+                                                            "longer ends its conversation "
+                                                            "with a recorded error")
+    max_failed_share: Probability = Field(
+        0.0, description="share of an update's conversations whose environment raised, timed "
+                         "out or answered malformed output above which the update is refused; "
+                         "failed conversations never get an invented reward")
 
     @model_validator(mode="after")
     def _turns(self) -> Environment:
-        if self.kind == "single_turn" and self.max_turns != 1:
-            raise ValueError("single_turn environments have max_turns 1")
-        if self.kind != "single_turn" and self.entrypoint is None:
-            raise ValueError(f"a {self.kind} environment needs an entrypoint")
+        if self.kind == "single_turn":
+            if self.max_turns != 1:
+                raise ValueError("single_turn environments have max_turns 1")
+            if self.entrypoint is not None or self.sha256 is not None:
+                raise ValueError("a single_turn environment has no entrypoint: the reward "
+                                 "function is the environment")
+            return self
+        if self.entrypoint is None or not _CLASS_ENTRYPOINT.match(self.entrypoint):
+            raise ValueError(f"a {self.kind} environment needs an entrypoint 'file.py:Class'")
+        if self.sha256 is None:
+            raise ValueError(f"a {self.kind} environment needs sha256 of its file: the "
+                             "environment is part of the experiment")
         return self
 
 
@@ -402,6 +447,11 @@ class ExperimentSpec(_Section):
                              "data.max_response_tokens")
         if self.evaluation.every is not None and self.data.validation is None:
             raise ValueError("evaluation.every needs data.validation")
+        conversation = self.environment.kind != "single_turn"
+        if conversation != (self.reward.kind == "environment"):
+            raise ValueError("multi_turn and tool_use environments give the reward "
+                             "(reward.kind 'environment'); a single_turn spec needs a reward "
+                             "function")
         if self.budget.mini_batches > self.budget.prompts_per_update:
             raise ValueError("budget.mini_batches cannot exceed budget.prompts_per_update")
         return self

@@ -23,6 +23,8 @@ class RewardError(ValueError):
 
 
 def load_reward(reward: Reward, base_dir: Path) -> RewardFn:
+    if reward.entrypoint is None:
+        raise RewardError("the spec has no reward function (reward.kind environment)")
     file_part, _, func_name = reward.entrypoint.rpartition(":")
     path = resolve(file_part, base_dir)
     if not path.is_file():

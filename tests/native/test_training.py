@@ -119,7 +119,7 @@ def test_resume_refuses_a_corrupted_checkpoint(tiny, make_trainer):
         fh.seek(100)
         fh.write(b"\x00\x01")
     again = make_trainer(tiny(), "again")
-    with pytest.raises(checkpoint.CheckpointError, match="does not match its manifest"):
+    with pytest.raises(checkpoint.CheckpointError, match="does not match the manifest"):
         again.resume(ckpt)
 
 
