@@ -372,7 +372,8 @@ def _kl_rules(k: NemoRLKeys, label: str) -> dict[str, Rule]:
 
     def placement(value: Any, spec: ExperimentSpec) -> Outcome:
         if value == "loss":
-            return Pinned(dict(in_reward))
+            return Pinned(dict(in_reward), "" if in_reward else
+                          f"{label} adds the KL only to the loss")
         if not k.kl_reward or not k.kl_in_reward:
             return Refused(f"{label} puts KL into the reward only in ways that differ from "
                            "the spec (none before 0.6; 0.6 also keeps it in the loss)")
@@ -421,7 +422,7 @@ def _advantage_rules() -> dict[str, Rule]:
             return Refused("NeMo RL whitens over the batch only with REINFORCE++")
         if objective == "rloo" and spec.algorithm.advantage.std_normalize:
             return Hardcoded("leave-one-out std", "rloo_leave_one_out_std")
-        return Pinned({})
+        return Pinned({}, "NeMo RL's GRPO estimator normalises within each group")
 
     def normalize(value: Any, spec: ExperimentSpec) -> Outcome:
         if spec.algorithm.objective == "reinforce_pp" and not value:
@@ -482,7 +483,9 @@ def _split(name: str, k: NemoRLKeys) -> Rule:
 
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
         if value is None:  # no validation split
-            return Pinned({} if k.custom_data == "flat" else {"data.validation": None})
+            if k.custom_data == "flat":
+                return Pinned({}, "no val_data_path: NeMo RL validates nothing")
+            return Pinned({"data.validation": None})
         split = getattr(spec.data, name)
         if "://" in split.uri and not split.uri.startswith("file://"):
             return Refused("the NeMo RL launch converts local split files only")

@@ -233,6 +233,9 @@ def explain_rows(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect,
 def _resolve(path: str, value: Any, outcome: Outcome, spec: ExperimentSpec, dialect: Dialect,
              engine: str) -> FieldRow:
     if isinstance(outcome, Pinned):
+        if not outcome.native and not outcome.how:
+            raise AdapterBug(f"the {engine} adapter pins {path} with no native key and no "
+                             "stated carrier: say how the launch honours it")
         return FieldRow(path, value, "pinned", value, dict(outcome.native), outcome.how)
     if isinstance(outcome, Refused):
         return FieldRow(path, value, "refused", reason=outcome.reason)

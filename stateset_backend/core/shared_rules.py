@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .hub import revision_outcome
-from .rules import Outcome, Pinned, Refused, Rule, carried, na, only
+from .rules import Outcome, Pinned, Refused, Rule, carried, na, only, refuse
 from .spec import ExperimentSpec
 
 VERIFIED = "checked against the file's sha256 by stateset-backend before launch"
@@ -30,6 +30,8 @@ def external_rules(engine: str) -> dict[str, Rule]:
                             f"{engine}", carried("a python reward, through the generated "
                                                  "reward shim")),
         "reward.sha256": carried(VERIFIED + ", and again by the reward shim where it scores"),
+        "environment": refuse(f"conversations with an environment are not translated for "
+                              f"{engine}"),
         "environment.kind": only(lambda v: v == "single_turn", "multi-turn environments are "
                                  f"not translated for {engine}", carried("single-turn rollout")),
         "environment.max_turns": carried("single-turn: one response per prompt"),
