@@ -5,20 +5,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stateset_backend.core.adapter import (
+from stateset_backend.plugin import (
+    CORE_HANDLED,
     PYTHON,
     RUN_DIR,
     Artifact,
     Collected,
+    Dialect,
     EngineAdapter,
+    ExperimentSpec,
     LaunchContext,
     NativeLaunch,
+    RuleSet,
+    Translation,
+    all_leaf_paths,
+    hookimpl,
+    na,
+    to,
 )
-from stateset_backend.core.contracts import Dialect
-from stateset_backend.core.hookspecs import hookimpl
-from stateset_backend.core.modeltree import all_leaf_paths
-from stateset_backend.core.rules import CORE_HANDLED, RuleSet, Translation, na, to
-from stateset_backend.core.spec import ExperimentSpec
 
 
 class EchoAdapter(EngineAdapter):

@@ -1,0 +1,143 @@
+"""The public API for engine plugins: everything an adapter needs, from one module.
+
+A plugin (ours included) imports only from here, so the internal layout can change without
+breaking third-party engines. Declaring an adapter:
+
+    from stateset_backend.plugin import EngineAdapter, hookimpl, to, ...
+
+    class MyAdapter(EngineAdapter):
+        name = "my-engine"
+        contract_package = "my_engine_plugin"   # where contract.json ships
+        contract_file = "contract.json"
+        def rules(self, dialect): ...           # every spec leaf: pinned, refused or declared
+        def render(self, translation, spec, ctx): ...
+        def collect(self, attempt_dir, ctx): ...
+
+    @hookimpl
+    def register_adapters(register):
+        register(MyAdapter())
+
+See docs/plugins.md.
+"""
+
+from __future__ import annotations
+
+from .core.adapter import (
+    ENGINE_HOME,
+    PYTHON,
+    RUN_DIR,
+    Artifact,
+    Checkpoint,
+    Collected,
+    DialectKeys,
+    EngineAdapter,
+    LaunchContext,
+    NativeLaunch,
+    distribution_version,
+    stage_checkpoint,
+)
+from .core.contracts import Contract, Deviation, Dialect
+from .core.errors import AdapterBug, InvalidInput, StatesetError, Unsupported
+from .core.hookspecs import hookimpl
+from .core.hub import pinned_model_path, revision_outcome
+from .core.inputs import (
+    REWARD_SHIM_FILE,
+    Uncountable,
+    local_path,
+    reward_function,
+    reward_shim,
+    split_rows,
+)
+from .core.jsonio import atomic_write_bytes, atomic_write_json
+from .core.modeltree import all_leaf_paths, leaves
+from .core.rules import (
+    CORE_HANDLED,
+    Hardcoded,
+    NotApplicable,
+    Outcome,
+    Pinned,
+    Refused,
+    Rule,
+    RuleSet,
+    Translation,
+    carried,
+    hardcoded,
+    na,
+    only,
+    refuse,
+    to,
+    when_set,
+    with_owned_keys,
+)
+from .core.shared_rules import (
+    VERIFIED,
+    disabled_when_none,
+    even_split,
+    external_rules,
+    refuse_selection,
+    zero_variance_rule,
+)
+from .core.spec import ExperimentSpec
+from .core.tensorboard import canonical_rows, read_hparams, read_scalars
+
+__all__ = [
+    "CORE_HANDLED",
+    "ENGINE_HOME",
+    "PYTHON",
+    "REWARD_SHIM_FILE",
+    "RUN_DIR",
+    "VERIFIED",
+    "AdapterBug",
+    "Artifact",
+    "Checkpoint",
+    "Collected",
+    "Contract",
+    "Deviation",
+    "Dialect",
+    "DialectKeys",
+    "EngineAdapter",
+    "ExperimentSpec",
+    "Hardcoded",
+    "InvalidInput",
+    "LaunchContext",
+    "NativeLaunch",
+    "NotApplicable",
+    "Outcome",
+    "Pinned",
+    "Refused",
+    "Rule",
+    "RuleSet",
+    "StatesetError",
+    "Translation",
+    "Uncountable",
+    "Unsupported",
+    "all_leaf_paths",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "canonical_rows",
+    "carried",
+    "disabled_when_none",
+    "distribution_version",
+    "even_split",
+    "external_rules",
+    "hardcoded",
+    "hookimpl",
+    "leaves",
+    "local_path",
+    "na",
+    "only",
+    "pinned_model_path",
+    "read_hparams",
+    "read_scalars",
+    "refuse",
+    "refuse_selection",
+    "revision_outcome",
+    "reward_function",
+    "reward_shim",
+    "split_rows",
+    "stage_checkpoint",
+    "to",
+    "when_set",
+    "with_owned_keys",
+    "zero_variance_rule",
+]
