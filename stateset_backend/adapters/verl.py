@@ -2,15 +2,17 @@
 
 verl accepts several values it never checks (an unknown ``adv_estimator``, ``loss_mode``,
 rollout name, logger, ``resume_mode`` or ``kl_loss_type`` is carried along until something
-fails far into a run, or never), so every value written here comes from a closed mapping,
-and anything verl cannot honour is rejected before launch with the reason.
+fails far into a run, or never), so every value written here comes from a closed mapping.
+Every key a release reads that changes the math or the budget is recorded with its default in
+the dialect and written by every launch; what a release hard-codes differently is declared
+there, quantified, or refused here with the reason.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..core import overrides
 from ..core.adapter import (
@@ -19,43 +21,54 @@ from ..core.adapter import (
     Artifact,
     Checkpoint,
     Collected,
+    DialectKeys,
     EngineAdapter,
     LaunchContext,
     NativeLaunch,
 )
 from ..core.contracts import Dialect
-from ..core.hub import pinned_model_path, revision_outcome
+from ..core.hub import pinned_model_path
 from ..core.inputs import REWARD_SHIM_FILE, reward_shim
 from ..core.rules import (
-    Mapped,
-    NotApplicable,
+    Hardcoded,
     Outcome,
-    Rejected,
+    Pinned,
+    Refused,
+    Rule,
     RuleSet,
     Translation,
-    na,
+    carried,
+    hardcoded,
     only,
     to,
     with_owned_keys,
-    zero_variance_rule,
 )
+from ..core.shared_rules import even_split, external_rules
 from ..core.spec import ExperimentSpec
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
 MODEL = "actor_rollout_ref.model"
+VAL = f"{ROLLOUT}.val_kwargs"
+FILTER = "algorithm.filter_groups"
 LOG_ROOT = "logs"
 CHECKPOINTS = "checkpoints"
 
 ESTIMATOR = {"grpo": "grpo", "dr_grpo": "grpo", "dapo": "grpo", "gspo": "grpo",
              "cispo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus_baseline",
              "ppo": "gae"}
+GROUP_NORMALISED = frozenset({"grpo", "dr_grpo", "dapo", "gspo", "cispo"})
+WHITENED = frozenset({"reinforce_pp", "ppo"})  # verl whitens these over the batch
 LOSS_MODE = {"gspo": "gspo", "cispo": "cispo"}  # everything else: "vanilla"
 AGGREGATION = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean",
                "seq_mean_token_sum": "seq-mean-token-sum",
                "seq_mean_token_sum_norm": "seq-mean-token-sum-norm"}
 KL_TYPE = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}  # names every release accepts
-VERL_STD_EPSILON = 1e-6
+PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+GRPO_EPSILON = 1e-6  # compute_grpo_outcome_advantage's default; no caller passes another
+K3_CLAMP = 10.0  # kl_penalty_forward clamps low_var_kl to [-10, 10]
+NO_DUAL_CLIP = 1e9  # above exp(20) >= any ratio verl computes: min() never picks -A * c
+ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which verl passes on before 0.6.1
 
 # canonical metric -> verl's metric key (the same in its file and TensorBoard loggers)
 METRICS = {"reward/mean": "critic/score/mean", "loss/policy": "actor/pg_loss",
@@ -64,83 +77,221 @@ METRICS = {"reward/mean": "critic/score/mean", "loss/policy": "actor/pg_loss",
            "response_length/mean": "response_length/mean", "tokens_per_second": "perf/throughput"}
 
 
+class VerlKeys(DialectKeys):
+    reward_function: str  # the custom reward function section
+    reward_manager: str  # the reward manager's name key
+    reward_kwargs: str  # the reward manager's kwargs (with '+': not in the base config)
+    seed: list[str]  # every seed the release reads
+    logger: Literal["file", "tensorboard"]
+    filter_groups: str | None  # dynamic sampling (the V1 trainer only)
+    filter_metric: str | None  # what filter_groups compares within a group
+    grad_clip: list[str]  # the actor keys the release clips with
+    critic_grad_clip: list[str]
+    prompt_truncation: Literal["dataset", "none", "left"]  # what happens to a long prompt
+    token_mean: Literal["global", "micro_batch"]  # what token-mean averages over
+    cosine_warmup_from_floor: bool  # cosine warmup starts at min_lr_ratio (0.4, 0.5)
+    added: list[str]  # keys read with .get() but absent from the config: written with '+'
+    fixed: list[str]  # keys pinned at the recorded default, which is what the spec means
+
+
 def loss_mode(spec: ExperimentSpec) -> str:
     return LOSS_MODE.get(spec.algorithm.objective, "vanilla")
 
 
-# -- rules that need more than one field ---------------------------------------------------
-def _objective(value: Any, spec: ExperimentSpec) -> Outcome:
-    return Mapped({"algorithm.adv_estimator": ESTIMATOR[value],
-                   f"{ACTOR}.policy_loss.loss_mode": loss_mode(spec)})
+class _Keys:
+    """Native key names for one dialect: '+' where the release reads a key it does not
+    declare, and only keys the release has (by its recorded defaults)."""
+
+    def __init__(self, dialect: Dialect, keys: VerlKeys) -> None:
+        self.defaults = dialect.defaults
+        self.added = set(keys.added)
+        self.keys = keys
+
+    def __call__(self, key: str) -> str:
+        return f"+{key}" if key in self.added else key
+
+    def has(self, key: str) -> bool:
+        return key in self.defaults
+
+    def optim(self, suffix: str, value: Any) -> dict[str, Any]:
+        """The same optimizer setting for the actor and (for PPO) the critic, where the
+        release reads it."""
+        return {self(k): value for k in (f"{ACTOR}.optim.{suffix}", f"critic.optim.{suffix}")
+                if self.has(k)}
+
+    def optim_rule(self, suffix: str) -> Rule:
+        def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+            return Pinned(self.optim(suffix, value))
+
+        return rule
+
+
+# -- rules ---------------------------------------------------------------------------------
+def _objective(k: _Keys) -> Rule:
+    fixed = {k(key): k.defaults[key] for key in k.keys.fixed}
+
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        native = {"algorithm.adv_estimator": ESTIMATOR[value],
+                  f"{ACTOR}.policy_loss.loss_mode": loss_mode(spec), **fixed}
+        if value == "ppo":
+            return Hardcoded("ppo with a clipped value loss", "ppo_value_clip",
+                             {**native, "critic.cliprange_value": 0.5})
+        return Pinned(native)
+
+    return rule
 
 
 def _ratio_level(value: Any, spec: ExperimentSpec) -> Outcome:
     if value == "sequence" and spec.algorithm.objective != "gspo":
-        return Rejected("verl computes a sequence-level ratio only in its gspo loss mode")
-    return Mapped({f"{ACTOR}.policy_loss.loss_mode": loss_mode(spec)})
+        return Refused("verl computes a sequence-level ratio only in its gspo loss mode")
+    return Pinned({f"{ACTOR}.policy_loss.loss_mode": loss_mode(spec)})
 
 
-def _kl_off(value: Any, spec: ExperimentSpec) -> Outcome:
-    return Mapped({f"{ACTOR}.use_kl_loss": False, "algorithm.use_kl_in_reward": False})
+def _dual_clip(value: Any, spec: ExperimentSpec) -> Outcome:
+    key = f"{ACTOR}.clip_ratio_c"
+    if spec.algorithm.objective in LOSS_MODE:
+        if value is not None:
+            return Refused(f"verl's {loss_mode(spec)} loss has no dual clip")
+        return Pinned({key: NO_DUAL_CLIP}, f"verl's {loss_mode(spec)} loss has no dual clip")
+    if value is None:
+        return Pinned({key: NO_DUAL_CLIP}, "clip_ratio_c = 1e9: verl clamps the log-ratio to "
+                      "[-20, 20], so every ratio is below exp(20) < 1e9 and the dual clip never "
+                      "binds (verl's default 3.0 would dual-clip)")
+    return Pinned({key: value})
+
+
+def _aggregation(k: _Keys) -> Rule:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        native: dict[str, Any] = {f"{ACTOR}.loss_agg_mode": AGGREGATION[value]}
+        scale = f"{ACTOR}.loss_scale_factor"
+        if value == "seq_mean_token_sum_norm":
+            if not k.has(scale):
+                return Refused("verl before 0.7 divides the token sums by the micro-batch's "
+                               "padded width and not by the number of sequences")
+            native[scale] = spec.data.max_response_tokens
+        elif k.has(scale):
+            native[scale] = None
+        if value == "token_mean" and k.keys.token_mean == "micro_batch":
+            return Hardcoded("micro-batch token means", "micro_batch_token_mean", native)
+        return Pinned(native)
+
+    return rule
+
+
+def _kl_off(k: _Keys) -> Rule:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        return Pinned({f"{ACTOR}.use_kl_loss": False, "algorithm.use_kl_in_reward": False,
+                       f"{ACTOR}.kl_loss_coef": 0.0, f"{ACTOR}.kl_loss_type": "low_var_kl",
+                       "algorithm.kl_ctrl.kl_coef": 0.0, "algorithm.kl_penalty": "kl"},
+                      "no KL: both of verl's KL switches off, their coefficients 0")
+
+    return rule
+
+
+def _in_loss(spec: ExperimentSpec) -> bool:
+    return spec.algorithm.kl is not None and spec.algorithm.kl.placement == "loss"
 
 
 def _kl_coef(value: Any, spec: ExperimentSpec) -> Outcome:
-    assert spec.algorithm.kl is not None
-    key = f"{ACTOR}.kl_loss_coef" if spec.algorithm.kl.placement == "loss" \
-        else "algorithm.kl_ctrl.kl_coef"
-    return Mapped({key: value})
+    key = f"{ACTOR}.kl_loss_coef" if _in_loss(spec) else "algorithm.kl_ctrl.kl_coef"
+    return Pinned({key: value})
 
 
 def _kl_estimator(value: Any, spec: ExperimentSpec) -> Outcome:
-    assert spec.algorithm.kl is not None
-    key = f"{ACTOR}.kl_loss_type" if spec.algorithm.kl.placement == "loss" \
-        else "algorithm.kl_penalty"
-    return Mapped({key: KL_TYPE[value]})
+    key = f"{ACTOR}.kl_loss_type" if _in_loss(spec) else "algorithm.kl_penalty"
+    return Pinned({key: KL_TYPE[value]})
 
 
 def _kl_placement(value: Any, spec: ExperimentSpec) -> Outcome:
-    return Mapped({f"{ACTOR}.use_kl_loss": value == "loss",
-                   "algorithm.use_kl_in_reward": value == "reward"})
+    """The switches, and the unused placement's coefficient at 0 (its estimator at verl's
+    default name), so no KL term is left to a default."""
+    loss = value == "loss"
+    unused = {"algorithm.kl_ctrl.kl_coef": 0.0, "algorithm.kl_penalty": "kl"} if loss else \
+        {f"{ACTOR}.kl_loss_coef": 0.0, f"{ACTOR}.kl_loss_type": "low_var_kl"}
+    return Pinned({f"{ACTOR}.use_kl_loss": loss, "algorithm.use_kl_in_reward": not loss,
+                   **unused})
+
+
+def _kl_clamp(value: Any, spec: ExperimentSpec) -> Outcome:
+    assert spec.algorithm.kl is not None
+    if spec.algorithm.kl.estimator == "k3":
+        return Hardcoded(K3_CLAMP, "k3_clamp")
+    if value is not None:
+        return Refused(f"verl does not clamp the {spec.algorithm.kl.estimator} estimate")
+    return Pinned({}, f"verl does not clamp the {spec.algorithm.kl.estimator} estimate")
 
 
 def _std_normalize(value: Any, spec: ExperimentSpec) -> Outcome:
     objective = spec.algorithm.objective
-    if objective == "rloo":
-        return NotApplicable("verl's RLOO does not divide by a std") if not value \
-            else Rejected("verl's RLOO cannot divide advantages by a std")
-    if objective in ("reinforce_pp", "ppo"):
-        return NotApplicable("verl always whitens these advantages") if value \
-            else Rejected(f"verl always whitens {objective} advantages")
-    return Mapped({"algorithm.norm_adv_by_std_in_grpo": value})
+    if objective == "rloo" and value:
+        return Refused("verl's RLOO cannot divide advantages by a std")
+    if objective in WHITENED and not value:
+        return Refused(f"verl always whitens {objective} advantages")
+    return Pinned({"algorithm.norm_adv_by_std_in_grpo": value},
+                  "" if objective in GROUP_NORMALISED else f"unused by verl's {objective}")
+
+
+def _std(value: Any, spec: ExperimentSpec) -> Outcome:
+    if spec.algorithm.objective in WHITENED:
+        return Hardcoded("unbiased", "batch_whitening")  # unbiased over tokens, declared there
+    return Hardcoded("unbiased", "grpo_std")
+
+
+def _epsilon(value: Any, spec: ExperimentSpec) -> Outcome:
+    if spec.algorithm.objective in WHITENED:
+        return Hardcoded("1e-8 added to the variance", "whitening_epsilon")
+    return Hardcoded(GRPO_EPSILON, "grpo_epsilon")
+
+
+def _scope(value: Any, spec: ExperimentSpec) -> Outcome:
+    objective = spec.algorithm.objective
+    if objective in WHITENED:
+        return Hardcoded("batch (token-weighted)", "batch_whitening") if value == "batch" \
+            else Refused(f"verl whitens {objective} advantages over the batch, not per group")
+    if value == "batch":
+        return Refused(f"verl's {ESTIMATOR[objective]} advantages are per group")
+    return Pinned({}, "verl groups responses by prompt (uid)")
+
+
+def _zero_variance(k: _Keys) -> Rule:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == "keep":
+            return Pinned({}, "verl keeps zero-variance groups (their advantages are 0)")
+        if spec.algorithm.dynamic_sampling is None or k.keys.filter_groups is None:
+            return Refused("verl excludes zero-variance groups only with dynamic sampling "
+                           "(verl >= 0.9)")
+        native = {f"{FILTER}.enable": True, f"{FILTER}.metric": k.keys.filter_metric}
+        if k.keys.filter_metric == "acc" and spec.algorithm.overlong is not None:
+            return Hardcoded("exclude by score before the overlong penalty", "filter_on_score",
+                             native)
+        return Pinned(native, f"groups compared on {k.keys.filter_metric!r}: the reward the "
+                              "advantage uses")
+
+    return rule
+
+
+def _no_dynamic_sampling(k: _Keys) -> Rule:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        if k.keys.filter_groups is None:
+            return Pinned({}, "this release's trainer has no dynamic sampling")
+        return Pinned({f"{FILTER}.enable": False, f"{FILTER}.metric": k.defaults[
+            f"{FILTER}.metric"], f"{FILTER}.max_num_gen_batches": 0})
+
+    return rule
 
 
 def _max_rounds(value: Any, spec: ExperimentSpec) -> Outcome:
-    return Mapped({"algorithm.filter_groups.enable": True,
-                   "algorithm.filter_groups.metric": "score",
-                   "algorithm.filter_groups.max_num_gen_batches": value + 1})
+    return Hardcoded(None, "unbounded_refill", {f"{FILTER}.enable": True,
+                                                f"{FILTER}.max_num_gen_batches": 0})
 
 
-def _mini_batches(value: Any, spec: ExperimentSpec) -> Outcome:
-    prompts = spec.budget.prompts_per_update
-    if prompts % value:
-        return Rejected(f"verl's mini-batch size is in prompts: {prompts} prompts do not split "
-                        f"into {value} equal mini-batches")
-    return Mapped({f"{ACTOR}.ppo_mini_batch_size": prompts // value})
-
-
-def _model_path(value: Any, spec: ExperimentSpec) -> Outcome:
-    path = pinned_model_path(spec)
-    keys = [f"{MODEL}.path"] + (["critic.model.path"] if spec.algorithm.gae else [])
-    return Mapped({k: path for k in keys})
-
-
-def _overlong_buffer(keys: dict[str, str]) -> Any:
+def _overlong(keys: VerlKeys) -> Rule:
     """The DAPO reward manager with its overlong buffer (reward_kwargs are not in the base
     config, hence Hydra's ``+`` append, which the dialect's key carries)."""
 
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
-        kw = keys["reward_kwargs"]
-        return Mapped({keys["reward_manager"]: "dapo",
+        kw = keys.reward_kwargs
+        return Pinned({keys.reward_manager: "dapo",
                        f"{kw}.overlong_buffer_cfg.enable": True,
                        f"{kw}.overlong_buffer_cfg.len": value,
                        f"{kw}.overlong_buffer_cfg.log": False,
@@ -149,117 +300,259 @@ def _overlong_buffer(keys: dict[str, str]) -> Any:
     return rule
 
 
-def _data_file(key: str) -> Any:
+def _gae_off(value: Any, spec: ExperimentSpec) -> Outcome:
+    return Pinned({}, "no critic")
+
+
+def _model_path(value: Any, spec: ExperimentSpec) -> Outcome:
+    path = pinned_model_path(spec)
+    keys = [f"{MODEL}.path"] + (["critic.model.path"] if spec.algorithm.gae else [])
+    return Pinned({k: path for k in keys})
+
+
+def _compute_dtype(k: _Keys) -> Rule:
+    mixed = f"{ACTOR}.fsdp_config.mixed_precision"
+
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
-        if not str(value).endswith(".parquet"):
-            return Rejected("verl reads parquet files in its own row format (prompt messages, "
-                            "reward_model.ground_truth); convert the split first")
-        return Mapped({key: value})
+        return Pinned({f"{ROLLOUT}.dtype": value,
+                       k(f"{mixed}.param_dtype"): PRECISION[value],
+                       k(f"{mixed}.reduce_dtype"): "fp32", k(f"{mixed}.buffer_dtype"): "fp32"})
 
     return rule
+
+
+def _data_file(key: str) -> Rule:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        if not str(value).endswith(".parquet"):
+            return Refused("verl reads parquet files in its own row format (prompt messages, "
+                           "reward_model.ground_truth); convert the split first")
+        return Pinned({key: value})
+
+    return rule
+
+
+def _no_validation(value: Any, spec: ExperimentSpec) -> Outcome:
+    """verl always builds a validation dataset: it is the train split, never evaluated."""
+    return Pinned({"data.val_files": spec.data.train.uri}, "no validation split: verl's "
+                  "validation set is the train split, never evaluated (test_freq -1, no "
+                  "validation before training)")
+
+
+def _prompt_overflow(k: _Keys) -> Rule:
+    mode = k.keys.prompt_truncation
+
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        drop = value == "drop"
+        native: dict[str, Any] = {"data.filter_overlong_prompts": drop}
+        if k.has("data.truncation"):
+            native["data.truncation"] = {"drop": "error", "truncate_left": "left",
+                                         "truncate_right": "right", "error": "error"}[value]
+        if drop:
+            return Pinned(native, "verl drops prompts whose chat-templated length exceeds "
+                                  "max_prompt_length before training")
+        if mode == "dataset":
+            return Pinned(native)
+        if mode == "left" and value == "truncate_left":
+            return Pinned(native, "verl's agent loop left-truncates a prompt over "
+                                  "rollout.prompt_length (= max_prompt_length)")
+        where = "verl 0.8 on always truncates from the left" if mode == "left" else \
+            "verl 0.7 neither truncates nor rejects an overlong prompt"
+        return Refused(f"{where}; use prompt_overflow 'drop' (or verl <= 0.6 for {value})")
+
+    return rule
+
+
+def _top_k(value: Any, spec: ExperimentSpec) -> Outcome:
+    return Pinned({f"{ROLLOUT}.top_k": -1 if value is None else value})
+
+
+def _eval_every(k: _Keys) -> Rule:
+    greedy = {f"{VAL}.temperature": 0.0, f"{VAL}.top_p": 1.0, f"{VAL}.n": 1,
+              f"{VAL}.do_sample": False, f"{VAL}.top_k": -1}
+
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        native = {"trainer.test_freq": -1 if value is None else value,
+                  "trainer.val_before_train": False}
+        return Pinned({**native, **greedy} if value is None else native)
+
+    return rule
+
+
+def _eval_temperature(value: Any, spec: ExperimentSpec) -> Outcome:
+    return Pinned({f"{VAL}.temperature": value, f"{VAL}.do_sample": value > 0,
+                   f"{VAL}.top_k": -1})
+
+
+def _schedule(k: _Keys) -> Rule:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == "linear":
+            return Refused("verl's FSDP optimizer has constant and cosine schedules only")
+        native = {**k.optim("num_cycles", 0.5), **k.optim("zero_indexed_step", True)}
+        if k.has(f"{ACTOR}.optim.lr_scheduler_type"):
+            return Pinned({**native, **k.optim("lr_scheduler_type", value),
+                           **k.optim("warmup_style", None)})
+        return Pinned({**native, **k.optim("warmup_style", value)})
+
+    return rule
+
+
+def _warmup(k: _Keys) -> Rule:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        return Pinned({**k.optim("lr_warmup_steps", value),
+                       **k.optim("lr_warmup_steps_ratio", 0.0)},
+                      "verl steps its scheduler once per update; update u < W runs at lr * u / W")
+
+    return rule
+
+
+def _min_lr_ratio(k: _Keys) -> Rule:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        native = k.optim("min_lr_ratio", value)
+        o = spec.optim
+        if k.keys.cosine_warmup_from_floor and o.schedule == "cosine" and value > 0:
+            if spec.algorithm.gae is not None:
+                return Refused("verl 0.4/0.5's critic cosine schedule has no floor")
+            if o.warmup_steps > 0:
+                return Hardcoded("warmup from min_lr_ratio * lr", "cosine_warmup_from_floor",
+                                 native)
+        return Pinned(native)
+
+    return rule
+
+
+def _optimizer(k: _Keys) -> Rule:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        native = {**k.optim("optimizer", "AdamW"), **k.optim("optimizer_impl", "torch.optim")}
+        return Pinned(native) if native else Hardcoded("adamw", "adamw")
+
+    return rule
+
+
+def _eps(k: _Keys) -> Rule:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        native = k.optim("override_optimizer_config", {"eps": value})
+        return Pinned(native) if native else Hardcoded(ADAM_EPS, "adam_eps")
+
+    return rule
+
+
+def _budget(value: Any, spec: ExperimentSpec) -> Outcome:
+    return Pinned({"trainer.total_training_steps": value, "trainer.total_epochs": value},
+                  "verl stops after total_training_steps updates; total_epochs = the same number "
+                  "is enough passes, since every pass has at least one update")
+
+
+def _mini_batches(value: Any, spec: ExperimentSpec) -> Outcome:
+    prompts = spec.budget.prompts_per_update
+    return even_split(prompts, value, "prompts") or \
+        Pinned({f"{ACTOR}.ppo_mini_batch_size": prompts // value},
+               "verl's mini-batch size is in prompts")
+
+
+def _checkpoint_every(value: Any, spec: ExperimentSpec) -> Outcome:
+    if value is None:
+        return Pinned({"trainer.save_freq": spec.budget.total_updates},
+                      "only at the end: save_freq = total_updates")
+    return Pinned({"trainer.save_freq": value}, "and at the last update, as verl always does")
 
 
 class VerlAdapter(EngineAdapter):
     name = "verl"
     contract_file = "verl.json"
+    dialect_keys = VerlKeys
 
     def rules(self, dialect: Dialect) -> RuleSet:
-        keys = dialect.keys
-        reward_fn = keys["reward_function"]
-        seed_keys = keys["seed"].split(",")
-        verified = na("checked against the file by stateset-backend before launch")
+        keys: VerlKeys = self.keys(dialect)
+        k = _Keys(dialect, keys)
+        fn = keys.reward_function
         return {
-            "name": to("trainer.project_name"),
-            "seed": to(*seed_keys),
-            "algorithm.objective": _objective,
+            **external_rules("verl"),
+            "seed": to(*(k(key) for key in keys.seed)),
+            "algorithm.objective": _objective(k),
             "algorithm.group_size": to(f"{ROLLOUT}.n"),
             "algorithm.clip.low": to(f"{ACTOR}.clip_ratio_low"),
             "algorithm.clip.high": to(f"{ACTOR}.clip_ratio_high"),
+            "algorithm.clip.dual_clip": _dual_clip,
             "algorithm.ratio_level": _ratio_level,
-            "algorithm.loss_aggregation": to(f"{ACTOR}.loss_agg_mode",
-                                             convert=AGGREGATION.__getitem__),
-            "algorithm.kl": _kl_off,
+            "algorithm.loss_aggregation": _aggregation(k),
+            "algorithm.kl": _kl_off(k),
             "algorithm.kl.coef": _kl_coef,
             "algorithm.kl.estimator": _kl_estimator,
             "algorithm.kl.placement": _kl_placement,
+            "algorithm.kl.clamp": _kl_clamp,
             "algorithm.advantage.std_normalize": _std_normalize,
-            "algorithm.advantage.std": only(lambda v: v == "unbiased", "verl's advantage std "
-                                            "is torch.std (unbiased, n-1); population std is "
-                                            "not available", na("verl uses the unbiased std")),
-            "algorithm.advantage.epsilon": only(lambda v: v == VERL_STD_EPSILON,
-                                                f"verl's epsilon is fixed at {VERL_STD_EPSILON}",
-                                                na(f"verl's fixed {VERL_STD_EPSILON}")),
-            "algorithm.advantage.zero_variance_groups": zero_variance_rule(
-                "verl", "dynamic sampling", {"algorithm.filter_groups.enable": True}),
-            "algorithm.dynamic_sampling": to(f"{keys['filter_groups']}.enable",
-                                             convert=lambda v: False)
-            if keys["filter_groups"] else na(f"verl {dialect.name} has no dynamic sampling"),
+            "algorithm.advantage.std": _std,
+            "algorithm.advantage.epsilon": _epsilon,
+            "algorithm.advantage.scope": _scope,
+            "algorithm.advantage.zero_variance_groups": _zero_variance(k),
+            "algorithm.dynamic_sampling": _no_dynamic_sampling(k),
             "algorithm.dynamic_sampling.max_rounds": _max_rounds,
-            "algorithm.overlong": na("no overlong penalty (verl's default reward manager)"),
-            "algorithm.overlong.buffer_tokens": _overlong_buffer(keys),
+            "algorithm.overlong": lambda v, s: Pinned({keys.reward_manager: "naive"}),
+            "algorithm.overlong.buffer_tokens": _overlong(keys),
             "algorithm.overlong.penalty": to(
-                f"{keys['reward_kwargs']}.overlong_buffer_cfg.penalty_factor"),
+                f"{keys.reward_kwargs}.overlong_buffer_cfg.penalty_factor"),
             "algorithm.entropy_coef": to(f"{ACTOR}.entropy_coeff"),
-            "algorithm.gae": na("no critic"),
+            "algorithm.gae": _gae_off,
             "algorithm.gae.gamma": to("algorithm.gamma"),
             "algorithm.gae.lam": to("algorithm.lam"),
             "model.path": _model_path,
-            "model.revision": revision_outcome("verl"),
-            "model.dtype": to(f"{ROLLOUT}.dtype"),
+            "model.dtype": _compute_dtype(k),
+            "model.param_dtype": to(k(f"{ACTOR}.fsdp_config.model_dtype"),
+                                    convert=PRECISION.__getitem__),
             "model.lora": to(f"{MODEL}.lora_rank", convert=lambda v: 0),
             "model.lora.rank": to(f"{MODEL}.lora_rank"),
             "model.lora.alpha": to(f"{MODEL}.lora_alpha"),
             "model.lora.target_modules": to(f"{MODEL}.target_modules"),
-            "model.lora.dropout": only(lambda v: v == 0.0, "verl has no LoRA dropout setting",
-                                       na("verl applies no LoRA dropout")),
+            "model.lora.dropout": hardcoded(0.0, "lora_dropout"),
             "data.train.uri": _data_file("data.train_files"),
-            "data.train.sha256": verified,
             "data.train.prompt_field": to("data.prompt_key"),
-            "data.train.answer_field": na("verl reads the ground truth from "
-                                          "reward_model.ground_truth in its parquet rows"),
-            "data.validation": na("no validation split"),
+            "data.train.answer_field": carried("verl hands the reward the row's "
+                                               "reward_model.ground_truth"),
+            "data.validation": _no_validation,
             "data.validation.uri": _data_file("data.val_files"),
-            "data.validation.sha256": verified,
             "data.validation.prompt_field": to("data.prompt_key"),
-            "data.validation.answer_field": na("verl reads the ground truth from "
-                                               "reward_model.ground_truth in its parquet rows"),
-            "data.test": na("the test split is never used during training"),
+            "data.validation.answer_field": carried("verl hands the reward the row's "
+                                                    "reward_model.ground_truth"),
             "data.max_prompt_tokens": to("data.max_prompt_length"),
             "data.max_response_tokens": to("data.max_response_length"),
-            "reward.kind": only(lambda v: v == "python", "only python rewards are translated "
-                                "for verl", na("a custom reward function")),
-            "reward.entrypoint": lambda v, s: Mapped({
-                f"{reward_fn}.path": f"{RUN_DIR}/{REWARD_SHIM_FILE}",
-                f"{reward_fn}.name": "compute_score"}),
-            "reward.sha256": verified,
-            "environment.kind": only(lambda v: v == "single_turn", "multi-turn environments "
-                                     "are not translated for verl", na("single-turn rollout")),
-            "environment.entrypoint": na("single-turn: the reward function is the environment"),
-            "environment.sha256": na("single-turn: the reward function is the environment"),
-            "environment.max_turns": na("single-turn"),
+            "data.chat_template": hardcoded(True, "chat_template"),
+            "data.prompt_overflow": _prompt_overflow(k),
+            "data.shuffle": to("data.shuffle"),
+            "reward.entrypoint": lambda v, s: Pinned({
+                f"{fn}.path": f"{RUN_DIR}/{REWARD_SHIM_FILE}", f"{fn}.name": "compute_score"}),
             "rollout.backend": only(lambda v: v in ("vllm", "sglang"), "verl rolls out with "
                                     "vllm or sglang", to(f"{ROLLOUT}.name")),
             "rollout.temperature": to(f"{ROLLOUT}.temperature"),
             "rollout.top_p": to(f"{ROLLOUT}.top_p"),
-            "optim.lr": to(f"{ACTOR}.optim.lr"),
-            "optim.weight_decay": to(f"{ACTOR}.optim.weight_decay"),
-            "optim.grad_clip": to(f"{ACTOR}.grad_clip"),
-            "optim.warmup_steps": to(f"{ACTOR}.optim.lr_warmup_steps"),
-            "budget.total_updates": to("trainer.total_training_steps"),
+            "rollout.top_k": _top_k,
+            "optim.kind": _optimizer(k),
+            "optim.lr": k.optim_rule("lr"),
+            "optim.betas": lambda v, s: Pinned(k.optim("betas", list(v))),
+            "optim.eps": _eps(k),
+            "optim.weight_decay": k.optim_rule("weight_decay"),
+            "optim.grad_clip": to(*keys.grad_clip, *keys.critic_grad_clip),
+            "optim.schedule": _schedule(k),
+            "optim.warmup_steps": _warmup(k),
+            "optim.min_lr_ratio": _min_lr_ratio(k),
+            "budget.total_updates": _budget,
             "budget.prompts_per_update": to("data.train_batch_size"),
             "budget.ppo_epochs": to(f"{ACTOR}.ppo_epochs"),
             "budget.mini_batches": _mini_batches,
-            "checkpoint.every": to("trainer.save_freq", convert=lambda v: -1 if v is None else v),
-            "checkpoint.keep": to("trainer.max_actor_ckpt_to_keep"),
-            "evaluation.every": to("trainer.test_freq", convert=lambda v: -1 if v is None else v),
-            "evaluation.select_by": only(lambda v: v is None, "verl does not pick a checkpoint "
-                                         "by a validation metric", na("no selection")),
+            "budget.partial_batch": hardcoded("drop", "partial_batch"),
+            "checkpoint.every": _checkpoint_every,
+            "checkpoint.keep": to("trainer.max_actor_ckpt_to_keep",
+                                  "trainer.max_critic_ckpt_to_keep"),
+            "evaluation.every": _eval_every(k),
+            "evaluation.temperature": _eval_temperature,
+            "evaluation.top_p": to(f"{VAL}.top_p"),
+            "evaluation.samples": to(f"{VAL}.n"),
             "resources.nodes": to("trainer.nnodes"),
             "resources.gpus_per_node": to("trainer.n_gpus_per_node"),
         }
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
+        keys: VerlKeys = self.keys(ctx.dialect)
         # Memory/speed knobs the spec does not describe (they do not change the math):
         # token-budget micro-batching, which verl requires some setting of.
         tokens = spec.data.max_prompt_tokens + spec.data.max_response_tokens
@@ -268,30 +561,32 @@ class VerlAdapter(EngineAdapter):
                   **translation.native}
         # Identity and outputs: the run id and digest name the run inside verl's own outputs.
         owned = {
+            "trainer.project_name": spec.name,
             "trainer.experiment_name": ctx.run_name,
             "trainer.default_local_dir": f"{RUN_DIR}/{CHECKPOINTS}",
-            "trainer.logger": ["console", ctx.dialect.keys["logger"]],
+            "trainer.logger": ["console", keys.logger],
             "trainer.resume_mode": "disable",
         }
         native = with_owned_keys("verl", native, owned)
         return NativeLaunch(
             argv=[PYTHON, "-m", "verl.trainer.main_ppo", *overrides.render(native)],
             files={REWARD_SHIM_FILE: reward_shim(spec, ctx.base_dir, "verl", REWARD_CALL)},
-            set_env=self._logger_env(ctx),
-            env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "WANDB_API_KEY"])
+            set_env=self._logger_env(keys, ctx),
+            env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "WANDB_API_KEY"],
+            native=native)
 
     @staticmethod
-    def _logger_env(ctx: LaunchContext) -> dict[str, str]:
+    def _logger_env(keys: VerlKeys, ctx: LaunchContext) -> dict[str, str]:
         """Where verl's metrics logger writes: the file logger (>=0.6) under a root it names
         ``<project>/<experiment_name>.jsonl``; before it, the TensorBoard logger, given a
         folder named by the run."""
-        if ctx.dialect.keys["logger"] == "file":
+        if keys.logger == "file":
             return {"VERL_FILE_LOGGER_ROOT": f"{RUN_DIR}/{LOG_ROOT}"}
         return {"TENSORBOARD_DIR": f"{RUN_DIR}/{LOG_ROOT}/{ctx.run_name}"}
 
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
         out = Collected(raw_metric_names=dict(METRICS))
-        if ctx.dialect.keys["logger"] == "tensorboard":
+        if self.keys(ctx.dialect).logger == "tensorboard":
             from ..core.tensorboard import canonical_rows, read_scalars
 
             log_dir = attempt_dir / LOG_ROOT / ctx.run_name
