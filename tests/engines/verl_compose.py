@@ -1,6 +1,10 @@
 """Run with verl's own interpreter: compose overrides against the installed verl's Hydra config,
 run verl's validate_config, and report the composed config plus the registries verl itself
-does not check against. Reads a JSON list of overrides on stdin; prints JSON on stdout."""
+does not check against. The actor config is also turned into verl's own dataclass, its
+optimizer built by verl's build_optimizer on a one-element parameter, and the learning rate of
+every update read from verl's own scheduler functions with the arguments its FSDP engine
+passes, so the test sees what verl will really use. Reads a JSON list of overrides on stdin;
+prints JSON on stdout."""
 
 import json
 import os
@@ -49,7 +53,46 @@ config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
 with initialize_config_dir(config_dir=config_dir, version_base=None):
     cfg = compose(config_name="ppo_trainer", overrides=overrides)
 validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+
+
+def _engine_view(cfg) -> dict:
+    """The actor as the FSDP engine (0.8 on) builds it: optimizer hyper-parameters, LR per
+    update, mixed precision."""
+    import torch
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.torch_functional import (
+        get_constant_schedule_with_warmup,
+        get_cosine_schedule_with_warmup,
+    )
+    from verl.workers.config.optimizer import build_optimizer
+
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    optim = actor.optim
+    optimizer = build_optimizer([torch.nn.Parameter(torch.zeros(1))], optim)
+    total = cfg.trainer.total_training_steps  # what the trainer writes into optim
+    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps > 0 else \
+        int(optim.lr_warmup_steps_ratio * total)
+    if optim.lr_scheduler_type == "constant":
+        scheduler = get_constant_schedule_with_warmup(optimizer, num_warmup_steps=warmup)
+    else:
+        scheduler = get_cosine_schedule_with_warmup(
+            optimizer, num_warmup_steps=warmup, num_training_steps=total,
+            min_lr_ratio=optim.min_lr_ratio, num_cycles=optim.num_cycles,
+            zero_indexed_step=optim.zero_indexed_step)
+    lrs = []
+    for _ in range(total):  # one scheduler step per update, after it
+        lrs.append(optimizer.param_groups[0]["lr"])
+        scheduler.step()
+    group = optimizer.param_groups[0]
+    return {"optimizer": type(optimizer).__name__, "betas": list(group["betas"]),
+            "eps": group["eps"], "weight_decay": group["weight_decay"], "lrs": lrs,
+            "clip_grad": optim.clip_grad, "clip_ratio_c": actor.clip_ratio_c,
+            "mixed_precision": dict(actor.fsdp_config.mixed_precision or {}),
+            "model_dtype": actor.fsdp_config.model_dtype}
+
+
 print(json.dumps({
+    "engine": _engine_view(cfg),
     "config": OmegaConf.to_container(cfg, resolve=True),
     "known_estimators": sorted(str(k) for k in core_algos.ADV_ESTIMATOR_REGISTRY),
     "known_loss_modes": sorted(core_algos.POLICY_LOSS_REGISTRY),
