@@ -355,6 +355,84 @@ def _run_summary(result: Any, path: Path) -> str:
     return "\n".join(lines)
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    from .core import runs
+    from .core.store import RunStore, runs_dir_from
+
+    store = RunStore(runs_dir_from(args.runs_dir))
+    if args.runs_command == "list":
+        rows = store.query(digest=args.digest, engine=args.engine, status=args.status)
+        _emit(args, {"runs": rows}, lambda: _runs_table(rows))
+    elif args.runs_command == "show":
+        doc = runs.show(store, args.run)
+        _emit(args, doc, lambda: _show_run(doc))
+    elif args.runs_command == "compare":
+        doc = runs.compare(store, args.targets)
+        _emit(args, doc, lambda: _compare_table(doc))
+    else:
+        count = store.reindex()
+        _emit(args, {"indexed_attempts": count}, f"indexed {count} attempts from {store.root}")
+    return 0
+
+
+def _runs_table(rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{len(rows)} runs")
+    for col in ("run", "engine", "status", "updates", "digest"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(r["run_id"], f"{r['engine']} {r['engine_version']}",
+                  f"{r['status']} (attempt {r['attempt']})",
+                  f"{r['committed_updates']}/{r['planned_updates']}",
+                  r["experiment_digest"][7:19])
+    _console().print(t)
+
+
+def _show_run(doc: dict[str, Any]) -> None:
+    console = _console()
+    console.print(f"run {doc['run_id']}: {doc['engine']} {doc['engine_version']}, seed "
+                  f"{doc['seed']}\n  experiment {doc['experiment_digest']}\n  binding    "
+                  f"{doc['binding_digest']}\n  plan       {doc['plan_checksum']}", markup=False)
+    for d in doc["deviations"]:
+        console.print(f"  declared {d['setting']}: {d['description']}", markup=False)
+    for a in doc["attempts"]:
+        line = f"attempt {a['attempt']}: {a['status']}"
+        if "committed_updates" in a:
+            line += f", {a['committed_updates']}/{a['planned_updates']} updates"
+        console.print(line + (f" ({a['reason']})" if a.get("reason") else ""), markup=False)
+        if a.get("selection"):
+            sel = a["selection"]
+            console.print(f"  recommended by {sel['select_by']}: update {sel.get('update')}"
+                          + (f" = {sel['value']:.4f}" if "value" in sel else
+                             f" ({sel.get('reason')})"), markup=False)
+        for ckpt in a.get("checkpoints", []):
+            console.print(f"  {ckpt['path']}  sha256:{ckpt['sha256'][:16]}", markup=False)
+
+
+def _compare_table(doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    same = "one experiment" if doc["same_experiment"] else "DIFFERENT experiments"
+    t = Table(title=f"{same}: {', '.join(d[7:19] for d in doc['experiment_digests'])}")
+    for col in ("run", "engine", "status", "updates", "reward", "val reward",
+                "recommended", "deviations"):
+        t.add_column(col, overflow="fold")
+
+    def num(value: Any) -> str:
+        return f"{value:.3f}" if isinstance(value, int | float) else "-"
+
+    for r in doc["attempts"]:
+        final, rec = r.get("final", {}), r.get("recommended") or {}
+        t.add_row(f"{r['run_id']}#{r['attempt']}",
+                  f"{r.get('engine', '?')} {r.get('engine_version', '')}", r["status"],
+                  f"{r.get('committed_updates', '-')}/{r.get('planned_updates', '-')}",
+                  num(final.get("reward/mean")), num(final.get("val/reward/mean")),
+                  f"update {rec['update']}" if rec.get("update") else "-",
+                  ", ".join(filter(None, r.get("deviations", []))) or "none")
+    _console().print(t)
+
+
 # -- parser --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
@@ -419,6 +497,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue the plan's run from its newest complete checkpoint")
     p.add_argument("document", metavar="PLAN|SPEC")
+    p = command("runs", cmd_runs, "find, inspect and compare runs in the run store")
+    store = _Parser(add_help=False)
+    store.add_argument("--runs-dir", help="run store (default ./runs or "
+                                          "$STATESET_BACKEND_RUNS_DIR)")
+    runs_sub = p.add_subparsers(dest="runs_command", required=True, parser_class=_Parser)
+    q = runs_sub.add_parser("list", parents=[common, store], help="runs, newest first")
+    q.add_argument("--digest", help="only runs of this experiment digest")
+    q.add_argument("--engine", help="only runs on this engine")
+    q.add_argument("--status", choices=["succeeded", "failed", "invalid", "interrupted"])
+    q = runs_sub.add_parser("show", parents=[common, store], help="one run: identity, attempts, "
+                                                            "checkpoints, selection")
+    q.add_argument("run")
+    q = runs_sub.add_parser("compare", parents=[common, store], help="every run of one experiment "
+                                                               "side by side")
+    q.add_argument("targets", nargs="+", metavar="DIGEST|RUN")
+    runs_sub.add_parser("reindex", parents=[common, store], help="rebuild the index from the run "
+                                                           "directories")
     return parser
 
 

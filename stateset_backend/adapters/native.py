@@ -60,6 +60,14 @@ def _dual_clip(value: Any, spec: ExperimentSpec) -> Outcome:
     return Pinned({"algorithm.clip.dual_clip": value})
 
 
+def _update_of(path: Path, root: Path) -> int | None:
+    """The update a checkpoint file belongs to, from its ``update-NNNNNN`` folder."""
+    folder = path.relative_to(root).parts[0]
+    if folder.startswith(layout.CHECKPOINT_PREFIX):
+        return int(folder.removeprefix(layout.CHECKPOINT_PREFIX))
+    return None
+
+
 class NativeAdapter(EngineAdapter):
     name = "native"
     contract_file = "native.json"
@@ -126,7 +134,8 @@ class NativeAdapter(EngineAdapter):
             root = attempt_dir / kind
             if root.is_dir():
                 out.artifacts.extend(
-                    Artifact(str(p.relative_to(attempt_dir)), kind.rstrip("s"))
+                    Artifact(str(p.relative_to(attempt_dir)), kind.rstrip("s"),
+                             _update_of(p, root))
                     for p in sorted(root.rglob("*")) if p.is_file())
         return out
 

@@ -68,6 +68,10 @@ class Result(_Doc):
     duration_s: float
     planned_updates: int
     committed_updates: int
+    selection: dict[str, Any] | None = Field(
+        default=None, description="the recommended checkpoint by evaluation.select_by: the "
+                                  "best validated update that has a checkpoint (ties: the "
+                                  "earlier update); never assumed to be the final one")
     deviations: list[dict[str, Any]] = Field(
         description="the declared deviations the engine ran with (from the plan): a run with "
                     "deviations is the same experiment only up to these")
@@ -188,3 +192,31 @@ def summarize(rows: list[dict[str, Any]], *, first: bool = False) -> dict[str, f
                 continue
             summary[name] = float(value) if math.isfinite(value) else None
     return summary
+
+
+def select_checkpoint(select_by: str | None, rows: list[dict[str, Any]],
+                      artifacts: list[ArtifactRecord]) -> dict[str, Any] | None:
+    """The recommended checkpoint: among updates that were validated and have a checkpoint,
+    the best value of ``select_by`` (lowest for a loss, highest otherwise), the earlier update
+    on a tie. "recommended" is the strongest word: nothing here approves a model."""
+    if select_by is None:
+        return None
+    lower = "loss" in select_by
+    saved: dict[int, str] = {}
+    for art in artifacts:
+        if art.kind == "checkpoint" and art.step is not None:
+            folder = art.path.rsplit("/", 1)[0] if "/" in art.path else art.path
+            saved.setdefault(art.step, folder)
+    candidates = []
+    for row in rows:
+        value, step = row.get(select_by), row.get("step")
+        if isinstance(step, int) and step in saved and isinstance(value, int | float) and \
+                not isinstance(value, bool) and math.isfinite(value):
+            candidates.append((float(value), step))
+    doc: dict[str, Any] = {"select_by": select_by, "direction": "min" if lower else "max",
+                           "candidates": len(candidates)}
+    if not candidates:
+        return {**doc, "update": None, "reason": "no checkpoint was written at an update "
+                                                 "that was validated"}
+    value, step = min(candidates, key=lambda c: (c[0] if lower else -c[0], c[1]))
+    return {**doc, "update": step, "value": value, "checkpoint": saved[step]}

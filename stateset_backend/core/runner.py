@@ -25,7 +25,7 @@ from .jsonio import atomic_write_bytes, read_json
 from .launch import run_local
 from .plan import LaunchPlan, verify_engine_version
 from .registry import Registry
-from .results import Check, Metrics, Result, evaluate, summarize
+from .results import Check, Metrics, Result, evaluate, select_checkpoint, summarize
 from .spec import ExperimentSpec
 from .store import Attempt, RunStore
 
@@ -193,6 +193,8 @@ def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, atte
                         summary=summarize(collected.metrics) if collected else {},
                         initial=summarize(collected.metrics, first=True) if collected else {},
                         raw_names=collected.raw_metric_names if collected else {}),
+        selection=select_checkpoint(spec.evaluation.select_by,
+                                    collected.metrics if collected else [], artifacts),
         deviations=plan.deviations, artifacts=artifacts, checks=checks)
     path = store.finish(attempt, result)
     return result, path

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import tempfile
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -80,18 +82,99 @@ class RunStore:
         self._index(result)
         return latest
 
+    # -- the index: written on every result, read by `runs`, rebuilt from the directories --
+    _SCHEMA = ("CREATE TABLE IF NOT EXISTS attempts (run_id TEXT, attempt INTEGER, "
+               "experiment_digest TEXT, binding_digest TEXT, plan_checksum TEXT, engine TEXT, "
+               "engine_version TEXT, status TEXT, exit_code INTEGER, committed_updates "
+               "INTEGER, planned_updates INTEGER, started_at TEXT, ended_at TEXT, "
+               "deviations INTEGER, PRIMARY KEY (run_id, attempt))")
+    _COLUMNS = ("run_id", "attempt", "experiment_digest", "binding_digest", "plan_checksum",
+                "engine", "engine_version", "status", "exit_code", "committed_updates",
+                "planned_updates", "started_at", "ended_at", "deviations")
+
+    @property
+    def index_path(self) -> Path:
+        return self.root / "index.sqlite"
+
+    @staticmethod
+    def _row(result: Result) -> tuple[object, ...]:
+        return (result.run_id, result.attempt, result.experiment_digest,
+                result.binding_digest, result.plan_checksum, result.engine,
+                result.engine_version, result.status, result.exit_code,
+                result.committed_updates, result.planned_updates, result.started_at,
+                result.ended_at, len(result.deviations))
+
     def _index(self, result: Result) -> None:
-        db = self.root / "index.sqlite"
-        with FileLock(str(self.root / ".index.lock")), closing(sqlite3.connect(db)) as conn:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS attempts (run_id TEXT, attempt INTEGER, "
-                "experiment_digest TEXT, binding_digest TEXT, plan_checksum TEXT, engine TEXT, "
-                "engine_version TEXT, status TEXT, exit_code INTEGER, committed_updates "
-                "INTEGER, started_at TEXT, ended_at TEXT, PRIMARY KEY (run_id, attempt))")
-            conn.execute(
-                "INSERT OR REPLACE INTO attempts VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (result.run_id, result.attempt, result.experiment_digest,
-                 result.binding_digest, result.plan_checksum, result.engine,
-                 result.engine_version, result.status, result.exit_code,
-                 result.committed_updates, result.started_at, result.ended_at))
+        with FileLock(str(self.root / ".index.lock")):
+            try:
+                self._insert(self.index_path, [result])
+            except sqlite3.DatabaseError:  # an older or damaged index: rebuild it whole
+                self._rebuild()
+
+    def _insert(self, db: Path, results: list[Result]) -> None:
+        with closing(sqlite3.connect(db)) as conn:
+            conn.execute(self._SCHEMA)
+            conn.executemany(f"INSERT OR REPLACE INTO attempts VALUES "
+                             f"({','.join('?' * len(self._COLUMNS))})",
+                             [self._row(r) for r in results])
             conn.commit()
+
+    def results(self) -> list[Result]:
+        """Every attempt's result.json under the store, oldest run first."""
+        found = []
+        for path in sorted(self.root.glob("*/attempts/*/result.json")):
+            try:
+                found.append(Result.model_validate(read_json(path, what="result")))
+            except (InvalidInput, ValueError):
+                continue  # a damaged result is not indexed; `runs show` names it
+        return found
+
+    def reindex(self) -> int:
+        """Rebuild the index from the run directories (the source of truth); atomic."""
+        with FileLock(str(self.root / ".index.lock")):
+            return self._rebuild()
+
+    def _rebuild(self) -> int:
+        results = self.results()
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".sqlite", dir=self.root)
+        os.close(fd)
+        try:
+            Path(tmp).unlink()
+            self._insert(Path(tmp), results)
+            os.replace(tmp, self.index_path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        return len(results)
+
+    def query(self, *, digest: str | None = None, engine: str | None = None,
+              status: str | None = None, latest_only: bool = True) -> list[dict[str, Any]]:
+        """Attempts from the index (the latest attempt of each run unless asked otherwise),
+        newest first. A missing or unreadable index is rebuilt from the directories first."""
+        if not self.root.is_dir():
+            return []
+        for tries in range(2):
+            try:
+                if not self.index_path.is_file():
+                    raise sqlite3.DatabaseError("no index")
+                with closing(sqlite3.connect(f"file:{self.index_path}?mode=ro",
+                                             uri=True)) as conn:
+                    where, args = [], []
+                    for column, value in (("experiment_digest", digest), ("engine", engine),
+                                          ("status", status)):
+                        if value is not None:
+                            where.append(f"{column} = ?")
+                            args.append(value)
+                    if latest_only:
+                        where.append("attempt = (SELECT MAX(b.attempt) FROM attempts b "
+                                     "WHERE b.run_id = attempts.run_id)")
+                    sql = (f"SELECT {', '.join(self._COLUMNS)} FROM attempts" +
+                           (f" WHERE {' AND '.join(where)}" if where else "") +
+                           " ORDER BY run_id DESC, attempt DESC")
+                    return [dict(zip(self._COLUMNS, row, strict=True))
+                            for row in conn.execute(sql, args)]
+            except sqlite3.DatabaseError:
+                if tries:
+                    raise
+                self.reindex()
+        return []

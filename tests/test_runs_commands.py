@@ -1,0 +1,101 @@
+"""The run store as an interface: list, show, compare and reindex, from the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stateset_backend.cli import main
+from stateset_backend.core.results import ArtifactRecord, select_checkpoint
+
+
+@pytest.fixture
+def store(tmp_path, minimal, capsys):
+    """Two runs of one experiment on the echo engine, and one run of another experiment."""
+    from stateset_backend.core.content import sha256_file
+
+    (tmp_path / "data").mkdir()
+    train = tmp_path / "data" / "train.jsonl"
+    train.write_text('{"prompt": "p", "answer": "a"}\n' * 4)
+    reward = tmp_path / "reward.py"
+    reward.write_text("def score(prompt, response, answer):\n    return 1.0\n")
+    minimal["data"]["train"]["sha256"] = sha256_file(train)
+    minimal["reward"]["sha256"] = sha256_file(reward)
+    runs = tmp_path / "runs"
+    for i, seed in enumerate((7, 7, 8)):
+        spec = tmp_path / f"spec{i}.json"
+        spec.write_text(json.dumps({**minimal, "seed": seed}))
+        assert main(["run", "--engine", "echo", "--runs-dir", str(runs), "--quiet",
+                     str(spec)]) == 0
+    capsys.readouterr()
+    return runs
+
+
+def _json(capsys, *args: str) -> dict:
+    assert main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_list_filters_by_digest_engine_and_status(store, capsys):
+    runs = _json(capsys, "runs", "list", "--runs-dir", str(store))["runs"]
+    assert len(runs) == 3 and {r["engine"] for r in runs} == {"echo"}
+    digests = [r["experiment_digest"] for r in runs]
+    twice = max(set(digests), key=digests.count)
+    same = _json(capsys, "runs", "list", "--runs-dir", str(store), "--digest", twice)["runs"]
+    assert len(same) == 2
+    assert _json(capsys, "runs", "list", "--runs-dir", str(store), "--status",
+                 "failed")["runs"] == []
+
+
+def test_show_gives_identity_attempts_and_checks(store, capsys):
+    run_id = _json(capsys, "runs", "list", "--runs-dir", str(store))["runs"][0]["run_id"]
+    doc = _json(capsys, "runs", "show", "--runs-dir", str(store), run_id)
+    assert doc["plan_checksum"].startswith("sha256:") and doc["seed"] in (7, 8)
+    assert doc["attempts"][0]["status"] == "succeeded"
+    assert main(["runs", "show", "--runs-dir", str(store), "nope"]) == 2
+
+
+def test_compare_puts_one_experiment_side_by_side(store, capsys):
+    runs = _json(capsys, "runs", "list", "--runs-dir", str(store))["runs"]
+    digests = [r["experiment_digest"] for r in runs]
+    twice = max(set(digests), key=digests.count)
+    doc = _json(capsys, "runs", "compare", "--runs-dir", str(store), twice)
+    assert doc["same_experiment"] and len(doc["attempts"]) == 2
+    mixed = _json(capsys, "runs", "compare", "--runs-dir", str(store),
+                  *[r["run_id"] for r in runs])
+    assert not mixed["same_experiment"] and len(mixed["attempts"]) == 3
+    assert main(["runs", "compare", "--runs-dir", str(store), "no-such-run"]) == 2
+
+
+@pytest.mark.parametrize("damage", ["delete", "corrupt"])
+def test_a_lost_index_loses_nothing(store, capsys, damage):
+    index = Path(store) / "index.sqlite"
+    if damage == "delete":
+        index.unlink()
+    else:
+        index.write_bytes(b"not a database")
+    assert len(_json(capsys, "runs", "list", "--runs-dir", str(store))["runs"]) == 3
+    assert _json(capsys, "runs", "reindex", "--runs-dir", str(store)) == \
+        {"indexed_attempts": 3}
+
+
+def _ckpt(step: int) -> ArtifactRecord:
+    return ArtifactRecord(path=f"checkpoints/update-{step:06d}/weights.safetensors",
+                          kind="checkpoint", step=step, bytes=1, sha256="0" * 64)
+
+
+def test_selection_prefers_the_best_validated_checkpoint_and_the_earlier_on_a_tie():
+    rows = [{"step": 2, "val/reward/mean": 0.5}, {"step": 4, "val/reward/mean": 0.9},
+            {"step": 6, "val/reward/mean": 0.9}, {"step": 8, "val/reward/mean": 1.0}]
+    chosen = select_checkpoint("val/reward/mean", rows, [_ckpt(2), _ckpt(4), _ckpt(6)])
+    assert chosen is not None
+    assert (chosen["update"], chosen["value"]) == (4, 0.9)  # 8 has no checkpoint
+    assert chosen["checkpoint"] == "checkpoints/update-000004"
+    loss = select_checkpoint("val/loss", [{"step": 2, "val/loss": 0.3},
+                                          {"step": 4, "val/loss": 0.1}], [_ckpt(2), _ckpt(4)])
+    assert loss is not None and loss["update"] == 4 and loss["direction"] == "min"
+    none = select_checkpoint("val/reward/mean", rows, [_ckpt(3)])
+    assert none is not None and none["update"] is None
+    assert select_checkpoint(None, rows, [_ckpt(2)]) is None
