@@ -22,8 +22,9 @@ from .errors import (
 )
 from .inputs import verify_inputs
 from .jsonio import atomic_write_bytes, read_json
-from .launch import run_local
+from .launch import Exit
 from .plan import LaunchPlan, verify_engine_version
+from .providers import LocalProvider, PreparedLaunch, Provider, RayProvider
 from .registry import Registry
 from .results import Check, Metrics, Result, evaluate, select_checkpoint, summarize
 from .spec import ExperimentSpec
@@ -140,34 +141,46 @@ def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, atte
                  spec: ExperimentSpec, resume_from: Checkpoint | None, *, python: str | None,
                  timeout: float | None, echo_stderr: bool, engine_home: str | None,
                  ray_address: str | None) -> tuple[Result, Path]:
+    """Prepare the attempt, launch it where the plan says, collect and validate what the
+    engine left: the data path of one attempt, in that order."""
+    prepared = prepare_attempt(plan, adapter, attempt, resume_from, python=python,
+                               engine_home=engine_home, echo_stderr=echo_stderr)
+    provider: Provider = RayProvider(ray_address or os.environ.get("RAY_ADDRESS")) \
+        if plan.provider == "ray" else LocalProvider()
+    started, t0 = _now(), time.monotonic()
+    exit_ = provider.launch(prepared, timeout)
+    duration = time.monotonic() - t0
+    result = collect_and_validate(plan, adapter, attempt, spec, exit_, resume_from,
+                                  started=started, duration=duration)
+    return result, store.finish(attempt, result)
+
+
+def prepare_attempt(plan: LaunchPlan, adapter: EngineAdapter, attempt: Attempt,
+                    resume_from: Checkpoint | None, *, python: str | None,
+                    engine_home: str | None, echo_stderr: bool) -> PreparedLaunch:
+    """Write the plan's files into the attempt and fill in its placeholders (never inside
+    user text: specs cannot hold them)."""
     run_dir = attempt.directory.resolve()
     interpreter = python or sys.executable
     for rel, content in plan.files.items():
         atomic_write_bytes(run_dir / rel, content.encode("utf-8"))
-    env = dict(os.environ)
-    env.update({k: _fill(v, run_dir, interpreter, engine_home)
-                for k, v in plan.set_env.items()})
+    set_env = {k: _fill(v, run_dir, interpreter, engine_home) for k, v in plan.set_env.items()}
+    env = {**os.environ, **set_env}
     argv = [_fill(a, run_dir, interpreter, engine_home) for a in plan.argv]
     if resume_from is not None:
         argv = adapter.resume_argv(resume_from, argv, run_dir)
     if echo_stderr and sys.stderr.isatty():
         env["STATESET_BACKEND_PROGRESS"] = "tty"
+    return PreparedLaunch(argv, run_dir, env, set_env,
+                          f"stateset-{plan.run_id}-{attempt.number}", echo_stderr)
 
-    started, t0 = _now(), time.monotonic()
-    logs = {"stdout_path": run_dir / "stdout.log", "stderr_path": run_dir / "stderr.log"}
-    if plan.provider == "ray":
-        from .ray_jobs import run_ray
 
-        job_env = {k: _fill(v, run_dir, interpreter, engine_home)
-                   for k, v in plan.set_env.items()}
-        exit_ = run_ray(argv, address=ray_address or os.environ.get("RAY_ADDRESS"),
-                        env=job_env, submission_id=f"stateset-{plan.run_id}-{attempt.number}",
-                        timeout=timeout, **logs)
-    else:
-        exit_ = run_local(argv, cwd=run_dir, env=env, timeout=timeout,
-                          echo_stderr=echo_stderr, **logs)
-    duration = time.monotonic() - t0
-
+def collect_and_validate(plan: LaunchPlan, adapter: EngineAdapter, attempt: Attempt,
+                         spec: ExperimentSpec, exit_: Exit, resume_from: Checkpoint | None, *,
+                         started: str, duration: float) -> Result:
+    """Read the engine's outputs back and run every result check; nothing is `succeeded`
+    unless the engine exited 0 and every check passed."""
+    run_dir = attempt.directory.resolve()
     dialect = plan.resolved_dialect()  # what the plan was translated with, not today's contract
     ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version, dialect)
     collected, collect_error = None, None
@@ -182,7 +195,7 @@ def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, atte
         lines = "".join(json.dumps(row) + "\n" for row in collected.metrics)
         atomic_write_bytes(run_dir / CANONICAL_SERIES, lines.encode("utf-8"))
         series = CANONICAL_SERIES
-    result = Result(
+    return Result(
         run_id=plan.run_id, attempt=attempt.number, experiment_digest=plan.experiment_digest,
         binding_digest=plan.binding_digest, plan_checksum=plan.checksum, engine=plan.engine,
         engine_version=plan.engine_version, provider=plan.provider, status=status,
@@ -196,8 +209,6 @@ def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, atte
         selection=select_checkpoint(spec.evaluation.select_by,
                                     collected.metrics if collected else [], artifacts),
         deviations=plan.deviations, artifacts=artifacts, checks=checks)
-    path = store.finish(attempt, result)
-    return result, path
 
 
 def raise_for_status(result: Result, path: Path) -> None:
