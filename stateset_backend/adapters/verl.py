@@ -28,7 +28,7 @@ from ..core.adapter import (
 )
 from ..core.contracts import Dialect
 from ..core.hub import pinned_model_path
-from ..core.inputs import REWARD_SHIM_FILE, reward_shim
+from ..core.inputs import REWARD_SHIM_FILE, local_path, reward_shim
 from ..core.rules import (
     Hardcoded,
     Outcome,
@@ -559,6 +559,11 @@ class VerlAdapter(EngineAdapter):
         native = {f"{ACTOR}.use_dynamic_bsz": True,
                   f"{ACTOR}.ppo_max_token_len_per_gpu": max(16384, 2 * tokens),
                   **translation.native}
+        # verl runs in the run folder: a split named relative to the spec is made absolute
+        for key in ("data.train_files", "data.val_files"):
+            path = local_path(native[key], Path(ctx.base_dir or "."))
+            if path is not None:
+                native[key] = str(path.resolve())
         # Identity and outputs: the run id and digest name the run inside verl's own outputs.
         owned = {
             "trainer.project_name": spec.name,
