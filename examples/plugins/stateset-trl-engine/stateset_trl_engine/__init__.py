@@ -1,0 +1,1 @@
+"""stateset-backend engine plugin for Hugging Face TRL (GRPOTrainer)."""

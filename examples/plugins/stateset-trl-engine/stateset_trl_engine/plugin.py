@@ -1,0 +1,579 @@
+"""The TRL adapter: the spec as a GRPOConfig and a generated script that runs GRPOTrainer.
+
+Every spec leaf ends pinned (a GRPOConfig field, or a ``launch.*`` setting the generated
+script honours), refused, or declared (a behaviour TRL hard-codes, named in the contract).
+The launch is one Python file written into the run folder: its settings are a JSON literal,
+never formatted into code, and the code around them is the fixed ``launch_script.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from stateset_backend.plugin import (
+    PYTHON,
+    REWARD_SHIM_FILE,
+    RUN_DIR,
+    Artifact,
+    Collected,
+    Dialect,
+    DialectKeys,
+    EngineAdapter,
+    ExperimentSpec,
+    Hardcoded,
+    InvalidInput,
+    LaunchContext,
+    NativeLaunch,
+    Outcome,
+    Pinned,
+    Refused,
+    RuleSet,
+    Translation,
+    carried,
+    even_split,
+    external_rules,
+    hookimpl,
+    local_path,
+    only,
+    pinned_model_path,
+    refuse,
+    reward_shim,
+    to,
+    with_owned_keys,
+)
+
+LAUNCH_FILE = "stateset_trl_launch.py"
+METRICS_FILE = "trl_metrics.jsonl"
+IDENTITY_FILE = "trl_identity.json"
+CHECKPOINTS = "checkpoints"
+FINAL = "final"
+BUILTIN_PREFIX = "builtin:"
+STD_EPSILON = 1e-4  # GRPOTrainer: advantages / (std_rewards + 1e-4)
+LAUNCH = "launch."  # settings the generated script honours itself (not GRPOConfig fields)
+# canonical metric -> TRL's logged name
+METRICS = {"reward/mean": "reward", "loss/policy": "loss", "kl": "kl", "entropy": "entropy",
+           "grad_norm": "grad_norm", "lr": "learning_rate",
+           "response_length/mean": "completions/mean_length"}
+CLIPPED = ("grpo", "dr_grpo", "dapo", "gspo")  # objectives TRL runs with its clipped surrogate
+TOKEN_LOSS = {"token_mean": "bnpo", "seq_mean_token_mean": "grpo",
+              "seq_mean_token_sum_norm": "dr_grpo"}
+SEQUENCE_LOSS = {**TOKEN_LOSS, "seq_mean_token_sum": "luspo"}
+
+
+class TRLKeys(DialectKeys):
+    """GRPOConfig field names per release range, and switches every launch sets alike."""
+
+    num_generations: str
+    per_device_train_batch_size: str
+    steps_per_generation: str
+    gradient_accumulation_steps: str
+    num_iterations: str
+    max_steps: str
+    loss_type: str
+    scale_rewards: str
+    importance_sampling_level: str
+    epsilon: str
+    epsilon_high: str
+    delta: str
+    beta: str
+    entropy_coef: str
+    temperature: str
+    top_p: str
+    top_k: str
+    max_completion_length: str
+    shuffle_dataset: str
+    seed: str
+    learning_rate: str
+    adam_beta1: str
+    adam_beta2: str
+    adam_epsilon: str
+    weight_decay: str
+    max_grad_norm: str
+    optim: str
+    lr_scheduler_type: str
+    lr_scheduler_kwargs: str
+    warmup_steps: str
+    bf16: str
+    fp16: str
+    model_init_kwargs: str
+    save_strategy: str
+    save_steps: str
+    save_total_limit: str
+    eval_strategy: str
+    use_vllm: str
+    use_cpu: str
+    output_dir: str
+    run_name: str
+    logging_steps: str
+    report_to: str
+    fixed: dict[str, Any]  # features switched off (or to the spec's meaning) on every launch
+
+
+def steps_per_update(spec: ExperimentSpec) -> int:
+    """Optimizer steps per update: TRL's max_steps, save_steps and scheduler count these."""
+    return spec.budget.ppo_epochs * spec.budget.mini_batches
+
+
+def builtin_dir(model_path: str) -> Path | None:
+    """The asset folder of a ``builtin:<name>`` model, shipped with stateset-backend."""
+    if not model_path.startswith(BUILTIN_PREFIX):
+        return None
+    name = model_path.removeprefix(BUILTIN_PREFIX)
+    root = Path(str(resources.files("stateset_backend"))) / "native" / "assets"
+    directory = root / name
+    if not name or "/" in name or not (directory / "config.json").is_file():
+        known = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        raise InvalidInput(f"model.path: no built-in model {name!r} "
+                           f"(built-in: {', '.join(known) or 'none'})")
+    return directory
+
+
+def directory_digest(root: Path) -> str:
+    """``sha256:`` of the canonical JSON {relative path: file sha256} (the spec's local-model
+    revision)."""
+    import rfc8785
+
+    files = {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(root.rglob("*")) if p.is_file()}
+    return "sha256:" + hashlib.sha256(rfc8785.dumps(files)).hexdigest()
+
+
+# -- rules, by section --------------------------------------------------------------------
+def _algorithm_rules(f: TRLKeys) -> dict[str, Any]:
+    def objective(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value not in (*CLIPPED, "cispo"):
+            return Refused(f"TRL's GRPOTrainer has no {value} objective")
+        return Pinned({f.loss_type: loss_type(spec)}) if loss_type(spec) else Refused(
+            _aggregation_refusal(spec))
+
+    def aggregation(value: Any, spec: ExperimentSpec) -> Outcome:
+        name = loss_type(spec)
+        return Pinned({f.loss_type: name}) if name else Refused(_aggregation_refusal(spec))
+
+    def ratio_level(value: Any, spec: ExperimentSpec) -> Outcome:
+        gspo = spec.algorithm.objective == "gspo"
+        if (value == "sequence") != gspo:
+            return Refused("TRL's sequence-level ratio is GSPO's; other objectives use token "
+                           "ratios" if value == "sequence" else
+                           "GSPO's ratio is per sequence (ratio_level sequence)")
+        native = {f.importance_sampling_level: value}
+        if steps_per_update(spec) > 1:
+            return Hardcoded("ratio from the unclamped log-ratio", "log_ratio_unclamped", native)
+        return Pinned(native, "one optimizer step per batch: TRL's ratio is exactly 1")
+
+    def clip_low(value: Any, spec: ExperimentSpec) -> Outcome:
+        if spec.algorithm.objective == "cispo":
+            if value < 1.0:
+                return Refused("TRL's CISPO weight has no lower clip: set clip.low to 1.0 or "
+                               "more (the ratio is never below 1 - low)")
+            return Pinned({f.epsilon: value}, "CISPO: TRL clips the weight from above only")
+        return Pinned({f.epsilon: value})
+
+    def clip_high(value: Any, spec: ExperimentSpec) -> Outcome:
+        if spec.algorithm.objective == "cispo":  # TRL's epsilon_high is CISPO's weight cap
+            return Pinned({f.epsilon_high: 1.0 + value})
+        return Pinned({f.epsilon_high: value})
+
+    def dual_clip(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value is None:
+            return Pinned({f.delta: None})
+        if spec.algorithm.objective == "cispo":
+            return Refused("TRL's CISPO loss has no dual clip")
+        if value <= 1.0 + spec.algorithm.clip.high:
+            return Refused("TRL's two-sided clip (delta) equals dual-clip only above the upper "
+                           "clip bound: set dual_clip above 1 + clip.high")
+        return Pinned({f.delta: value}, "TRL's delta caps the ratio of negative-advantage "
+                                        "tokens, which bounds their loss by -A * dual_clip")
+
+    def kl_section(value: Any, spec: ExperimentSpec) -> Outcome:  # only reached when null
+        return Pinned({f.beta: 0.0})
+
+    def kl_coef(value: Any, spec: ExperimentSpec) -> Outcome:
+        return Pinned({f.beta: value})
+
+    def kl_clamp(value: Any, spec: ExperimentSpec) -> Outcome:
+        return Hardcoded("none", "k3_unclamped")
+
+    def std_normalize(value: Any, spec: ExperimentSpec) -> Outcome:
+        if not value:
+            return Pinned({f.scale_rewards: "none"})
+        if spec.algorithm.advantage.scope != "group":
+            return Refused("TRL's batch scaling divides by the std of the raw rewards, not "
+                           "the token-weighted whitening of advantage.scope batch")
+        return Pinned({f.scale_rewards: "group"})
+
+    def scope(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == "group" or not spec.algorithm.advantage.std_normalize:
+            return Pinned({}, "TRL centres by the group mean; scale_rewards says what divides")
+        return Refused("TRL's batch scaling divides by the std of the raw rewards, not the "
+                       "token-weighted whitening of advantage.scope batch")
+
+    def zero_variance(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == "exclude":
+            return Refused("TRL keeps zero-variance groups (it has no dynamic sampling)")
+        return Hardcoded("kept, centred by a float32 group mean", "zero_variance_float_mean")
+
+    return {
+        "algorithm.objective": objective,
+        "algorithm.group_size": only(lambda v: v >= 2, "TRL needs at least 2 samples per "
+                                     "prompt", to(f.num_generations)),
+        "algorithm.clip.low": clip_low,
+        "algorithm.clip.high": clip_high,
+        "algorithm.clip.dual_clip": dual_clip,
+        "algorithm.ratio_level": ratio_level,
+        "algorithm.loss_aggregation": aggregation,
+        "algorithm.kl": kl_section,
+        "algorithm.kl.coef": kl_coef,
+        "algorithm.kl.estimator": only(lambda v: v == "k3", "TRL's KL is the k3 estimator",
+                                       carried("TRL's only estimator (k3)")),
+        "algorithm.kl.placement": only(lambda v: v == "loss", "TRL adds the KL to the loss, "
+                                       "never to the reward", carried("added to each token's "
+                                                                      "loss, times beta")),
+        "algorithm.kl.clamp": kl_clamp,
+        "algorithm.advantage.std_normalize": std_normalize,
+        "algorithm.advantage.std": lambda v, s: Hardcoded("unbiased", "group_std_unbiased"),
+        "algorithm.advantage.epsilon": lambda v, s: Hardcoded(STD_EPSILON,
+                                                              "group_std_plus_1e-4"),
+        "algorithm.advantage.scope": scope,
+        "algorithm.advantage.zero_variance_groups": zero_variance,
+        "algorithm.dynamic_sampling": lambda v, s: Pinned(
+            {}, "TRL never refills a batch") if v is None else
+        Refused("TRL has no dynamic sampling"),
+        "algorithm.dynamic_sampling.max_rounds": refuse("TRL has no dynamic sampling"),
+        "algorithm.overlong": lambda v, s: Pinned(
+            {}, "TRL shapes no reward by length") if v is None else
+        Refused("TRL has no soft overlong penalty"),
+        "algorithm.overlong.buffer_tokens": refuse("TRL has no soft overlong penalty"),
+        "algorithm.overlong.penalty": refuse("TRL has no soft overlong penalty"),
+        "algorithm.entropy_coef": to(f.entropy_coef),
+        "algorithm.gae": lambda v, s: Pinned({}, "no critic") if v is None else
+        Refused("TRL's GRPOTrainer has no critic"),
+        "algorithm.gae.gamma": refuse("TRL's GRPOTrainer has no critic"),
+        "algorithm.gae.lam": refuse("TRL's GRPOTrainer has no critic"),
+    }
+
+
+def loss_type(spec: ExperimentSpec) -> str | None:
+    """TRL's loss_type for the spec's objective and aggregation, or None when it has none."""
+    a, agg = spec.algorithm, spec.algorithm.loss_aggregation
+    if a.objective == "cispo":
+        # normalised by the batch's token count / steps_per_generation: a token mean only
+        # when each batch is one optimizer step
+        return "cispo" if agg == "token_mean" and spec.budget.mini_batches == 1 else None
+    table = SEQUENCE_LOSS if a.ratio_level == "sequence" else TOKEN_LOSS
+    return table.get(agg)
+
+
+def _aggregation_refusal(spec: ExperimentSpec) -> str:
+    a = spec.algorithm
+    if a.objective == "cispo":
+        return ("TRL's CISPO loss is a token mean over the whole batch: it needs "
+                "loss_aggregation token_mean and budget.mini_batches 1")
+    return (f"TRL sums tokens per sequence (luspo) only with sequence ratios; "
+            f"{a.loss_aggregation} with {a.ratio_level} ratios has no TRL loss_type")
+
+
+def _optim_rules(f: TRLKeys) -> dict[str, Any]:
+    def weight_decay(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == 0:
+            return Pinned({f.weight_decay: value})
+        return Hardcoded("decay on every parameter except biases and norm weights",
+                         "weight_decay_spares_bias_and_norm", {f.weight_decay: value})
+
+    def schedule(value: Any, spec: ExperimentSpec) -> Outcome:
+        ratio = spec.optim.min_lr_ratio
+        name = {"constant": "constant_with_warmup", "cosine": "cosine_with_min_lr",
+                "linear": "linear" if ratio == 0 else "polynomial"}[value]
+        native = {f.lr_scheduler_type: name}
+        if value != "constant" and steps_per_update(spec) > 1:
+            return Hardcoded("decay advanced per optimizer step", "lr_decay_per_optimizer_step",
+                             native)
+        return Pinned(native)
+
+    def min_lr_ratio(value: Any, spec: ExperimentSpec) -> Outcome:
+        kind = spec.optim.schedule
+        if kind == "cosine":
+            return Pinned({f.lr_scheduler_kwargs: {"min_lr_rate": value}})
+        if kind == "linear" and value > 0:  # a linear decay to a floor is power-1 polynomial
+            return Pinned({f.lr_scheduler_kwargs: {"lr_end": value * spec.optim.lr,
+                                                   "power": 1.0}})
+        return Pinned({f.lr_scheduler_kwargs: {}}, f"a {kind} schedule has no floor")
+
+    def warmup(value: Any, spec: ExperimentSpec) -> Outcome:
+        k = steps_per_update(spec)
+        native = {f.warmup_steps: value * k}
+        if value > 0 and k > 1:
+            return Hardcoded("warmup over warmup_steps * k optimizer steps",
+                             "lr_warmup_per_optimizer_step", native)
+        return Pinned(native)
+
+    return {
+        "optim.kind": only(lambda v: v == "adamw", "TRL is given torch's AdamW",
+                           lambda v, s: Pinned({f.optim: "adamw_torch"})),
+        "optim.lr": to(f.learning_rate),
+        "optim.betas": lambda v, s: Pinned({f.adam_beta1: v[0], f.adam_beta2: v[1]}),
+        "optim.eps": to(f.adam_epsilon),
+        "optim.weight_decay": weight_decay,
+        "optim.grad_clip": to(f.max_grad_norm),
+        "optim.schedule": schedule,
+        "optim.warmup_steps": warmup,
+        "optim.min_lr_ratio": min_lr_ratio,
+    }
+
+
+def _budget_rules(f: TRLKeys) -> dict[str, Any]:
+    def batch(spec: ExperimentSpec) -> Outcome:
+        samples = spec.budget.prompts_per_update * spec.algorithm.group_size
+        parts = spec.budget.mini_batches
+        return even_split(samples, parts, "samples") or Pinned({
+            f.per_device_train_batch_size: samples // parts, f.steps_per_generation: parts,
+            f.gradient_accumulation_steps: 1})
+
+    def mini_batches(value: Any, spec: ExperimentSpec) -> Outcome:
+        outcome = batch(spec)
+        if value > 1 and isinstance(outcome, Pinned):
+            return Hardcoded("mini-batches of shuffled samples, the same split every epoch",
+                             "mini_batches_of_shuffled_samples", outcome.native)
+        return outcome
+
+    return {
+        "budget.total_updates": lambda v, s: Pinned({f.max_steps: v * steps_per_update(s)},
+                                                    "max_steps counts optimizer steps: "
+                                                    "total_updates * ppo_epochs * "
+                                                    "mini_batches"),
+        "budget.prompts_per_update": lambda v, s: batch(s),
+        "budget.ppo_epochs": to(f.num_iterations),
+        "budget.mini_batches": mini_batches,
+        "budget.partial_batch": carried("TRL's sampler drops the prompts left at the end of a "
+                                        "pass that cannot fill a whole batch, and reshuffles "
+                                        "the next pass"),
+    }
+
+
+def _data_rules(f: TRLKeys) -> dict[str, Any]:
+    def chat_template(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value and spec.model.path.startswith(BUILTIN_PREFIX):
+            return Refused(f"{spec.model.path} ships no chat template: set data.chat_template "
+                           "to false to tokenize prompts as plain text")
+        return Pinned({LAUNCH + "chat_template": value}, "a prompt is one user message "
+                      "(conversational dataset) or plain text")
+
+    def overflow(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value not in ("drop", "error"):
+            return Refused("TRL has no prompt truncation; the launch can drop over-long prompts "
+                           "or stop with an error")
+        return Pinned({LAUNCH + "prompt_overflow": value}, "the launch script measures each "
+                      "prompt with the model's tokenizer before training")
+
+    no_validation = "no validation runs: evaluation.every is null"
+    return {
+        "data.train.uri": to(LAUNCH + "train_uri"),
+        "data.train.prompt_field": to(LAUNCH + "prompt_field"),
+        "data.train.answer_field": to(LAUNCH + "answer_field"),
+        "data.validation": carried("no validation split"),
+        "data.validation.uri": carried(no_validation),
+        "data.validation.prompt_field": carried(no_validation),
+        "data.validation.answer_field": carried(no_validation),
+        "data.max_prompt_tokens": to(LAUNCH + "max_prompt_tokens"),
+        "data.max_response_tokens": to(f.max_completion_length),
+        "data.chat_template": chat_template,
+        "data.prompt_overflow": overflow,
+        "data.shuffle": to(f.shuffle_dataset),
+    }
+
+
+def _model_rules(f: TRLKeys) -> dict[str, Any]:
+    def dtype(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == "float32":
+            return Pinned({f.bf16: False, f.fp16: False})
+        if value == "bfloat16":
+            return Pinned({f.bf16: True, f.fp16: False}, "autocast over float32 weights")
+        return Refused("the TRL launch computes in float32 or bfloat16")
+
+    return {
+        "model.path": lambda v, s: Pinned({LAUNCH + "model": pinned_model_path(s)}),
+        "model.dtype": dtype,
+        "model.param_dtype": only(lambda v: v == "float32", "the TRL launch keeps float32 "
+                                  "weights and optimizer state",
+                                  lambda v, s: Pinned({f.model_init_kwargs: {"dtype":
+                                                                             "float32"}})),
+        "model.lora": lambda v, s: Pinned({}, "full fine-tuning: no peft_config") if v is None
+        else Refused("LoRA is not translated for TRL yet"),
+        "model.lora.rank": refuse("LoRA is not translated for TRL yet"),
+        "model.lora.alpha": refuse("LoRA is not translated for TRL yet"),
+        "model.lora.dropout": refuse("LoRA is not translated for TRL yet"),
+        "model.lora.target_modules": refuse("LoRA is not translated for TRL yet"),
+    }
+
+
+def _run_rules(f: TRLKeys) -> dict[str, Any]:
+    def checkpoint_every(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value is None:
+            return Pinned({f.save_strategy: "no", f.save_steps: 500})
+        return Pinned({f.save_strategy: "steps", f.save_steps: value * steps_per_update(spec)})
+
+    def gpus(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value > 1:
+            return Refused("the TRL launch is one process on one device")
+        return Pinned({f.use_cpu: value == 0})
+
+    return {
+        "seed": to(f.seed),
+        "reward.entrypoint": carried("a TRL reward function in the generated reward shim"),
+        "rollout.backend": only(lambda v: v == "hf", "the TRL launch samples with "
+                                "transformers' generate (rollout.backend hf); TRL's vLLM "
+                                "rollout adds its own importance-sampling correction",
+                                lambda v, s: Pinned({f.use_vllm: False})),
+        "rollout.temperature": to(f.temperature),
+        "rollout.top_p": to(f.top_p),
+        "rollout.top_k": to(f.top_k, convert=lambda v: 0 if v is None else v),
+        "checkpoint.every": checkpoint_every,
+        "checkpoint.keep": to(f.save_total_limit),
+        "evaluation.every": lambda v, s: Pinned({f.eval_strategy: "no"}) if v is None else
+        Refused("TRL validates by sampling like its rollouts, not with the spec's validation "
+                "decoding; set evaluation.every to null"),
+        "evaluation.temperature": refuse("TRL does not run the spec's validation"),
+        "evaluation.top_p": refuse("TRL does not run the spec's validation"),
+        "evaluation.samples": refuse("TRL does not run the spec's validation"),
+        "resources.nodes": only(lambda v: v == 1, "the TRL launch runs on one node",
+                                carried("one node")),
+        "resources.gpus_per_node": gpus,
+    }
+
+
+class TRLAdapter(EngineAdapter):
+    name = "trl"
+    contract_package = "stateset_trl_engine"
+    contract_file = "contract.json"
+    dialect_keys = TRLKeys
+
+    def rules(self, dialect: Dialect) -> RuleSet:
+        f: TRLKeys = self.keys(dialect)
+        return {**external_rules("TRL"), **_algorithm_rules(f), **_optim_rules(f),
+                **_budget_rules(f), **_data_rules(f), **_model_rules(f), **_run_rules(f)}
+
+    def render(self, translation: Translation, spec: ExperimentSpec,
+               ctx: LaunchContext) -> NativeLaunch:
+        f: TRLKeys = self.keys(ctx.dialect)
+        base = Path(ctx.base_dir or ".")
+        for key in translation.native:
+            if translation.sources.get(key, "").startswith("engine_options") and \
+                    (key.startswith(LAUNCH) or not key.isidentifier()):
+                raise InvalidInput(f"engine_options.trl.{key}: TRL options are GRPOConfig "
+                                   "field names")
+        owned = {f.output_dir: CHECKPOINTS, f.run_name: ctx.run_name,
+                 f.logging_steps: steps_per_update(spec), f.report_to: "none"}
+        # speed and memory knobs that never change the math; engine_options may change them
+        knobs = {"gradient_checkpointing": False, "disable_tqdm": True,
+                 "dataloader_num_workers": 0}
+        native = with_owned_keys("trl", {**knobs, **translation.native}, {**f.fixed, **owned})
+        config = {k: v for k, v in native.items() if not k.startswith(LAUNCH)}
+        launch = {k.removeprefix(LAUNCH): v for k, v in native.items() if k.startswith(LAUNCH)}
+        train = local_path(launch["train_uri"], base)
+        if train is None:
+            raise InvalidInput("data.train.uri: the TRL launch reads a local split")
+        launch["train_uri"] = str(train.resolve())
+        builtin = builtin_dir(spec.model.path)
+        if builtin is not None:
+            if spec.model.revision is not None and \
+                    spec.model.revision != directory_digest(builtin):
+                raise InvalidInput(f"model.revision: {spec.model.path} has content digest "
+                                   f"{directory_digest(builtin)}, the spec pins "
+                                   f"{spec.model.revision}")
+            launch["model"], launch["init_from_seed"] = str(builtin), True
+        else:
+            model = local_path(launch["model"], base)
+            if model is not None and model.is_dir():
+                launch["model"] = str(model.resolve())
+                revision = spec.model.revision or ""
+                if revision.startswith("sha256:") and revision != directory_digest(model):
+                    raise InvalidInput(f"model.revision: {model} has content digest "
+                                       f"{directory_digest(model)}, the spec pins {revision}")
+            launch["init_from_seed"] = False
+        settings = {"run_id": ctx.run_id, "experiment_digest": ctx.experiment_digest,
+                    "steps_per_update": steps_per_update(spec), "seed": spec.seed,
+                    "launch": launch, "config": config,
+                    "files": {"metrics": METRICS_FILE, "identity": IDENTITY_FILE,
+                              "final": FINAL, "reward": REWARD_SHIM_FILE}}
+        return NativeLaunch(
+            argv=[PYTHON, f"{RUN_DIR}/{LAUNCH_FILE}"],
+            files={LAUNCH_FILE: launch_script(settings),
+                   REWARD_SHIM_FILE: reward_shim(spec, ctx.base_dir, "TRL", REWARD_CALL)},
+            set_env={"TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false"},
+            env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE"],
+            native=native)
+
+    def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
+        out = Collected(raw_metric_names=dict(METRICS))
+        ident = attempt_dir / IDENTITY_FILE
+        if ident.is_file():
+            doc = json.loads(ident.read_text(encoding="utf-8"))
+            # the identity TRL itself carried: GRPOConfig.run_name is "<run id>.<digest hex>"
+            run_id, _, digest = str(doc.get("run_name", "")).partition(".")
+            out.run_id, out.experiment_digest = run_id or None, (
+                f"sha256:{digest}" if digest else None)
+        metrics = attempt_dir / METRICS_FILE
+        if metrics.is_file():
+            for line in metrics.read_text(encoding="utf-8").splitlines():
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                canonical = {"step": row["update"]}
+                canonical.update({name: row["logs"][raw] for name, raw in METRICS.items()
+                                  if raw in row["logs"]})
+                out.metrics.append(canonical)
+        out.committed_updates = max((int(r["step"]) for r in out.metrics), default=0)
+        out.notes.append("loss/policy is TRL's logged loss: the policy term plus beta * KL")
+        k = _steps_per_update(attempt_dir)
+        for step_dir in sorted((attempt_dir / CHECKPOINTS).glob("checkpoint-*"),
+                               key=lambda p: int(p.name.removeprefix("checkpoint-"))):
+            update = int(step_dir.name.removeprefix("checkpoint-")) // k
+            out.artifacts += [Artifact(str(p.relative_to(attempt_dir)), "checkpoint", update)
+                              for p in sorted(step_dir.rglob("*")) if p.is_file()]
+        final = attempt_dir / FINAL
+        if final.is_dir():
+            out.artifacts += [Artifact(str(p.relative_to(attempt_dir)), "model",
+                                       out.committed_updates)
+                              for p in sorted(final.rglob("*")) if p.is_file()]
+        return out
+
+
+def _steps_per_update(attempt_dir: Path) -> int:
+    ident = attempt_dir / IDENTITY_FILE
+    if ident.is_file():
+        return max(1, int(json.loads(ident.read_text(encoding="utf-8")).get(
+            "steps_per_update", 1)))
+    return 1
+
+
+def launch_script(settings: dict[str, Any]) -> str:
+    """The generated launch: the settings as one JSON string literal, then the fixed code."""
+    body = resources.files("stateset_trl_engine").joinpath("launch_script.py").read_text(
+        encoding="utf-8")
+    literal = json.dumps(settings, indent=2, sort_keys=True)
+    header = ('"""Generated by stateset-trl-engine: one stateset-backend run on TRL\'s '
+              'GRPOTrainer."""\nimport json\n\n'
+              f"SETTINGS = json.loads({literal!r})\n\n")
+    return header + body
+
+
+# TRL calls reward functions with the batch's prompts and completions and every other
+# dataset column as a keyword list; the launch keeps the spec's prompt and answer in two.
+REWARD_CALL = '''
+
+def trl_reward(prompts, completions, stateset_prompt, stateset_answer, **kwargs):
+    def text(completion):
+        return completion[-1]["content"] if isinstance(completion, list) else completion
+
+    return [float(score(p, text(c), a))
+            for p, c, a in zip(stateset_prompt, completions, stateset_answer, strict=True)]
+'''
+
+
+@hookimpl
+def register_adapters(register: Any) -> None:
+    register(TRLAdapter())
