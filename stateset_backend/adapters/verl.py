@@ -232,9 +232,8 @@ def _std_normalize(value: Any, spec: ExperimentSpec) -> Outcome:
 
 
 def _std(value: Any, spec: ExperimentSpec) -> Outcome:
-    if spec.algorithm.objective in WHITENED:
-        return Hardcoded("unbiased", "batch_whitening")  # unbiased over tokens, declared there
-    return Hardcoded("unbiased", "grpo_std")
+    # GRPO: torch.std of the group; whitening: masked_var, Bessel-corrected over tokens
+    return Hardcoded("unbiased", "advantage_std")
 
 
 def _epsilon(value: Any, spec: ExperimentSpec) -> Outcome:
@@ -246,7 +245,8 @@ def _epsilon(value: Any, spec: ExperimentSpec) -> Outcome:
 def _scope(value: Any, spec: ExperimentSpec) -> Outcome:
     objective = spec.algorithm.objective
     if objective in WHITENED:
-        return Hardcoded("batch (token-weighted)", "batch_whitening") if value == "batch" \
+        return Pinned({}, "verl's masked_whiten: over the batch's response tokens, each "
+                          "sample weighted by its token count") if value == "batch" \
             else Refused(f"verl whitens {objective} advantages over the batch, not per group")
     if value == "batch":
         return Refused(f"verl's {ESTIMATOR[objective]} advantages are per group")

@@ -368,9 +368,8 @@ def test_verl_rejections_name_the_field():
 DECLARED = [
     ("0.9.1", "dapo", GOLDEN["dapo"], {"unbounded_refill"}),
     ("0.9.0", "dapo", GOLDEN["dapo"], {"unbounded_refill", "filter_on_score"}),
-    ("0.9.1", "reinforce_pp", GOLDEN["reinforce_pp"], {"batch_whitening", "whitening_epsilon"}),
-    ("0.9.1", "ppo", GOLDEN["ppo_critic"], {"batch_whitening", "whitening_epsilon",
-                                            "ppo_value_clip"}),
+    ("0.9.1", "reinforce_pp", GOLDEN["reinforce_pp"], {"whitening_epsilon"}),
+    ("0.9.1", "ppo", GOLDEN["ppo_critic"], {"whitening_epsilon", "ppo_value_clip"}),
     ("0.7.1", "token_mean", golden({"objective": "rloo"}), {"micro_batch_token_mean"}),
     ("0.5.0", "cosine_floor", _with(golden({"objective": "grpo"}),
                                     optim={"schedule": "cosine", "min_lr_ratio": 0.1}),
