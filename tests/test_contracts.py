@@ -92,8 +92,9 @@ def _verl():
 
 
 @pytest.mark.parametrize("version, dialect", [
-    ("0.4.1", "v0.4"), ("0.5.0", "v0.4"), ("0.6.0", "v0.6"), ("0.7.0", "v0.7.0"),
-    ("0.7.1", "v0.7.1"), ("0.8.0", "v0.7.1"), ("0.9.1", "v0.9")])
+    ("0.4.1", "v0.4"), ("0.5.0", "v0.4"), ("0.6.0", "v0.6.0"), ("0.6.1", "v0.6.1"),
+    ("0.7.0", "v0.7.0"), ("0.7.1", "v0.7.1"), ("0.8.0", "v0.8"), ("0.9.0", "v0.9.0"),
+    ("0.9.1", "v0.9.1")])
 def test_dialect_follows_the_version(version, dialect):
     from packaging.version import Version
 
@@ -140,5 +141,6 @@ def test_malformed_version_string_is_invalid_input():
 def test_required_capabilities_follow_the_spec(full):
     need = required_capabilities(parse_spec(full))
     assert need <= VOCABULARY
-    assert {"clip:asymmetric", "lora", "multi_turn", "multi_node", "checkpoint",
+    assert {"clip:asymmetric", "lora", "multi_node", "checkpoint",
             "validation", "entropy_bonus"} <= need
+    assert ("multi_turn" in need) == (full["environment"]["kind"] == "multi_turn")

@@ -17,7 +17,7 @@ EXPECTED = {
     ("grpo", "openrlhf", "0.11.2"): None,
     ("grpo", "openrlhf", "0.9.10"): None,
     ("dapo", "verl", "0.9.1"): None,
-    ("dapo", "verl", "0.7.0"): "dynamic_sampling (available in verl >=0.9.1)",
+    ("dapo", "verl", "0.7.0"): "dynamic_sampling (available in verl >=0.9)",
     ("gspo", "verl", "0.9.1"): None,
     ("gspo", "verl", "0.5.0"): "objective:gspo (available in verl >=0.6",
     ("gspo", "openrlhf", "0.11.2"): None,
