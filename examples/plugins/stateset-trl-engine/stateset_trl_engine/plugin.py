@@ -467,10 +467,11 @@ class TRLAdapter(EngineAdapter):
                                    "field names")
         owned = {f.output_dir: CHECKPOINTS, f.run_name: ctx.run_name,
                  f.logging_steps: steps_per_update(spec), f.report_to: "none"}
-        # speed and memory knobs that never change the math; engine_options may change them
+        # speed knobs that never change the math, set alike on every launch
         knobs = {"gradient_checkpointing": False, "disable_tqdm": True,
                  "dataloader_num_workers": 0}
-        native = with_owned_keys("trl", {**knobs, **translation.native}, {**f.fixed, **owned})
+        native = with_owned_keys("trl", dict(translation.native),
+                                 {**f.fixed, **knobs, **owned})
         config = {k: v for k, v in native.items() if not k.startswith(LAUNCH)}
         launch = {k.removeprefix(LAUNCH): v for k, v in native.items() if k.startswith(LAUNCH)}
         train = local_path(launch["train_uri"], base)

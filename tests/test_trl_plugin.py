@@ -1,0 +1,219 @@
+"""The TRL plugin: its contract against the installed TRL, its rules, its generated launch, and a
+real training run through the hub on the CPU."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stateset_backend.conformance import AdapterConformance
+from stateset_backend.core.contracts import parse_version
+from stateset_backend.core.rules import explain_rows, translate
+from stateset_backend.core.specfile import parse_spec
+
+trl = pytest.importorskip("trl")
+plugin = pytest.importorskip("stateset_trl_engine.plugin")
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SPEC = EXAMPLES / "support-routing-trl.json"
+VERSION = "1.16.0"
+
+
+def spec_doc(**budget: Any) -> dict[str, Any]:
+    """The TRL example, its files named by absolute path so it can be written anywhere."""
+    doc = json.loads(SPEC.read_text())
+    for split in ("train", "validation", "test"):
+        doc["data"][split]["uri"] = str(EXAMPLES / doc["data"][split]["uri"])
+    doc["reward"]["entrypoint"] = str(EXAMPLES / doc["reward"]["entrypoint"])
+    doc["budget"].update(budget)
+    return doc
+
+
+def dialect() -> Any:
+    return plugin.TRLAdapter().contract.dialect(parse_version(VERSION))
+
+
+def grpo_defaults() -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(trl.GRPOConfig):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def write_trl(attempt: Path, ctx: Any, *, metrics: list[dict[str, Any]], identity: bool,
+              artifacts: bool, checkpoint_step: int | None) -> None:
+    """TRL's outputs as the generated launch leaves them, from canonical rows."""
+    name = ctx.run_name if identity else "other-run." + "0" * 64
+    (attempt / plugin.IDENTITY_FILE).write_text(json.dumps({"run_name": name,
+                                                            "steps_per_update": 1}))
+    with (attempt / plugin.METRICS_FILE).open("w") as out:
+        for row in metrics:
+            logs = {raw: row[name] for name, raw in plugin.METRICS.items() if name in row}
+            out.write(json.dumps({"update": row["step"], "step": row["step"], "logs": logs})
+                      + "\n")
+    if artifacts and checkpoint_step is not None:
+        step_dir = attempt / plugin.CHECKPOINTS / f"checkpoint-{checkpoint_step}"
+        step_dir.mkdir(parents=True)
+        (step_dir / "model.safetensors").write_bytes(b"weights")
+        (attempt / plugin.FINAL).mkdir()
+        (attempt / plugin.FINAL / "model.safetensors").write_bytes(b"final")
+
+
+class TestTRLConformance(AdapterConformance):
+    engine_versions = ["1.15.0", VERSION]
+    base = {"model": {"path": "builtin:tiny-llama-support"}, "data": {"chat_template": False}}
+    unsupported = {"loss_agg:seq_mean_token_sum": "TRL sums tokens per sequence (luspo) only "
+                   "with GSPO's sequence ratios; the kit's sample uses token ratios"}
+
+    @pytest.fixture
+    def adapter(self):
+        return plugin.TRLAdapter()
+
+    @pytest.fixture
+    def write_outputs(self):
+        return write_trl
+
+
+def test_recorded_defaults_are_grpo_configs_own():
+    assert trl.__version__ == VERSION
+    actual = grpo_defaults()
+    recorded = dialect().defaults
+    assert {k: actual[k] for k in recorded} == recorded
+
+
+def test_every_fixed_switch_and_key_is_a_grpo_config_field():
+    fields = set(grpo_defaults())
+    keys = plugin.TRLAdapter().keys(dialect())
+    slots = {v for k, v in keys.model_dump().items() if k != "fixed"}
+    assert slots <= fields
+    assert set(keys.fixed) <= fields
+    # every switch TRL could use to change the math is set by every launch
+    assert set(keys.fixed) <= set(dialect().defaults)
+
+
+def render(doc: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    from stateset_backend.plugin import LaunchContext
+
+    spec = parse_spec(doc)
+    adapter = plugin.TRLAdapter()
+    d = dialect()
+    translation = translate(spec, adapter.rules(d), d, "trl", VERSION)
+    ctx = LaunchContext("run-1", "sha256:" + "ab" * 32, VERSION, d, str(EXAMPLES))
+    launch = adapter.render(translation, spec, ctx)
+    tree = ast.parse(launch.files[plugin.LAUNCH_FILE])
+    assign = tree.body[2]
+    assert isinstance(assign, ast.Assign) and assign.targets[0].id == "SETTINGS"  # type: ignore[attr-defined]
+    literal = assign.value.args[0]  # type: ignore[attr-defined]
+    return launch, json.loads(ast.literal_eval(literal))
+
+
+def test_launch_embeds_every_setting_as_one_literal_and_sets_every_default():
+    _, settings = render(spec_doc(total_updates=7, mini_batches=2))
+    config = settings["config"]
+    assert set(config) <= set(grpo_defaults())
+    assert set(dialect().defaults) <= set(config)
+    assert config["max_steps"] == 14  # optimizer steps: 7 updates x 2 mini-batches
+    assert config["per_device_train_batch_size"] * config["steps_per_generation"] == 16 * 16
+    assert config["run_name"] == "run-1." + "ab" * 32
+    assert config["use_bias_correction_kl"] is False
+    assert settings["launch"]["init_from_seed"] is True
+
+
+def test_hostile_text_stays_data():
+    doc = spec_doc()
+    doc["data"]["train"]["prompt_field"] = 'p"]; import os; os.system("x") #\n'
+    _, settings = render(doc)
+    assert settings["launch"]["prompt_field"] == doc["data"]["train"]["prompt_field"]
+
+
+def states(doc: dict[str, Any]) -> dict[str, str]:
+    d = dialect()
+    rows = explain_rows(parse_spec(doc), plugin.TRLAdapter().rules(d), d, "trl")
+    return {r.path: r.state for r in rows}
+
+
+def test_aggregations_map_to_trl_loss_types():
+    for agg, ratio, objective, expected in [
+            ("seq_mean_token_mean", "token", "grpo", "grpo"),
+            ("token_mean", "token", "grpo", "bnpo"),
+            ("seq_mean_token_sum_norm", "token", "dr_grpo", "dr_grpo"),
+            ("seq_mean_token_sum", "sequence", "gspo", "luspo"),
+            ("seq_mean_token_mean", "sequence", "gspo", "grpo")]:
+        doc = spec_doc()
+        doc["algorithm"].update(objective=objective, ratio_level=ratio, loss_aggregation=agg)
+        _, settings = render(doc)
+        assert settings["config"]["loss_type"] == expected, agg
+
+
+def test_refused_and_declared():
+    refused = {
+        "algorithm.advantage.scope": {"advantage": {"scope": "batch"}},
+        "algorithm.kl.placement": {"kl": {"coef": 0.01, "placement": "reward"}},
+        "algorithm.kl.estimator": {"kl": {"coef": 0.01, "estimator": "k1"}},
+        "algorithm.loss_aggregation": {"loss_aggregation": "seq_mean_token_sum"},
+        "algorithm.objective": {"objective": "rloo"},
+    }
+    for path, change in refused.items():
+        doc = spec_doc()
+        doc["algorithm"].update(change)
+        assert states(doc)[path] == "refused", path
+    doc = json.loads(SPEC.read_text())
+    doc["evaluation"] = {"every": 20, "select_by": None}
+    assert states(doc)["evaluation.every"] == "refused"
+    got = states(spec_doc())
+    assert got["algorithm.advantage.epsilon"] == "declared"
+    assert got["algorithm.kl.clamp"] == "declared"
+    assert got["algorithm.ratio_level"] == "pinned"  # one optimizer step: the ratio is 1
+    assert states(spec_doc(mini_batches=2))["budget.mini_batches"] == "declared"
+
+
+def test_support_routing_with_validation_is_refused_before_launch(cli, tmp_path):
+    proc = cli("plan", "--engine", "trl", EXAMPLES / "support-routing.json", "-o",
+               tmp_path / "plan.json")
+    assert proc.returncode == 3, proc.stderr
+    assert "missing validation" in proc.stderr
+
+
+def test_strict_equivalence_refuses_trls_declared_deviations(cli, tmp_path):
+    doc = spec_doc()
+    doc["equivalence"] = "strict"
+    (tmp_path / "spec.json").write_text(json.dumps(doc))
+    proc = cli("plan", "--engine", "trl", tmp_path / "spec.json", "-o", tmp_path / "p.json")
+    assert proc.returncode == 3
+    assert "group_std_plus_1e-4" in proc.stderr
+
+
+@pytest.mark.slow
+def test_trl_trains_the_tiny_model_through_the_hub(cli, tmp_path):
+    doc = spec_doc(total_updates=4)
+    doc["checkpoint"] = {"every": 2, "keep": 1}
+    (tmp_path / "spec.json").write_text(json.dumps(doc))
+    start = time.monotonic()
+    proc = cli("run", "--engine", "trl", "--runs-dir", tmp_path / "runs", tmp_path / "spec.json",
+               timeout=300)
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result_path = next((tmp_path / "runs").glob("*/result.json"))
+    result = json.loads(result_path.read_text())
+    assert result["status"] == "succeeded"
+    assert result["engine"] == "trl" and result["engine_version"] == VERSION
+    assert result["committed_updates"] == 4
+    assert all(c["ok"] for c in result["checks"]), result["checks"]
+    assert {"reward/mean", "loss/policy", "kl", "entropy", "grad_norm", "lr",
+            "response_length/mean"} <= set(result["metrics"]["summary"])
+    kinds = {a["kind"] for a in result["artifacts"]}
+    assert kinds == {"checkpoint", "model"}
+    steps = {a["step"] for a in result["artifacts"] if a["kind"] == "checkpoint"}
+    assert steps == {4}  # every 2 updates, keep 1
+    names = {d["deviation"] for d in result["deviations"]}
+    assert "group_std_plus_1e-4" in names
+    assert seconds < 60, f"{seconds:.1f}s"
