@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -197,10 +196,8 @@ def test_trl_trains_the_tiny_model_through_the_hub(cli, tmp_path):
     doc = spec_doc(total_updates=4)
     doc["checkpoint"] = {"every": 2, "keep": 1}
     (tmp_path / "spec.json").write_text(json.dumps(doc))
-    start = time.monotonic()
     proc = cli("run", "--engine", "trl", "--runs-dir", tmp_path / "runs", tmp_path / "spec.json",
                timeout=300)
-    seconds = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
     result_path = next((tmp_path / "runs").glob("*/result.json"))
     result = json.loads(result_path.read_text())
@@ -216,4 +213,3 @@ def test_trl_trains_the_tiny_model_through_the_hub(cli, tmp_path):
     assert steps == {4}  # every 2 updates, keep 1
     names = {d["deviation"] for d in result["deviations"]}
     assert "group_std_plus_1e-4" in names
-    assert seconds < 60, f"{seconds:.1f}s"
