@@ -36,6 +36,7 @@ from .core.adapter import (
     distribution_version,
     stage_checkpoint,
 )
+from .core.content import directory_digest, sha256_file
 from .core.contracts import Contract, Deviation, Dialect
 from .core.errors import AdapterBug, InvalidInput, StatesetError, Unsupported
 from .core.hookspecs import hookimpl
@@ -79,8 +80,10 @@ from .core.shared_rules import (
 )
 from .core.spec import ExperimentSpec
 from .core.tensorboard import canonical_rows, read_hparams, read_scalars
+from .native.tiny_model import BUILTIN_PREFIX, builtin_dir
 
 __all__ = [
+    "BUILTIN_PREFIX",
     "CORE_HANDLED",
     "ENGINE_HOME",
     "PYTHON",
@@ -114,8 +117,10 @@ __all__ = [
     "all_leaf_paths",
     "atomic_write_bytes",
     "atomic_write_json",
+    "builtin_dir",
     "canonical_rows",
     "carried",
+    "directory_digest",
     "disabled_when_none",
     "distribution_version",
     "even_split",
@@ -134,6 +139,7 @@ __all__ = [
     "revision_outcome",
     "reward_function",
     "reward_shim",
+    "sha256_file",
     "split_rows",
     "stage_checkpoint",
     "to",
