@@ -1,136 +1,300 @@
 """The adapter conformance kit: test classes an adapter author runs in their own CI.
 
-Mix :class:`AdapterConformance` into a pytest class and provide two fixtures::
+One short subclass is all an adapter author writes (install ``stateset-backend[conformance]``)::
 
+    import pytest
     from stateset_backend.conformance import AdapterConformance
 
     class TestMyEngine(AdapterConformance):
+        engine_versions = ["1.0.0", "2.3.1"]     # first and last release of every dialect
+        data_format = "parquet"                  # what the engine reads: jsonl or parquet
+        unsupported = {"lora <2": "LoRA needs peft, which 1.x cannot load"}
+
         @pytest.fixture
         def adapter(self):
             return MyAdapter()
 
         @pytest.fixture
-        def engine_versions(self):
-            return ["1.0.0", "2.3.1"]   # at least one version per dialect
+        def write_outputs(self):
+            return write_my_engine_outputs      # the engine's native files, from canonical values
 
-The kit proves what the core relies on: the contract is valid against the shipped JSON Schema
-and names the adapter's engine; every dialect is exercised; every leaf of every sample spec is
-mapped, rejected with a reason, or not applicable with a reason (never silently dropped);
-translation is deterministic; and ``engine_options`` cannot override a mapped key. What an
-adapter does not support is declared in ``unsupported`` and reported as skipped-unsupported,
-never as passed.
+Every check is derived from the adapter's contract, never hand-written per engine:
+
+- the contract validates against the shipped schema, and ``engine_versions`` cover every dialect;
+- for every capability of the closed vocabulary and every version: a claimed capability has a
+  sample spec that plans, with every leaf pinned, refused or declared and every recorded
+  default set; an unclaimed one is refused with exit 3 before anything could launch;
+- two plans of one spec are the same (up to run id and time), and planning changes neither the
+  spec nor the spec's folder;
+- hostile values in every user string field and in an ``engine_options`` value keep the
+  launch's shape (read back with the engine's own parser when ``parse_launch`` is given);
+  ``engine_options`` keys cannot reach a key the launch sets, in any spelling;
+- collection: healthy outputs are ``succeeded``; NaN, Infinity and string metrics, missing or
+  escaping artifacts, a missing identity and no committed update are ``invalid``;
+- resume (when ``resume:exact`` is claimed): the checkpoint is found, accepted and continued
+  from without touching the earlier attempt.
+
+A capability or case the adapter declares in ``unsupported`` (or a case its writer raises
+:class:`CannotWrite` for) is reported ``unsupported``: never passed, never silently skipped.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from importlib import resources
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
-from ..core.adapter import EngineAdapter, LaunchContext
+from ..core.adapter import EngineAdapter
 from ..core.contracts import parse_version
-from ..core.errors import InvalidInput, Unsupported
-from ..core.rules import explain_rows, translate
-from ..core.specfile import parse_spec
+from ..core.plan import LaunchPlan
+from . import checks
+from .checks import COLLECTION_CASES, CannotWrite, CheckFailed, Writer
+from .samples import SAMPLED, SampleFiles, write_sample_files
 from .specs import SAMPLES
 
-__all__ = ["SAMPLES", "AdapterConformance"]
+__all__ = ["COLLECTION_CASES", "SAMPLED", "SAMPLES", "AdapterConformance", "CannotWrite",
+           "CheckFailed", "Writer"]
 
-SAMPLE_NAMES = sorted(SAMPLES)
+UNSUPPORTED = "unsupported: "  # prefix of a skip reason that reports a declared gap
 
 
-def _unsupported(feature: str) -> Any:
-    """Decorator: skip as unsupported when the adapter class declares ``feature`` unsupported."""
+def unsupported(reason: str) -> None:
+    """Report the running check as ``unsupported`` (a declared gap), with its reason."""
+    pytest.skip(UNSUPPORTED + reason)
 
-    def deco(fn: Any) -> Any:
-        fn._conformance_feature = feature
-        return fn
 
-    return deco
+@contextmanager
+def _reported() -> Iterator[None]:
+    """A CheckFailed inside becomes the test's failure, as one line without a traceback."""
+    try:
+        yield
+    except CheckFailed as exc:
+        failure = str(exc)
+    else:
+        return
+    pytest.fail(failure, pytrace=False)
 
 
 class AdapterConformance:
-    #: features this adapter does not implement, e.g. {"render"} for a contract-only adapter
-    unsupported: ClassVar[frozenset[str]] = frozenset()
+    """Mix into a ``Test*`` class; see the module docstring for what to provide."""
 
-    @pytest.fixture(autouse=True)
-    def _skip_unsupported(self, request: pytest.FixtureRequest) -> None:
-        feature = getattr(request.function, "_conformance_feature", None)
-        if feature in self.unsupported:
-            pytest.skip(f"unsupported: {feature}")
+    #: versions to check: the first and last release of every dialect of the contract
+    engine_versions: ClassVar[Iterable[str]] = ()
+    #: capabilities (or collection case names, or "resume") the adapter does not honour,
+    #: optionally limited to versions by a PEP 440 specifier after a space; a mapping gives
+    #: each entry its reason
+    unsupported: ClassVar[Iterable[str] | Mapping[str, str]] = frozenset()
+    #: the data file format the engine reads: "jsonl" or "parquet"
+    data_format: ClassVar[str] = "jsonl"
+    #: merged into every sample spec (a model path the engine can load, a prompt policy)
+    base: ClassVar[dict[str, Any]] = {}
 
+    # -- what the adapter's class provides -----------------------------------------------------
     @pytest.fixture
     def adapter(self) -> EngineAdapter:
-        raise NotImplementedError("provide an `adapter` fixture")
+        raise NotImplementedError("provide an `adapter` fixture returning the adapter")
 
     @pytest.fixture
-    def engine_versions(self) -> list[str]:
-        raise NotImplementedError("provide an `engine_versions` fixture")
+    def write_outputs(self) -> Writer | None:
+        """``write(attempt_dir, ctx, *, metrics, identity, artifacts, checkpoint_step)``:
+        write the engine's native output files for canonical metric rows. ``None`` reports
+        the collection and resume checks unsupported (the CLI's generated class does so)."""
+        raise NotImplementedError("provide a `write_outputs` fixture: the engine's native "
+                                  "outputs from canonical values (see docs/plugins.md)")
 
-    # -- contract --------------------------------------------------------------------------
+    @pytest.fixture
+    def parse_launch(self) -> Callable[[LaunchPlan], dict[str, Any]] | None:
+        """Optional: read a plan's launch back with the engine's own parser, as a nested or
+        flat mapping of the values the engine will use."""
+        return None
+
+    def option_key(self, plan: LaunchPlan) -> str:
+        """A free-text ``engine_options`` key no spec field maps to, for the hostile-value
+        check; override it to name one the engine's parser accepts."""
+        flags = any(key.startswith("-") for key in plan.native)
+        return "--stateset-conformance-probe" if flags else "stateset_conformance_probe"
+
+    # -- generation ---------------------------------------------------------------------------
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        versions = list(type(self).engine_versions) or ["<set engine_versions>"]
+        if "engine_version" in metafunc.fixturenames:
+            metafunc.parametrize("engine_version", versions)
+        if "capability" in metafunc.fixturenames:
+            metafunc.parametrize("capability", SAMPLED)
+        if "case" in metafunc.fixturenames:
+            metafunc.parametrize("case", sorted(COLLECTION_CASES))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_files(cls, tmp_path_factory: pytest.TempPathFactory) -> SampleFiles:
+        return write_sample_files(tmp_path_factory.mktemp("conformance-samples"),
+                                  cls.data_format)
+
+    def _gap(self, name: str, version: str) -> str | None:
+        return checks.declared_unsupported(type(self).unsupported, name, version)
+
+    @staticmethod
+    def _version(adapter: EngineAdapter, version: str) -> None:
+        if version.startswith("<"):
+            pytest.fail("set engine_versions on the test class: the first and last release "
+                        "of every dialect", pytrace=False)
+        if not adapter.contract.supports(parse_version(version)):
+            pytest.fail(f"{version} is outside {adapter.name}'s supported range "
+                        f"{adapter.contract.supported}", pytrace=False)
+
+    def _base(self, adapter: EngineAdapter, version: str, files: SampleFiles,
+              **extra: Any) -> tuple[dict[str, Any], LaunchPlan]:
+        with _reported():
+            return checks.base_plan(adapter, version, files, type(self).base, **extra)
+        raise AssertionError("unreachable")
+
+    # -- the contract -------------------------------------------------------------------------
     def test_contract_matches_the_shipped_schema(self, adapter: EngineAdapter) -> None:
         import jsonschema
 
         schema = json.loads(resources.files("stateset_backend.schemas").joinpath(
             "contract.json").read_text(encoding="utf-8"))
         jsonschema.Draft202012Validator(schema).validate(adapter.contract.to_json())
-        assert adapter.contract.engine == adapter.name
+        assert adapter.contract.engine == adapter.name, \
+            f"the contract names {adapter.contract.engine!r}, the adapter {adapter.name!r}"
 
-    def test_versions_cover_every_dialect(self, adapter: EngineAdapter,
-                                          engine_versions: list[str]) -> None:
+    def test_versions_cover_every_dialect(self, adapter: EngineAdapter) -> None:
         contract = adapter.contract
-        for v in engine_versions:
+        versions = list(type(self).engine_versions)
+        assert versions, "set engine_versions: the first and last release of every dialect"
+        for v in versions:
             assert contract.supports(parse_version(v)), f"{v} is outside {contract.supported}"
-        seen = {contract.dialect(parse_version(v)).name for v in engine_versions}
-        assert seen == {d.name for d in contract.dialects}, "a dialect is never exercised"
+        seen = {contract.dialect(parse_version(v)).name for v in versions}
+        assert seen == {d.name for d in contract.dialects}, \
+            f"dialects never checked: {sorted({d.name for d in contract.dialects} - seen)}"
 
-    # -- rules -----------------------------------------------------------------------------
-    @pytest.mark.parametrize("sample", SAMPLE_NAMES)
-    def test_no_field_is_silently_dropped(self, adapter: EngineAdapter,
-                                          engine_versions: list[str], sample: str) -> None:
-        spec = parse_spec(SAMPLES[sample])
-        for v in engine_versions:
-            dialect = adapter.contract.dialect(parse_version(v))
-            for row in explain_rows(spec, adapter.rules(dialect), dialect, adapter.name):
-                if row.state in ("refused", "declared", "inert", "not_applicable"):
-                    assert row.reason.strip(), f"{row.path}: empty reason"
-                if row.state == "pinned":
-                    assert row.native or row.reason.strip(), \
-                        f"{row.path}: pinned onto no native key and no stated carrier"
+    # -- capabilities: claimed ones plan, unclaimed ones are refused ---------------------------
+    def test_capability(self, adapter: EngineAdapter, engine_version: str, capability: str,
+                        sample_files: SampleFiles) -> None:
+        self._version(adapter, engine_version)
+        claimed = capability in adapter.contract.provided(parse_version(engine_version))
+        gap = self._gap(capability, engine_version)
+        if claimed and gap is not None:
+            unsupported(f"{capability}: {gap}")
+        with _reported():
+            checks.check_capability(adapter, engine_version, capability, sample_files,
+                                    type(self).base)
 
-    @_unsupported("render")
-    @pytest.mark.parametrize("sample", SAMPLE_NAMES)
-    def test_translation_is_deterministic(self, adapter: EngineAdapter,
-                                          engine_versions: list[str], sample: str) -> None:
-        spec = parse_spec(SAMPLES[sample])
-        for v in engine_versions:
-            dialect = adapter.contract.dialect(parse_version(v))
+    def test_translation_is_deterministic_and_pure(self, adapter: EngineAdapter,
+                                                   engine_version: str,
+                                                   sample_files: SampleFiles) -> None:
+        self._version(adapter, engine_version)
+        samples = checks.claimed_plans(adapter, engine_version, sample_files, type(self).base,
+                                       lambda c: self._gap(c, engine_version) is not None)
+        if not samples:
+            pytest.fail(f"no claimed capability of {adapter.name} {engine_version} plans: "
+                        "nothing is translated", pytrace=False)
+        with _reported():
+            for sample in samples:
+                checks.check_deterministic_and_pure(adapter, engine_version, sample,
+                                                    sample_files)
+
+    # -- user strings are data ----------------------------------------------------------------
+    def test_hostile_strings_cannot_inject(
+            self, adapter: EngineAdapter, engine_version: str, sample_files: SampleFiles,
+            parse_launch: Callable[[LaunchPlan], dict[str, Any]] | None) -> None:
+        self._version(adapter, engine_version)
+        provided = adapter.contract.provided(parse_version(engine_version))
+        lora = "lora" in provided and self._gap("lora", engine_version) is None
+        extra: dict[str, Any] = {}
+        if "validation" in provided and self._gap("validation", engine_version) is None:
+            extra = {"data": {"validation": sample_files.split("validation")},
+                     "evaluation": {"every": 2}}
+        base, probe_plan = self._base(adapter, engine_version, sample_files, **extra)
+        key = self.option_key(probe_plan)
+        engine = adapter.name
+
+        def plan(values: Mapping[str, str]) -> LaunchPlan | None:
+            doc = checks.hostile_doc(base, values, key, engine, lora)
             try:
-                first = translate(spec, adapter.rules(dialect), dialect, adapter.name, v)
-            except Unsupported:
-                continue  # this version cannot honour this sample: that is allowed
-            second = translate(spec, adapter.rules(dialect), dialect, adapter.name, v)
-            assert first == second
-            ctx = LaunchContext("20260101T000000Z-00000000", "sha256:" + "0" * 64, v, dialect)
-            a, b = adapter.render(first, spec, ctx), adapter.render(second, spec, ctx)
-            assert a == b and a.argv and all(isinstance(x, str) for x in a.argv)
+                return checks.plan_doc(adapter, engine_version, doc, sample_files)
+            except checks.InvalidInput:
+                return None  # refused as a value the engine cannot carry: exit 2, fine
 
-    @_unsupported("render")
-    def test_engine_options_cannot_override_a_mapped_key(self, adapter: EngineAdapter,
-                                                         engine_versions: list[str]) -> None:
-        spec = parse_spec(SAMPLES["minimal"])
-        for v in engine_versions:
-            dialect = adapter.contract.dialect(parse_version(v))
-            rules = adapter.rules(dialect)
+        clean = plan(checks.BENIGN)
+        if clean is None:
+            pytest.fail("the benign sample with every string field set does not plan",
+                        pytrace=False)
+        assert clean is not None
+
+        def read(p: LaunchPlan) -> dict[str, Any]:
+            assert parse_launch is not None
+            return dict(checks.normalize_values(parse_launch(p), p))
+
+        clean_read = read(clean) if parse_launch is not None else None
+        refused = 0
+        with _reported():
+            for values in checks.rotations():
+                hostile = plan(values)
+                if hostile is None:
+                    refused += 1
+                    continue
+                if hostile.spec["name"] != values["name"] or \
+                        hostile.spec["labels"] != {"team": values["label"]}:
+                    raise CheckFailed("the plan does not keep name and labels verbatim")
+                checks.check_argv_structure(clean, hostile, values)
+                if parse_launch is not None:
+                    checks.check_read_back(clean_read or {}, read(hostile), values)
+        assert refused < len(checks.rotations()), "every hostile spec was refused"
+
+    def test_engine_options_cannot_reach_owned_keys(self, adapter: EngineAdapter,
+                                                    engine_version: str,
+                                                    sample_files: SampleFiles) -> None:
+        self._version(adapter, engine_version)
+        base, plan = self._base(adapter, engine_version, sample_files)
+        tried = 0
+        with _reported():
+            tried = checks.check_option_keys(adapter, engine_version, base, plan, sample_files,
+                                             self.option_key(plan))
+        assert tried, "the launch sets no key, so nothing could be guarded"
+
+    # -- collection and resume ----------------------------------------------------------------
+    def test_collection(self, adapter: EngineAdapter, engine_version: str, case: str,
+                        sample_files: SampleFiles, write_outputs: Writer | None,
+                        tmp_path: Path) -> None:
+        self._version(adapter, engine_version)
+        gap = self._gap(case, engine_version)
+        if gap is not None:
+            unsupported(f"{case}: {gap}")
+        if write_outputs is None:
+            unsupported("no write_outputs writer: collection is not checked here (run the "
+                        "adapter's own conformance class)")
+        assert write_outputs is not None
+        _, plan = self._base(adapter, engine_version, sample_files)
+        cannot = None
+        with _reported():
             try:
-                mapped = translate(spec, rules, dialect, adapter.name, v)
-            except Unsupported:
-                continue
-            key = next(k for k, src in mapped.sources.items() if src != "engine_options")
-            doc = dict(SAMPLES["minimal"], engine_options={adapter.name: {key: "override"}})
-            with pytest.raises(InvalidInput, match="overrides the key"):
-                translate(parse_spec(doc), rules, dialect, adapter.name, v)
-            return
-        pytest.skip("unsupported: no version can translate the minimal sample")
+                checks.check_collection(adapter, plan, COLLECTION_CASES[case], write_outputs,
+                                        tmp_path)
+            except CannotWrite as exc:
+                cannot = str(exc)
+        if cannot is not None:
+            unsupported(f"{case}: the engine's outputs cannot hold it ({cannot})")
+
+    def test_resume(self, adapter: EngineAdapter, engine_version: str,
+                    sample_files: SampleFiles, write_outputs: Writer | None,
+                    tmp_path: Path) -> None:
+        self._version(adapter, engine_version)
+        if "resume:exact" not in adapter.contract.provided(parse_version(engine_version)):
+            unsupported(f"resume:exact is not claimed by {adapter.name} {engine_version}")
+        gap = self._gap("resume:exact", engine_version)
+        if gap is not None:
+            unsupported(f"resume:exact: {gap}")
+        if write_outputs is None:
+            unsupported("no write_outputs writer: resume is not checked here")
+        assert write_outputs is not None
+        provided = adapter.contract.provided(parse_version(engine_version))
+        extra = {"checkpoint": {"every": 1}} if "checkpoint" in provided else {}
+        _, plan = self._base(adapter, engine_version, sample_files, **extra)
+        with _reported():
+            checks.check_resume(adapter, plan, write_outputs, tmp_path)

@@ -1,0 +1,562 @@
+"""The kit's checks as plain functions: the pytest classes and the compatibility matrix call
+the same code, so what the matrix shows is what the suite proves.
+
+Each check raises :class:`CheckFailed` with the reason, or returns what it found.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+
+from ..core.adapter import RUN_DIR, EngineAdapter, LaunchContext, unpinned_defaults
+from ..core.contracts import parse_version
+from ..core.errors import AdapterBug, InvalidInput, Unsupported
+from ..core.launch import Exit
+from ..core.plan import LaunchPlan, make_plan
+from ..core.registry import AdapterEntry
+from ..core.results import evaluate
+from ..core.rules import explain_rows, translate
+from ..core.specfile import parse_spec
+from .samples import Sample, SampleFiles, base_doc, deep_merge, samples_for
+
+
+class CheckFailed(AssertionError):
+    """The adapter does not conform; the message says where and why."""
+
+
+class CannotWrite(Exception):
+    """Raised by a ``write_outputs`` writer for a case its engine's output format cannot hold
+    (a string metric in TensorBoard): the case is reported ``unsupported`` for that adapter."""
+
+
+class Writer(Protocol):
+    def __call__(self, attempt_dir: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
+                 identity: bool, artifacts: bool, checkpoint_step: int | None) -> None: ...
+
+
+def entry_for(adapter: EngineAdapter) -> AdapterEntry:
+    dist = adapter.contract.distribution or adapter.name
+    return AdapterEntry(adapter, "conformance", dist, "0")
+
+
+# -- declared gaps ---------------------------------------------------------------------------------
+def declared_unsupported(unsupported: Iterable[str] | Mapping[str, str], capability: str,
+                         version: str) -> str | None:
+    """The reason a capability is declared unsupported at ``version``, or None. Entries are
+    capability names, optionally followed by a PEP 440 specifier that limits them
+    (``"objective:gspo <0.11.2"``); a mapping gives each entry its reason."""
+    reasons = dict(unsupported) if isinstance(unsupported, Mapping) else \
+        dict.fromkeys(unsupported, "")
+    for entry, reason in reasons.items():
+        name, _, where = entry.partition(" ")
+        if name != capability:
+            continue
+        try:
+            if where.strip() and not SpecifierSet(where.strip()).contains(
+                    Version(version), prereleases=True):
+                continue
+        except InvalidSpecifier:
+            raise CheckFailed(f"unsupported entry {entry!r}: {where!r} is not a PEP 440 "
+                              "specifier") from None
+        return reason or "declared unsupported by the adapter's test class"
+    return None
+
+
+# -- planning samples ------------------------------------------------------------------------------
+def plan_doc(adapter: EngineAdapter, version: str, doc: dict[str, Any],
+             files: SampleFiles) -> LaunchPlan:
+    return make_plan(parse_spec(doc), entry_for(adapter), version, base_dir=files.root)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def plannable_sample(adapter: EngineAdapter, version: str, capability: str, files: SampleFiles,
+                     overrides: dict[str, Any] | None = None) -> tuple[Sample, LaunchPlan]:
+    """The first sample needing a claimed ``capability`` that plans, or CheckFailed naming why
+    each sample was refused."""
+    samples = samples_for(adapter.contract, version, capability, files, overrides,
+                          fitted_base(adapter, version, files, overrides))
+    if not samples:
+        raise CheckFailed(f"{capability}: no sample needing it can be built from what "
+                          f"{adapter.name} {version} claims")
+    errors = []
+    for sample in samples:
+        try:
+            return sample, plan_doc(adapter, version, sample.doc, files)
+        except Exception as exc:
+            errors.append(_describe(exc))
+    raise CheckFailed(f"{adapter.name} {version} claims {capability}, but no sample needing it "
+                      f"plans: " + " | ".join(dict.fromkeys(errors)))
+
+
+def check_no_silent_drop(adapter: EngineAdapter, version: str, plan: LaunchPlan) -> None:
+    """Every leaf is pinned, refused or declared with a stated native key or reason, and every
+    default the dialect records is set by the launch."""
+    dialect = adapter.contract.dialect(parse_version(version))
+    spec = plan.validated_spec()
+    for row in explain_rows(spec, adapter.rules(dialect), dialect, adapter.name):
+        if row.state in ("refused", "declared", "inert", "not_applicable") and \
+                not row.reason.strip():
+            raise CheckFailed(f"{row.path}: {row.state} with no reason")
+        if row.state == "pinned" and not row.native and not row.reason.strip():
+            raise CheckFailed(f"{row.path}: pinned onto no native key and no stated carrier")
+    missing = unpinned_defaults(dialect, plan.native)
+    if missing:
+        raise CheckFailed(f"the launch leaves {', '.join(missing)} at the release default")
+
+
+def check_capability(adapter: EngineAdapter, version: str, capability: str,
+                     files: SampleFiles, overrides: dict[str, Any] | None = None) -> str:
+    """A claimed capability plans with nothing dropped; an unclaimed one is refused with exit 3
+    (Unsupported, naming it) before anything could launch. Returns what was proved."""
+    claimed = capability in adapter.contract.provided(parse_version(version))
+    if claimed:
+        sample, plan = plannable_sample(adapter, version, capability, files, overrides)
+        check_no_silent_drop(adapter, version, plan)
+        return f"claimed; a sample needing it plans ({len(plan.argv)} argv elements)"
+    samples = samples_for(adapter.contract, version, capability, files, overrides,
+                          fitted_base(adapter, version, files, overrides))
+    if not samples:
+        raise CheckFailed(f"{capability}: no sample needing it can be built")
+    for sample in samples:
+        try:
+            plan_doc(adapter, version, sample.doc, files)
+        except AdapterBug as exc:
+            raise CheckFailed(f"not claimed, but refused as an adapter bug: {exc}") from None
+        except Unsupported as exc:
+            missing = {m.get("capability") for m in (exc.details or {}).get("missing", [])} \
+                if isinstance(exc.details, dict) else set()
+            if capability not in missing:
+                raise CheckFailed(f"not claimed; refused, but the refusal does not name it: "
+                                  f"{exc}") from None
+            if exc.exit_code != 3:
+                raise CheckFailed(f"not claimed; refused with exit {exc.exit_code}, not 3") \
+                    from None
+            continue
+        except Exception as exc:
+            raise CheckFailed(f"not claimed; expected exit 3 (unsupported), got "
+                              f"{_describe(exc)}") from None
+        raise CheckFailed(f"not claimed by {adapter.name} {version}, yet a spec needing it "
+                          "planned")
+    return "not claimed; refused with exit 3 before launch"
+
+
+def claimed_plans(adapter: EngineAdapter, version: str, files: SampleFiles,
+                  overrides: dict[str, Any] | None,
+                  skip: Callable[[str], bool]) -> list[Sample]:
+    """One plannable sample per claimed capability (those ``skip`` says are not declared gaps);
+    capabilities with no plannable sample are left to the capability check."""
+    from .samples import SAMPLED
+
+    out = []
+    provided = adapter.contract.provided(parse_version(version))
+    for capability in SAMPLED:
+        if capability not in provided or skip(capability):
+            continue
+        try:
+            out.append(plannable_sample(adapter, version, capability, files, overrides)[0])
+        except CheckFailed:
+            continue
+    return out
+
+
+# -- determinism and purity ------------------------------------------------------------------------
+def normalized(plan: LaunchPlan) -> str:
+    """The plan as text with what differs between two plans of one spec taken out: its run
+    id and creation time (and the digests and checksum that cover them)."""
+    doc = plan.to_json()
+    for key in ("created_at", "checksum", "binding_digest", "run_id"):
+        doc.pop(key, None)
+    return json.dumps(doc, sort_keys=True).replace(plan.run_id, "<run-id>")
+
+
+def _tree(root: Path) -> dict[str, str]:
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = "link:" + str(path.readlink())
+        elif path.is_file():
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            out[rel] = "dir"
+    return out
+
+
+def check_deterministic_and_pure(adapter: EngineAdapter, version: str, sample: Sample,
+                                 files: SampleFiles) -> None:
+    spec = parse_spec(sample.doc)
+    before_spec = copy.deepcopy(spec.model_dump(mode="json"))
+    before_files = _tree(files.root)
+    entry = entry_for(adapter)
+    dialect = adapter.contract.dialect(parse_version(version))
+    first = make_plan(spec, entry, version, base_dir=files.root)
+    second = make_plan(spec, entry, version, base_dir=files.root)
+    if normalized(first) != normalized(second):
+        a, b = normalized(first), normalized(second)
+        at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                  min(len(a), len(b)))
+        raise CheckFailed(f"{sample.capability}: two plans of the same spec differ beyond run "
+                          f"id and time: ...{a[max(0, at - 80):at + 80]}... vs "
+                          f"...{b[max(0, at - 80):at + 80]}...")
+    t1 = translate(spec, adapter.rules(dialect), dialect, adapter.name, version)
+    t2 = translate(spec, adapter.rules(dialect), dialect, adapter.name, version)
+    if t1.native != t2.native:
+        raise CheckFailed(f"{sample.capability}: translation differs between two calls")
+    ctx = LaunchContext("20260101T000000Z-00000000", "sha256:" + "0" * 64, version, dialect,
+                        str(files.root))
+    if adapter.render(t1, spec, ctx) != adapter.render(t2, spec, ctx):
+        raise CheckFailed(f"{sample.capability}: render differs between two calls")
+    if spec.model_dump(mode="json") != before_spec:
+        raise CheckFailed(f"{sample.capability}: planning changed the spec object")
+    if _tree(files.root) != before_files:
+        raise CheckFailed(f"{sample.capability}: planning wrote into the spec's folder")
+
+
+# -- user strings are data -------------------------------------------------------------------------
+HOSTILE = ("${oc.env:STATESET_PROBE}", "a'b", "--help", "x,y", "k=v", "a b", "\\", "[1]",
+           "{a:1}", "ünï", "--lr=1", "+x=1", "~trainer")
+STRING_FIELDS = ("name", "model", "prompt", "answer", "lora", "label", "option")
+BENIGN = {"name": "benign", "model": "/models/benign", "prompt": "prompt", "answer": "answer",
+          "lora": "q_proj", "label": "benign", "option": "benign"}
+
+
+def hostile_doc(base: dict[str, Any], values: Mapping[str, str], option_key: str,
+                engine: str, lora: bool) -> dict[str, Any]:
+    doc = copy.deepcopy(base)
+    doc["name"] = values["name"]
+    doc["labels"] = {"team": values["label"]}
+    doc["model"] = {**doc["model"], "path": values["model"]}
+    doc["model"].pop("revision", None)
+    if lora:
+        doc["model"]["lora"] = {"rank": 8, "alpha": 16, "target_modules": [values["lora"]]}
+    for split in ("train", "validation"):
+        if split in doc["data"]:
+            doc["data"][split] = {**doc["data"][split], "prompt_field": values["prompt"],
+                                  "answer_field": values["answer"]}
+    doc["engine_options"] = {engine: {option_key: values["option"]}}
+    return doc
+
+
+def rotations() -> list[dict[str, str]]:
+    """Each string field gets every hostile value once over the rotations."""
+    return [{f: HOSTILE[(i + j) % len(HOSTILE)] for i, f in enumerate(STRING_FIELDS)}
+            for j in range(len(HOSTILE))]
+
+
+def _argv(plan: LaunchPlan) -> list[str]:
+    digest = plan.experiment_digest.removeprefix("sha256:")
+    return [a.replace(plan.run_id, "<run-id>").replace(digest, "<digest>") for a in plan.argv]
+
+
+_KEY = re.compile(r"^[+~]*-{0,2}[A-Za-z_][\w.\-/@]*$")
+
+
+def _key_of(element: str) -> str | None:
+    """The key an argv element sets (``--flag=value`` or a Hydra ``key=value``), or None."""
+    key = element.split("=", 1)[0]
+    return key if "=" in element and _KEY.match(key) else None
+
+
+def check_argv_structure(clean: LaunchPlan, hostile: LaunchPlan,
+                         values: Mapping[str, str]) -> None:
+    """The hostile launch has the clean launch's shape: as many elements, the same flags and
+    keys in the same places, no hostile option as an element of its own, and every ``${`` in
+    a Hydra-style value escaped."""
+    a, b = _argv(clean), _argv(hostile)
+    if len(a) != len(b):
+        raise CheckFailed(f"hostile values changed the number of argv elements ({len(a)} -> "
+                          f"{len(b)}): {sorted(set(b) - set(a))[:5]}")
+    for x, y in zip(a, b, strict=True):
+        if x == y:
+            continue
+        kx = _key_of(x)
+        if kx is not None:
+            if y.split("=", 1)[0] != kx:
+                raise CheckFailed(f"argv element {x!r} became {y!r}: a key changed")
+        elif x.startswith("-"):
+            raise CheckFailed(f"the flag {x!r} became {y!r}")
+    dashed = {v for v in values.values() if v.startswith("-")}
+    for y in b:
+        if y in dashed:
+            raise CheckFailed(f"a hostile value is an argv element of its own: {y!r}")
+        if "=" in y and not y.startswith("-"):
+            value = y.split("=", 1)[1]
+            if re.search(r"(?<!\\)\$\{", value):
+                raise CheckFailed(f"an unescaped interpolation reaches a Hydra override: {y!r}")
+    if set(clean.native) != set(hostile.native):
+        raise CheckFailed("hostile values changed which native keys the launch sets: "
+                          f"{sorted(set(clean.native) ^ set(hostile.native))[:5]}")
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): node}
+
+
+def normalize_values(node: Any, plan: LaunchPlan) -> Any:
+    """Parsed values with the plan's own run id and digest replaced, so two plans compare."""
+    digest = plan.experiment_digest.removeprefix("sha256:")
+    if isinstance(node, str):
+        return node.replace(plan.run_id, "<run-id>").replace(digest, "<digest>")
+    if isinstance(node, list):
+        return [normalize_values(v, plan) for v in node]
+    if isinstance(node, dict):
+        return {k: normalize_values(v, plan) for k, v in node.items()}
+    return node
+
+
+def check_read_back(clean: dict[str, Any], hostile: dict[str, Any],
+                    values: Mapping[str, str]) -> None:
+    """What the engine's parser reads from the hostile launch differs from the clean one only
+    in values that are, verbatim, hostile values."""
+    a, b = flatten(clean), flatten(hostile)
+    if a.keys() != b.keys():
+        raise CheckFailed(f"the engine's parser reads other keys from the hostile launch: "
+                          f"{sorted(a.keys() ^ b.keys())[:5]}")
+    allowed = set(values.values())
+    for key, got in b.items():
+        if got == a[key]:
+            continue
+        items = got if isinstance(got, list) else [got]
+        if not items or not all(isinstance(i, str) and i in allowed for i in items):
+            raise CheckFailed(f"{key}: the engine reads {got!r} (clean launch: {a[key]!r}), "
+                              "which is not a hostile value verbatim")
+
+
+# -- engine_options keys ---------------------------------------------------------------------------
+def owned_keys(plan: LaunchPlan, option_key: str) -> list[str]:
+    """Every key the launch sets: the plan's native keys and the keys of its ``key=value``
+    argv elements (an adapter may set a key without listing it)."""
+    keys = {k for k in plan.native if k != option_key}
+    for element in plan.argv:
+        key = _key_of(element)
+        if key is not None and key.lstrip("+~") != option_key.lstrip("+~"):
+            keys.add(key)
+    return sorted(keys)
+
+
+def spellings(key: str) -> list[tuple[str, Any]]:
+    """Every way an ``engine_options`` entry could reach ``key``."""
+    bare = key.lstrip("+~")
+    if bare.startswith("-"):
+        out: list[tuple[str, Any]] = [(bare, 1), (f"{bare}=x", 1)]
+        if len(bare.lstrip("-")) > 3:
+            out.append((bare[:-1], 1))  # argparse takes an unambiguous prefix
+        return out
+    out = [(bare, 1), (f"~{bare}", None), (f"+{bare}", 1), (f"++{bare}", 1), (f"{bare}=x", 1)]
+    if "." in bare:
+        out.append((bare.rsplit(".", 1)[0], {"x": 1}))
+    return out
+
+
+def check_option_keys(adapter: EngineAdapter, version: str, base: dict[str, Any],
+                      plan: LaunchPlan, files: SampleFiles, option_key: str) -> int:
+    """Every key the launch sets, in every spelling, as an ``engine_options`` entry: each
+    must be refused with exit 2 at plan time. Returns how many entries were refused."""
+    tried = 0
+    for key in owned_keys(plan, option_key):
+        for spelled, value in spellings(key):
+            doc = copy.deepcopy(base)
+            doc["engine_options"] = {adapter.name: {spelled: value}}
+            try:
+                plan_doc(adapter, version, doc, files)
+            except InvalidInput:
+                tried += 1
+                continue
+            except Exception as exc:
+                raise CheckFailed(f"engine_options {spelled!r} (reaches {key}): expected "
+                                  f"exit 2, got {_describe(exc)}") from None
+            raise CheckFailed(f"engine_options {spelled!r} reaches {key}, which the launch "
+                              "sets, and the plan was made")
+    return tried
+
+
+# -- collection ------------------------------------------------------------------------------------
+HEALTHY = [{"step": s, "reward/mean": 0.25 * s, "loss/policy": 0.5 / s, "kl": 0.01}
+           for s in (1, 2, 3)]
+
+
+def _with(rows: list[dict[str, Any]], step: int, name: str, value: Any) -> list[dict[str, Any]]:
+    return [dict(r, **{name: value}) if r["step"] == step else dict(r) for r in rows]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    expect: str  # succeeded | invalid
+    metrics: list[dict[str, Any]]
+    identity: bool = True
+    artifacts: bool = True
+    checkpoint_step: int | None = 3
+    after: str | None = None  # remove_artifacts | symlink_artifacts
+
+
+COLLECTION_CASES: dict[str, Case] = {c.name: c for c in (
+    Case("healthy", "succeeded", HEALTHY),
+    # the bad value goes into the reward, the one metric every engine reports
+    Case("nan_metric", "invalid", _with(HEALTHY, 2, "reward/mean", math.nan)),
+    Case("infinite_metric", "invalid", _with(HEALTHY, 2, "reward/mean", math.inf)),
+    Case("string_metric", "invalid", _with(HEALTHY, 2, "reward/mean", "NaN")),
+    Case("no_artifacts", "invalid", HEALTHY, artifacts=False),
+    Case("missing_artifact", "invalid", HEALTHY, after="remove_artifacts"),
+    Case("artifact_symlink_outside", "invalid", HEALTHY, after="symlink_artifacts"),
+    Case("missing_identity", "invalid", HEALTHY, identity=False),
+    Case("no_committed_update", "invalid", [], checkpoint_step=None),
+)}
+
+
+def _collect(adapter: EngineAdapter, attempt: Path, ctx: LaunchContext) -> Any:
+    try:
+        return adapter.collect(attempt, ctx), None
+    except Exception as exc:
+        return None, _describe(exc)
+
+
+def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, writer: Writer,
+                     tmp: Path) -> str:
+    attempt = tmp / "attempt"
+    attempt.mkdir(parents=True)
+    ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,
+                        plan.resolved_dialect(), plan.base_dir)
+    writer(attempt, ctx, metrics=copy.deepcopy(case.metrics), identity=case.identity,
+           artifacts=case.artifacts, checkpoint_step=case.checkpoint_step)
+    collected, error = _collect(adapter, attempt, ctx)
+    if case.after is not None:
+        if collected is None or not collected.artifacts:
+            raise CheckFailed(f"{case.name}: the healthy outputs list no artifact "
+                              f"({error or 'collect found none'})")
+        outside = tmp / "outside"
+        for art in collected.artifacts:
+            path = attempt / art.path
+            if not path.is_file():
+                continue
+            if case.after == "remove_artifacts":
+                path.unlink()
+            else:
+                target = outside / art.path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                path.replace(target)
+                path.symlink_to(target)
+        collected, error = _collect(adapter, attempt, ctx)
+    status, checks, _ = evaluate(plan, Exit(0), collected, attempt, collect_error=error)
+    failed = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
+    if status != case.expect:
+        raise CheckFailed(f"{case.name}: the result is {status}, expected {case.expect}"
+                          + (f" ({'; '.join(failed)})" if failed else ""))
+    return f"{status}" + (f" ({failed[0]})" if failed else "")
+
+
+def check_resume(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, tmp: Path) -> str:
+    earlier, new = tmp / "attempts" / "1", tmp / "attempts" / "2"
+    earlier.mkdir(parents=True)
+    new.mkdir(parents=True)
+    ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,
+                        plan.resolved_dialect(), plan.base_dir)
+    writer(earlier, ctx, metrics=copy.deepcopy(HEALTHY), identity=True, artifacts=True,
+           checkpoint_step=3)
+    found = adapter.latest_checkpoint(earlier)
+    if found is None:
+        raise CheckFailed("resume:exact is claimed, but latest_checkpoint finds no checkpoint "
+                          "in an attempt the writer gave one (update 3)")
+    if found.update != 3:
+        raise CheckFailed(f"latest_checkpoint reports update {found.update}, the writer wrote 3")
+    problem = adapter.checkpoint_problem(found, plan.experiment_digest)
+    if problem is not None:
+        raise CheckFailed(f"a whole checkpoint of this experiment is refused: {problem}")
+    before = _tree(earlier)
+    argv = [a.replace(RUN_DIR, str(new)) for a in plan.argv]
+    resumed = adapter.resume_argv(found, list(argv), new)
+    if _tree(earlier) != before:
+        raise CheckFailed("resume_argv changed the earlier attempt's directory")
+    if not all(isinstance(a, str) for a in resumed):
+        raise CheckFailed("resume_argv returns an argv with non-string elements")
+    staged = adapter.latest_checkpoint(new)
+    if resumed == argv and (staged is None or staged.update != found.update):
+        raise CheckFailed("resume_argv neither changes the launch nor stages the checkpoint "
+                          "in the new attempt: the engine would start from scratch")
+    lost = [a for a in argv if str(new) in a and a not in resumed]
+    if lost:
+        raise CheckFailed(f"the resumed launch no longer writes into the new attempt: {lost[0]!r}"
+                          " is gone")
+    into_old = [a for a in resumed if a not in argv and str(earlier) in a and
+                str(found.path) not in a]
+    if into_old:
+        raise CheckFailed(f"the resumed launch points into the earlier attempt beyond its "
+                          f"checkpoint: {into_old[0]!r}")
+    return f"continues from update {found.update}"
+
+
+def fitted_base(adapter: EngineAdapter, version: str, files: SampleFiles,
+                overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The base, with every setting the release hard-codes (and refuses otherwise) moved to
+    the release's value, so the base plans without per-engine hand-written specs."""
+    from ..core.rules import Hardcoded, rule_for
+
+    doc = base_doc(adapter.contract, version, files, overrides)
+    dialect = adapter.contract.dialect(parse_version(version))
+    try:
+        spec = parse_spec(doc)
+        rows = explain_rows(spec, adapter.rules(dialect), dialect, adapter.name)
+    except Exception:
+        return doc
+    for row in rows:
+        if row.state != "refused" or (overrides and _has(overrides, row.path)):
+            continue
+        rule = rule_for(adapter.rules(dialect), row.path)
+        outcome = rule(row.value, spec) if rule is not None else None
+        if isinstance(outcome, Hardcoded):
+            candidate = deep_merge(doc, _nested(row.path, outcome.engine_value))
+            try:
+                parse_spec(candidate)
+            except Exception:
+                continue
+            doc = candidate
+    return doc
+
+
+def _nested(path: str, value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    node = out
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return out
+
+
+def _has(doc: dict[str, Any], path: str) -> bool:
+    node: Any = doc
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def base_plan(adapter: EngineAdapter, version: str, files: SampleFiles,
+              overrides: dict[str, Any] | None, **extra: Any) -> tuple[dict[str, Any],
+                                                                       LaunchPlan]:
+    doc = deep_merge(fitted_base(adapter, version, files, overrides), extra)
+    try:
+        return doc, plan_doc(adapter, version, doc, files)
+    except Exception as exc:
+        raise CheckFailed(f"the base sample does not plan on {adapter.name} {version}: "
+                          f"{_describe(exc)}") from None

@@ -1,0 +1,185 @@
+"""The kit can fail: a deliberately broken adapter for each check, run through the kit as an
+adapter author (or ``stateset-backend conformance``) would, and the check it breaks fails."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stateset_backend.adapters.native import NativeAdapter
+from stateset_backend.conformance.runner import run_module
+from stateset_backend.core.adapter import Checkpoint, Collected, LaunchContext, NativeLaunch
+from stateset_backend.core.modeltree import all_leaf_paths
+from stateset_backend.core.rules import CORE_HANDLED, RuleSet, Translation, carried, refuse
+from stateset_backend.core.spec import ExperimentSpec
+
+
+class TranslatesNothing(NativeAdapter):
+    def rules(self, dialect):
+        return {path: refuse("not implemented") for path in all_leaf_paths(ExperimentSpec)
+                if path not in CORE_HANDLED}
+
+
+class DropsALeaf(NativeAdapter):
+    def rules(self, dialect) -> RuleSet:
+        return {**super().rules(dialect), "optim.lr": carried("")}
+
+
+class Nondeterministic(NativeAdapter):
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        return NativeLaunch([*launch.argv, f"--nonce={random.random()}"], launch.files)
+
+
+class WritesIntoTheSpecFolder(NativeAdapter):
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        Path(ctx.base_dir or ".", "rendered.txt").write_text(str(random.random()))
+        return super().render(translation, spec, ctx)
+
+
+class LetsAnOptionThrough(NativeAdapter):
+    """Sets a flag in the argv without listing it among the launch's native keys."""
+
+    def render(self, translation: Translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        return NativeLaunch([*launch.argv, "--max-steps=3"], launch.files)
+
+
+class PassesUserTextAsSyntax(NativeAdapter):
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        return NativeLaunch([*launch.argv, "--name", spec.name], launch.files)
+
+
+class ReportsNaNAsFine(NativeAdapter):
+    def collect(self, attempt_dir, ctx) -> Collected:
+        out = super().collect(attempt_dir, ctx)
+        out.metrics = [{k: v for k, v in row.items()
+                        if not (isinstance(v, float) and math.isnan(v))} for row in out.metrics]
+        return out
+
+
+class TakesIdentityFromTheLaunch(NativeAdapter):
+    def collect(self, attempt_dir, ctx) -> Collected:
+        out = super().collect(attempt_dir, ctx)
+        out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
+        return out
+
+
+class ResumesIntoTheOldAttempt(NativeAdapter):
+    def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
+                    attempt_dir: Path) -> list[str]:
+        old = checkpoint.path.parent.parent
+        return [a.replace(str(attempt_dir), str(old)) for a in
+                super().resume_argv(checkpoint, argv, attempt_dir)]
+
+
+class NamedUnlikeItsContract(NativeAdapter):
+    name = "native-renamed"
+
+
+BROKEN: dict[str, tuple[type[NativeAdapter], str]] = {
+    # adapter: (its class, the check it must fail, as `-k` selects it)
+    "translates_nothing": (TranslatesNothing, "test_capability"),
+    "translates_nothing_determinism": (TranslatesNothing,
+                                       "test_translation_is_deterministic_and_pure"),
+    "drops_a_leaf": (DropsALeaf, "test_capability and optim"),
+    "nondeterministic": (Nondeterministic, "test_translation_is_deterministic_and_pure"),
+    "writes_into_the_spec_folder": (WritesIntoTheSpecFolder,
+                                    "test_translation_is_deterministic_and_pure"),
+    "lets_an_option_through": (LetsAnOptionThrough,
+                               "test_engine_options_cannot_reach_owned_keys"),
+    "passes_user_text_as_syntax": (PassesUserTextAsSyntax,
+                                   "test_hostile_strings_cannot_inject"),
+    "reports_nan_as_fine": (ReportsNaNAsFine, "test_collection and nan_metric"),
+    "takes_identity_from_the_launch": (TakesIdentityFromTheLaunch,
+                                       "test_collection and missing_identity"),
+    "resumes_into_the_old_attempt": (ResumesIntoTheOldAttempt, "test_resume"),
+    "named_unlike_its_contract": (NamedUnlikeItsContract,
+                                  "test_contract_matches_the_shipped_schema"),
+}
+
+MODULE = '''
+import pytest
+from test_conformance_kit import TestNativeConformance, write_native
+from test_conformance_kit_fails import {cls}
+
+
+class TestBroken(TestNativeConformance):
+    @pytest.fixture
+    def adapter(self):
+        return {cls}()
+'''
+
+
+def _run(tmp_path: Path, cls: type, selection: str) -> dict[str, Any]:
+    # one module name per class: pytest runs in this process, where module names are shared
+    module = tmp_path / f"test_broken_{cls.__name__.lower()}.py"
+    module.write_text(MODULE.format(cls=cls.__name__), encoding="utf-8")
+    here = str(Path(__file__).parent)
+    return run_module(module, "::TestBroken", ["-k", selection, "--import-mode=importlib",
+                                               "-o", f"pythonpath={here}"])
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN))
+def test_the_kit_fails_a_broken_adapter(broken, tmp_path):
+    cls, selection = BROKEN[broken]
+    report = _run(tmp_path, cls, selection)
+    failed = [c for c in report["checks"] if c["state"] == "failed"]
+    assert failed, f"{broken}: the kit passed {report['counts']}"
+    assert all(c["reason"] for c in failed)
+
+
+def test_the_same_selection_passes_on_the_real_adapter(tmp_path):
+    """The broken adapters fail because of their defect, not because of the selection."""
+    for broken in ("nondeterministic", "reports_nan_as_fine", "resumes_into_the_old_attempt",
+                   "lets_an_option_through"):
+        _, selection = BROKEN[broken]
+        report = _run(tmp_path, NativeAdapter, selection)
+        assert report["counts"]["failed"] == 0, report["checks"]
+        assert report["counts"]["passed"] > 0
+
+
+def test_an_unclaimed_capability_that_plans_fails_the_kit(tmp_path, monkeypatch):
+    """An adapter whose contract check is bypassed (it plans what it does not claim) fails."""
+    from stateset_backend.conformance import checks
+    from stateset_backend.conformance.samples import write_sample_files
+    from stateset_backend.core import plan as plan_module
+
+    files = write_sample_files(tmp_path)
+    monkeypatch.setattr(plan_module, "check", lambda *a: _Passing())
+    with pytest.raises(checks.CheckFailed, match="not claimed"):
+        checks.check_capability(NativeAdapter(), "0.1.0", "multi_node", files,
+                                {"model": {"path": "builtin:tiny-llama-support"},
+                                 "data": {"chat_template": False}})
+
+
+class _Passing:
+    def raise_if_missing(self) -> None:
+        return None
+
+
+def test_a_declared_gap_is_unsupported_not_passed(tmp_path):
+    module = tmp_path / "test_declared.py"
+    module.write_text(MODULE.format(cls="NativeAdapter").replace(
+        "from test_conformance_kit_fails import NativeAdapter",
+        "from stateset_backend.adapters.native import NativeAdapter") +
+        '    unsupported = {"lora": "not yet"}\n', encoding="utf-8")
+    here = str(Path(__file__).parent)
+    report = run_module(module, "::TestBroken", ["-k", "test_capability and lora",
+                                                 "--import-mode=importlib",
+                                                 "-o", f"pythonpath={here}"])
+    assert report["counts"]["unsupported"] == 1 and report["counts"]["passed"] == 0, report
+    (check,) = report["checks"]
+    assert check["reason"] == "lora: not yet"
+
+
+def test_context_is_what_the_writer_receives():
+    """LaunchContext is the writer's input: run name carries run id and digest."""
+    ctx = LaunchContext("20260101T000000Z-00000000", "sha256:" + "1" * 64, "0.1.0",
+                        NativeAdapter().contract.dialects[0])
+    assert ctx.run_id in ctx.run_name and "1" * 64 in ctx.run_name
