@@ -433,6 +433,32 @@ def _compare_table(doc: dict[str, Any]) -> None:
     _console().print(t)
 
 
+def cmd_conformance(args: argparse.Namespace) -> int:
+    """The conformance kit for one registered engine (exit 0, or 5 when a check failed), or
+    the compatibility matrix of the built-in engines (or the engines named) as Markdown."""
+    from .conformance import runner
+    from .core.errors import InvalidInput
+
+    registry = _registry()
+    if args.matrix:
+        from .conformance.matrix import render
+
+        names = args.engine or sorted(n for n, e in registry.adapters.items()
+                                      if e.plugin == "builtin")
+        print(render([registry.get(name) for name in names]), end="")
+        return 0
+    if len(args.engine) != 1:
+        raise InvalidInput("conformance: name one ENGINE (or pass --matrix)")
+    report = runner.run_conformance(registry.get(args.engine[0]), args.engine_version)
+    if args.json == "-":
+        print(json.dumps(report, indent=2))
+    else:
+        if args.json:
+            runner.write_json(report, args.json)
+        print(runner.render_text(report))
+    return runner.FAILED_EXIT if report["counts"]["failed"] else 0
+
+
 # -- parser --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
@@ -514,6 +540,19 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("targets", nargs="+", metavar="DIGEST|RUN")
     runs_sub.add_parser("reindex", parents=[common, store], help="rebuild the index from the run "
                                                            "directories")
+    p = sub.add_parser("conformance", help="run the adapter conformance kit for an engine",
+                       description="run the adapter conformance kit for a registered engine "
+                                   "(exit 0, or 5 when a check failed), or print the "
+                                   "compatibility matrix")
+    p.set_defaults(func=cmd_conformance)
+    p.add_argument("engine", nargs="*", metavar="ENGINE")
+    p.add_argument("--engine-version", action="append", metavar="V",
+                   help="check this version (repeatable; default: every dialect's first)")
+    p.add_argument("--json", nargs="?", const="-", metavar="REPORT",
+                   help="write the report as JSON to REPORT (stdout without a path)")
+    p.add_argument("--matrix", action="store_true",
+                   help="print the compatibility matrix (Markdown) of the built-in engines")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
     return parser
 
 

@@ -1,0 +1,63 @@
+"""`stateset-backend conformance`: the kit for one registered engine from the command line, and
+the generated compatibility matrix, which must match the committed docs/compatibility.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from stateset_backend import cli
+from stateset_backend.conformance import runner
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "compatibility.md"
+
+
+def test_committed_compatibility_matrix_is_current(capsys):
+    assert cli.main(["conformance", "--matrix"]) == 0
+    generated = capsys.readouterr().out
+    assert DOCS.read_text(encoding="utf-8") == generated, \
+        "docs/compatibility.md is stale: stateset-backend conformance --matrix > " \
+        "docs/compatibility.md"
+
+
+def test_conformance_runs_the_kit_for_a_registered_engine(tmp_path, capsys):
+    report_path = tmp_path / "report.json"
+    code = cli.main(["conformance", "echo", "--engine-version", "1.2.0", "--json",
+                     str(report_path)])
+    out = capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    assert code == 0, out
+    assert report["engine"] == "echo" and report["engine_versions"] == ["1.2.0"]
+    assert report["counts"]["failed"] == 0 and report["counts"]["passed"] > 40
+    states = {c["check"]: c["state"] for c in report["checks"]}
+    assert states["collection"] == "unsupported"  # the CLI has no writer for the engine
+    assert "passed" in out and "unsupported" in out
+
+
+def test_a_failed_check_exits_5(monkeypatch, capsys):
+    def failing(entry, versions):
+        return {"engine": "echo", "distribution": "d", "adapter_version": "1",
+                "engine_versions": ["1.2.0"], "seconds": 0.1,
+                "counts": {"passed": 0, "failed": 1, "unsupported": 0, "skipped": 0},
+                "checks": [{"check": "capability", "params": {"capability": "lora"},
+                            "state": "failed", "reason": "no sample plans", "seconds": 0}]}
+
+    monkeypatch.setattr(runner, "run_conformance", failing)
+    assert cli.main(["conformance", "echo"]) == runner.FAILED_EXIT == 5
+    assert "no sample plans" in capsys.readouterr().out
+
+
+def test_conformance_needs_one_engine(capsys):
+    assert cli.main(["conformance"]) == 2
+
+
+def test_dialect_versions_cover_every_dialect():
+    from packaging.version import Version
+
+    from stateset_backend.core.registry import build_registry
+
+    for name, entry in build_registry().adapters.items():
+        contract = entry.adapter.contract
+        versions = runner.dialect_versions(contract)
+        assert {contract.dialect(Version(v)).name for v in versions} == \
+            {d.name for d in contract.dialects}, name
