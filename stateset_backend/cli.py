@@ -459,6 +459,16 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     return runner.FAILED_EXIT if report["counts"]["failed"] else 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from .core.report import report
+    from .core.store import RunStore, runs_dir_from
+
+    path, records = report(RunStore(runs_dir_from(args.runs_dir)), args.target, args.output)
+    _emit(args, {"report": str(path), "runs": [r.run_id for r in records]},
+          f"wrote {path} ({len(records)} run{'s' if len(records) != 1 else ''})")
+    return 0
+
+
 # -- parser --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
@@ -540,6 +550,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("targets", nargs="+", metavar="DIGEST|RUN")
     runs_sub.add_parser("reindex", parents=[common, store], help="rebuild the index from the run "
                                                            "directories")
+    p = command("report", cmd_report, "write a self-contained HTML report of a run or of "
+                                      "every run of an experiment")
+    p.add_argument("--runs-dir", help="run store (default ./runs or $STATESET_BACKEND_RUNS_DIR)")
+    p.add_argument("-o", "--output", help="HTML file to write (default report-<target>.html)")
+    p.add_argument("target", metavar="RUN|DIGEST")
     p = sub.add_parser("conformance", help="run the adapter conformance kit for an engine",
                        description="run the adapter conformance kit for a registered engine "
                                    "(exit 0, or 5 when a check failed), or print the "

@@ -18,14 +18,6 @@ from stateset_backend.core.plan import LaunchPlan
 from stateset_backend.native import layout
 
 OTHER_RUN = "20990101T000000Z-ffffffff.someone-elses-run"
-# A known hole the kit found: keys an adapter adds at render time (OpenRLHF's fixed switches
-# and memory knobs, verl's micro-batch token limits) are listed in the plan's native keys but
-# engine_options may override them with their exact spelling, because the core guard cannot
-# tell them from the engine_options entry itself. Strict: fixing it turns this into a failure
-# that asks for the marker to go.
-RENDER_KEYS_OVERRIDABLE = pytest.mark.xfail(
-    strict=True, reason="engine_options can override keys the adapter adds at render time")
-
 
 def _tensorboard(log_dir: Path, metrics: list[dict[str, Any]], names: dict[str, str],
                  hparams: dict[str, Any] | None = None) -> None:
@@ -167,11 +159,6 @@ class TestVerlConformance(AdapterConformance):
     def option_key(self, plan):
         return "trainer.validation_data_dir"
 
-    @RENDER_KEYS_OVERRIDABLE
-    def test_engine_options_cannot_reach_owned_keys(self, adapter, engine_version,
-                                                    sample_files):
-        super().test_engine_options_cannot_reach_owned_keys(adapter, engine_version,
-                                                            sample_files)
 
 
 # -- OpenRLHF: TensorBoard under the run name, DeepSpeed global_stepN checkpoints ----------------
@@ -212,11 +199,6 @@ class TestOpenRLHFConformance(AdapterConformance):
         flat = Version(plan.engine_version) < Version("0.10.2")  # flags renamed at 0.10.2
         return "--wandb_project" if flat else "--logger.wandb.project"
 
-    @RENDER_KEYS_OVERRIDABLE
-    def test_engine_options_cannot_reach_owned_keys(self, adapter, engine_version,
-                                                    sample_files):
-        super().test_engine_options_cannot_reach_owned_keys(adapter, engine_version,
-                                                            sample_files)
 
 
 # -- NeMo RL: TensorBoard with the config as hparams, step_N checkpoints -----------------------

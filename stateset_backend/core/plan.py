@@ -24,7 +24,7 @@ from .errors import InvalidInput, Unsupported
 from .inputs import check_budget_fits
 from .jsonio import atomic_write_json, read_json
 from .registry import AdapterEntry
-from .rules import option_conflict, translate
+from .rules import Translation, option_conflict, translate
 from .spec import ExperimentSpec
 from .specfile import parse_spec
 
@@ -108,7 +108,17 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
         launch = adapter.render(translation, spec, ctx)
     native = launch.native if launch.native is not None else translation.native
     check_all_pinned(adapter.name, dialect, native)
-    guard_engine_options(adapter.name, spec.engine_options.get(adapter.name, {}), native)
+    options = spec.engine_options.get(adapter.name, {})
+    if options:
+        # What the launch sets on its own (identity, outputs, fixed switches, memory knobs) is
+        # what it sets without the options: rendered once more without them, to guard it.
+        own = Translation({k: v for k, v in translation.native.items()
+                           if translation.sources.get(k) != f"engine_options.{adapter.name}"},
+                          translation.sources, translation.rows)
+        with entry.guard("rendering the launch"):
+            bare = adapter.render(own, spec, ctx)
+        guard_engine_options(adapter.name, options,
+                             bare.native if bare.native is not None else own.native)
     resources = spec.resources.model_dump(mode="json")
     engine_options = spec.engine_options.get(adapter.name, {})
     doc: dict[str, Any] = {
@@ -141,8 +151,9 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
 
 def guard_engine_options(engine: str, options: dict[str, Any], native: dict[str, Any]) -> None:
     """``engine_options`` may add what the spec does not describe; it may never reach a key
-    the launch sets for identity, outputs or a spec setting, in any spelling."""
-    owned = [key for key in native if key not in options]
+    the launch sets by itself (``native``: rendered without the options) for identity,
+    outputs, a spec setting or a fixed switch, in any spelling."""
+    owned = list(native)
     for key in options:
         taken = option_conflict(key, owned)
         if taken is not None:
