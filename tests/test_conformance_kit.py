@@ -176,12 +176,6 @@ def write_openrlhf(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str,
 
 class TestOpenRLHFConformance(AdapterConformance):
     engine_versions = ["0.9.8", "0.10.1", "0.10.2", "0.11.1", "0.11.2"]
-    # OpenRLHF's GSPO loss is always the sequence mean of token means, an aggregation the
-    # contract claims from 0.11.2 only: before it no GSPO spec can plan
-    unsupported = {
-        "objective:gspo <0.11.2": "GSPO needs loss_agg:seq_mean_token_mean (claimed >=0.11.2)",
-        "ratio:sequence <0.11.2": "sequence ratios come with GSPO only (see objective:gspo)",
-    }
 
     @pytest.fixture
     def adapter(self):

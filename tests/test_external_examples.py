@@ -21,8 +21,7 @@ EXPECTED = {
     ("gspo", "verl", "0.9.1"): None,
     ("gspo", "verl", "0.5.0"): "objective:gspo (available in verl >=0.6",
     ("gspo", "openrlhf", "0.11.2"): None,
-    ("gspo", "openrlhf", "0.9.10"): "loss_agg:seq_mean_token_mean (available in openrlhf "
-                                    ">=0.11.2)",
+    ("gspo", "openrlhf", "0.9.10"): "objective:gspo (available in openrlhf >=0.11.2)",
     ("cispo", "verl", "0.9.1"): None,
     ("cispo", "verl", "0.6.0"): "objective:cispo (available in verl >=0.7)",
     ("cispo", "openrlhf", "0.11.2"): "objective:cispo (not available in any openrlhf version)",
