@@ -469,6 +469,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runs_export(args: argparse.Namespace) -> int:
+    from .core.export import export_mlflow
+    from .core.report import load_attempt
+    from .core.store import RunStore, runs_dir_from
+
+    record = load_attempt(RunStore(runs_dir_from(args.runs_dir)), args.run, args.attempt)
+    doc = export_mlflow(record, args.mlflow, experiment_name=args.experiment)
+    _emit(args, doc, f"run {record.run_id} attempt {record.result.attempt} "
+                     + ("was already exported" if doc["already_exported"] else "exported")
+                     + f" to {doc['tracking_uri']} as MLflow run {doc['mlflow_run_id']}")
+    return 0
+
+
 # -- parser --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
@@ -550,6 +563,15 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("targets", nargs="+", metavar="DIGEST|RUN")
     runs_sub.add_parser("reindex", parents=[common, store], help="rebuild the index from the run "
                                                            "directories")
+    q = runs_sub.add_parser("export", parents=[common, store], help="log a run to a tracking "
+                                                              "store (MLflow)")
+    q.set_defaults(func=cmd_runs_export)
+    q.add_argument("run")
+    q.add_argument("--mlflow", required=True, metavar="URI",
+                   help="MLflow tracking URI, e.g. sqlite:///mlflow.db or http://host:5000")
+    q.add_argument("--experiment", help="MLflow experiment name (default: the spec's name "
+                                        "and the digest)")
+    q.add_argument("--attempt", type=int, help="this attempt instead of the newest")
     p = command("report", cmd_report, "write a self-contained HTML report of a run or of "
                                       "every run of an experiment")
     p.add_argument("--runs-dir", help="run store (default ./runs or $STATESET_BACKEND_RUNS_DIR)")
