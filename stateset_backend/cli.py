@@ -469,6 +469,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_attest(args: argparse.Namespace) -> int:
+    from .core.attest import attest
+    from .core.report import load_attempt
+    from .core.store import RunStore, runs_dir_from
+
+    record = load_attempt(RunStore(runs_dir_from(args.runs_dir)), args.run, args.attempt)
+    doc = attest(record, args.output)
+    if args.output is None:
+        print(json.dumps(doc, indent=2))
+    else:
+        _emit(args, {"attestation": args.output, "subjects": len(doc["subject"]),
+                     "predicate_type": doc["predicateType"]},
+              f"wrote {args.output}: in-toto statement, {len(doc['subject'])} subjects of run "
+              f"{record.run_id} attempt {record.result.attempt}")
+    return 0
+
+
 def cmd_runs_export(args: argparse.Namespace) -> int:
     from .core.export import export_mlflow
     from .core.report import load_attempt
@@ -577,6 +594,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", help="run store (default ./runs or $STATESET_BACKEND_RUNS_DIR)")
     p.add_argument("-o", "--output", help="HTML file to write (default report-<target>.html)")
     p.add_argument("target", metavar="RUN|DIGEST")
+    p = command("attest", cmd_attest, "write an in-toto statement binding a run's artifacts "
+                                      "to its experiment")
+    p.add_argument("--runs-dir", help="run store (default ./runs or $STATESET_BACKEND_RUNS_DIR)")
+    p.add_argument("-o", "--output", help="file to write (default: print the statement)")
+    p.add_argument("--attempt", type=int, help="this attempt instead of the newest")
+    p.add_argument("run")
     p = sub.add_parser("conformance", help="run the adapter conformance kit for an engine",
                        description="run the adapter conformance kit for a registered engine "
                                    "(exit 0, or 5 when a check failed), or print the "
