@@ -129,3 +129,109 @@ def check_batch(batch: RolloutBatch, *, vocab_size: int, group_size: int) -> Non
         if bool((batch.prompt_index[rows] != batch.prompt_index[rows[0]]).any()) or \
                 bool((batch.prompt_ids[rows] != batch.prompt_ids[rows[0]]).any()):
             raise BatchIntegrityError(f"group {g} mixes samples of different prompts")
+
+
+# -- conversations -------------------------------------------------------------------------
+ROLE_PAD, ROLE_ENVIRONMENT, ROLE_ASSISTANT = 0, 1, 2  # conversation.py records these
+
+
+@dataclass
+class ConversationBatch:
+    """Whole conversations, one row each: opening, assistant turns and observations in one
+    token sequence. ``roles`` and ``sample_logprobs`` are recorded by the rollout as tokens
+    are appended; ``loss_mask`` is what the learner trains on, and the integrity check proves
+    it covers assistant-sampled tokens only."""
+
+    ids: Tensor  # [B, L] long
+    attention: Tensor  # [B, L] float, 1 = a real token (assistant or environment)
+    roles: Tensor  # [B, L] long: 0 pad, 1 environment/context, 2 assistant-sampled
+    loss_mask: Tensor  # [B, L] float: tokens that carry loss
+    sample_logprobs: Tensor  # [B, L] float, NaN where nothing was sampled
+    turn_ids: Tensor  # [B, L] long, assistant turn of each sampled token, -1 elsewhere
+    turn_rewards: Tensor  # [B, K] float, the environment's reward per turn, NaN past the end
+    group_ids: Tensor  # [B] long, 0..G-1, contiguous
+    prompt_index: Tensor  # [B] long, data-set row of each conversation's task
+    conversation_index: Tensor  # [B] long, the conversation's number in its update
+    rewards: Tensor  # [B] float, the conversation's return (see objectives.conversation_return)
+    policy_version: int
+
+    @property
+    def size(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def response_mask(self) -> Tensor:
+        return self.loss_mask
+
+    def select(self, keep: Tensor) -> ConversationBatch:
+        idx = keep.nonzero().squeeze(-1)
+        _, dense = torch.unique(self.group_ids[idx], return_inverse=True)
+        return ConversationBatch(
+            self.ids[idx], self.attention[idx], self.roles[idx], self.loss_mask[idx],
+            self.sample_logprobs[idx], self.turn_ids[idx], self.turn_rewards[idx], dense,
+            self.prompt_index[idx], self.conversation_index[idx], self.rewards[idx],
+            self.policy_version)
+
+
+def check_conversation_batch(batch: ConversationBatch, *, vocab_size: int,
+                             group_size: int) -> None:
+    """Raise BatchIntegrityError naming the first problem; above all, a token that carries
+    loss but was not sampled by the policy (an environment, tool or padding token)."""
+    b = batch.size
+    if b == 0:
+        raise BatchIntegrityError("empty batch")
+    for name in ("attention", "roles", "loss_mask", "sample_logprobs", "turn_ids"):
+        if getattr(batch, name).shape != batch.ids.shape:
+            raise BatchIntegrityError(f"{name} has shape {tuple(getattr(batch, name).shape)}, "
+                                      f"expected {tuple(batch.ids.shape)}")
+    for name in ("turn_rewards", "group_ids", "prompt_index", "conversation_index", "rewards"):
+        if getattr(batch, name).shape[0] != b:
+            raise BatchIntegrityError(f"{name} has {getattr(batch, name).shape[0]} rows, "
+                                      f"expected {b}")
+    if bool(((batch.ids < 0) | (batch.ids >= vocab_size)).any()):
+        raise BatchIntegrityError(f"ids hold token ids outside the vocabulary [0, {vocab_size})")
+    for name in ("attention", "loss_mask"):
+        if not _binary(getattr(batch, name)):
+            raise BatchIntegrityError(f"{name} is not binary")
+    real = batch.attention.bool()
+    assistant = batch.roles == ROLE_ASSISTANT
+    if bool((real != (batch.roles != ROLE_PAD)).any()):
+        raise BatchIntegrityError("roles and attention disagree about which tokens are real")
+    carries = batch.loss_mask.bool()
+    leaked = carries & ~assistant
+    if bool(leaked.any()):
+        raise BatchIntegrityError(f"{int(leaked.sum())} environment, tool or padding token(s) "
+                                  "carry loss: only the assistant's own sampled tokens may")
+    if bool((assistant & ~carries).any()):
+        raise BatchIntegrityError("an assistant-sampled token of a conversation in the batch "
+                                  "carries no loss")
+    lp = batch.sample_logprobs
+    if bool(torch.isnan(lp[assistant]).any()):
+        raise BatchIntegrityError("a sampled token has no sampling-time log-prob (never "
+                                  "recomputed or invented)")
+    if bool((~torch.isnan(lp[~assistant])).any()):
+        raise BatchIntegrityError("a token the policy did not sample has a sampling-time "
+                                  "log-prob: environment tokens are never sampled")
+    if not bool(torch.isfinite(lp[assistant]).all()) or bool((lp[assistant] > 0).any()):
+        raise BatchIntegrityError("a sampling-time log-prob is not a finite value <= 0")
+    if bool(((batch.turn_ids >= 0) != assistant).any()):
+        raise BatchIntegrityError("turn ids do not mark exactly the sampled tokens")
+    if bool((carries.sum(-1) == 0).any()):
+        raise BatchIntegrityError("a conversation has no assistant token")
+    if not bool(torch.isfinite(batch.rewards).all()):
+        raise BatchIntegrityError("a conversation's return is not finite")
+    turns = batch.turn_ids.max(-1).values + 1
+    have = (~torch.isnan(batch.turn_rewards)).sum(-1)
+    if bool((have != turns).any()):
+        raise BatchIntegrityError("a conversation's turn rewards do not match its turns: every "
+                                  "assistant turn has exactly one reward from the environment")
+    counts = torch.bincount(batch.group_ids)
+    if bool((counts < min(2, group_size)).any()) or bool((counts > group_size).any()):
+        raise BatchIntegrityError(f"a group has {int(counts.min())}..{int(counts.max())} "
+                                  f"conversations, expected 2..{group_size}")
+    if bool((batch.group_ids[1:] < batch.group_ids[:-1]).any()):
+        raise BatchIntegrityError("groups are not contiguous")
+    for g in range(counts.numel()):
+        rows = (batch.group_ids == g).nonzero().squeeze(-1)
+        if bool((batch.prompt_index[rows] != batch.prompt_index[rows[0]]).any()):
+            raise BatchIntegrityError(f"group {g} mixes conversations of different tasks")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ class Example:
     index: int
     prompt: str
     answer: str
+    row: dict[str, Any] = field(default_factory=dict, compare=False)  # the whole JSON row
 
 
 def resolve(uri: str, base_dir: Path) -> Path:
@@ -44,7 +45,7 @@ def load_split(split: DataSplit, base_dir: Path) -> list[Example]:
         doc = json.loads(line)
         try:
             rows.append(Example(len(rows), str(doc[split.prompt_field]),
-                                str(doc[split.answer_field])))
+                                str(doc[split.answer_field]), doc))
         except KeyError as exc:
             raise DataError(f"{path}:{n}: no field {exc}") from None
     if not rows:

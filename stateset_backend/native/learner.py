@@ -17,10 +17,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.spec import Algorithm, Optim
+from ..core.spec import Algorithm, Environment, Optim
 from . import objectives
-from .batch import RolloutBatch
+from .batch import ConversationBatch, RolloutBatch
+from .conversation import conversation_logprobs
 from .rollout import response_logprobs
+
+Batch = RolloutBatch | ConversationBatch
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -31,7 +34,7 @@ class NonFiniteUpdate(RuntimeError):
 class LearnerConfig:
     algorithm: Algorithm
     temperature: float
-    max_response_tokens: int
+    max_response_tokens: int  # conversations: max_turns * the turn limit
     ppo_epochs: int
     mini_batches: int
     grad_clip: float
@@ -72,9 +75,18 @@ def make_optimizer(model: Any, optim: Optim, total_updates: int) -> tuple[torch.
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
-def advantages_for(batch: RolloutBatch, algorithm: Algorithm) -> Tensor:
+def advantages_for(batch: Batch, algorithm: Algorithm,
+                   environment: Environment | None = None) -> Tensor:
+    """One advantage per sample, or per token for conversations (objectives has the rules)."""
     baseline, _ = objectives.RECIPES[algorithm.objective]
     adv = algorithm.advantage
+    if isinstance(batch, ConversationBatch):
+        env = environment or Environment()
+        return objectives.conversation_advantages(
+            batch.turn_rewards, batch.turn_ids, batch.loss_mask, batch.group_ids,
+            placement=env.reward_placement, gamma=env.turn_discount, baseline=baseline,
+            std_normalize=adv.std_normalize, scope=adv.scope, unbiased=adv.std == "unbiased",
+            eps=adv.epsilon)
     return objectives.advantages(
         batch.rewards, batch.group_ids, batch.response_mask.sum(-1), baseline=baseline,
         std_normalize=adv.std_normalize, scope=adv.scope,
@@ -90,25 +102,39 @@ def _reference_mode(model: Any, reference: Any) -> Iterator[Any]:
             yield model
 
 
+def policy_logprobs(model: Any, batch: Batch, idx: Tensor, temperature: float,
+                    group_size: int) -> tuple[Tensor, Tensor]:
+    """(log-prob, entropy) per token of rows ``idx``, aligned with the batch's loss mask."""
+    if isinstance(batch, ConversationBatch):
+        return conversation_logprobs(model, batch.ids[idx], batch.attention[idx], temperature)
+    return response_logprobs(model, batch.prompt_ids[idx], batch.prompt_mask[idx],
+                             batch.response_ids[idx], batch.response_mask[idx], temperature,
+                             group_size)
+
+
 @torch.no_grad()
-def reference_logprobs(model: Any, reference: Any, batch: RolloutBatch, temperature: float,
+def reference_logprobs(model: Any, reference: Any, batch: Batch, temperature: float,
                        group_size: int) -> Tensor:
     with _reference_mode(model, reference) as ref:
-        logp, _ = response_logprobs(ref, batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                    batch.response_mask, temperature, group_size)
+        logp, _ = policy_logprobs(ref, batch, torch.arange(batch.size), temperature, group_size)
     return logp
 
 
-def _split(n_groups: int, group_size: int, parts: int,
+def _split(batch: Batch, group_size: int, parts: int,
            generator: torch.Generator) -> list[Tensor]:
-    """Mini-batches of whole groups (row indices), so each keeps its shared prompt prefill."""
+    """Mini-batches of whole groups (row indices), so each keeps its shared prompt prefill.
+    Conversation groups may have lost failed members, so they are found by id."""
+    n_groups = int(batch.group_ids.max().item()) + 1
     order = torch.randperm(n_groups, generator=generator)
+    if isinstance(batch, ConversationBatch):
+        return [torch.isin(batch.group_ids, chunk).nonzero().squeeze(-1)
+                for chunk in order.chunk(parts) if chunk.numel()]
     offsets = torch.arange(group_size)
     return [(chunk[:, None] * group_size + offsets).flatten()
             for chunk in order.chunk(parts) if chunk.numel()]
 
 
-def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: RolloutBatch,
+def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: Batch,
            advantages: Tensor, ref_logp: Tensor | None, cfg: LearnerConfig,
            generator: torch.Generator) -> dict[str, float]:
     """One learner update over a checked batch; returns canonical metrics."""
@@ -125,13 +151,10 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
     params = [p for p in model.parameters() if p.requires_grad]
     group_size = alg.group_size
     for _ in range(cfg.ppo_epochs):
-        for idx in _split(batch.size // group_size, group_size, cfg.mini_batches, generator):
+        for idx in _split(batch, group_size, cfg.mini_batches, generator):
             mask = batch.response_mask[idx]
             with cfg.compute():
-                logp, entropy = response_logprobs(model, batch.prompt_ids[idx],
-                                                  batch.prompt_mask[idx],
-                                                  batch.response_ids[idx], mask,
-                                                  cfg.temperature, group_size)
+                logp, entropy = policy_logprobs(model, batch, idx, cfg.temperature, group_size)
             pl = loss_fn(logp, old_logp[idx], advantages[idx], mask, clip_low=alg.clip.low,
                          clip_high=alg.clip.high, **loss_knobs)
             agg = alg.loss_aggregation

@@ -11,6 +11,7 @@ proves it), with the spec's knobs (``dual_clip``, ``kl.clamp``, ``advantage.scop
 the values verl hard-codes.
 
 Shapes: ``B`` samples, ``T`` response tokens. ``mask`` is 1.0 on sampled tokens, 0.0 after.
+Advantages are one per sample ``[B]`` or, for conversations, one per token ``[B, T]``.
 """
 
 from __future__ import annotations
@@ -238,6 +239,11 @@ def aggregate(values: Tensor, mask: Tensor, mode: str, max_tokens: int) -> Tenso
 
 
 # -- policy losses (per token) -------------------------------------------------------------
+def _per_token(adv: Tensor) -> Tensor:
+    """[B] sample advantages broadcast over tokens; [B, T] token advantages as they are."""
+    return adv[:, None] if adv.dim() == 1 else adv
+
+
 @dataclass(frozen=True)
 class PolicyLoss:
     loss: Tensor  # [B, T] per-token loss, to be aggregated
@@ -258,7 +264,7 @@ def clipped_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, *, c
     clip_high (DAPO). With ``dual_clip`` c > 1, a token with a negative advantage loses at
     most -A*c (Ye et al. 2020; verl's clip_ratio_c)."""
     ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
-    a = adv[:, None]
+    a = _per_token(adv)
     loss, clipped = _clipped_surrogate(ratio, a, clip_low, clip_high)
     if dual_clip is not None:
         loss = torch.where(a < 0, torch.minimum(-a * dual_clip, loss), loss)
@@ -278,7 +284,7 @@ def gspo_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, *, clip
     seq_log_ratio = ((logp - old_logp) * mask).sum(-1) / lengths
     token_log_ratio = logp - logp.detach() + seq_log_ratio.detach()[:, None]
     ratio = torch.exp(token_log_ratio.clamp(max=GSPO_LOG_RATIO_MAX))
-    loss, clipped = _clipped_surrogate(ratio, adv[:, None], clip_low, clip_high)
+    loss, clipped = _clipped_surrogate(ratio, _per_token(adv), clip_low, clip_high)
     return PolicyLoss(loss, clipped)
 
 
@@ -288,7 +294,7 @@ def cispo_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, *, cli
     """CISPO: the clipped importance weight, detached, times the advantage and log-prob."""
     ratio = torch.exp((logp - old_logp).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT))
     weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    return PolicyLoss(-weight.detach() * adv[:, None] * logp, (ratio != weight).float())
+    return PolicyLoss(-weight.detach() * _per_token(adv) * logp, (ratio != weight).float())
 
 
 # -- reward shaping ------------------------------------------------------------------------
@@ -298,3 +304,65 @@ def overlong_penalty(lengths: Tensor, max_tokens: int, buffer_tokens: int,
     the hard limit (verl's DAPO reward manager: min(-(len - (max - buffer)) / buffer * p, 0))."""
     exceed = lengths.double() - (max_tokens - buffer_tokens)
     return (-exceed / buffer_tokens * penalty).clamp(min=-penalty, max=0.0)
+
+
+# -- conversations -------------------------------------------------------------------------
+def reward_to_go(turn_rewards: Tensor, gamma: float) -> Tensor:
+    """G_t = sum_{k >= t} gamma^(k-t) r_k per conversation; ``turn_rewards`` is [B, K] with NaN
+    past a conversation's last turn, and so is the result."""
+    r = torch.nan_to_num(turn_rewards.double(), nan=0.0)
+    out = torch.zeros_like(r)
+    running = torch.zeros(r.shape[0], dtype=r.dtype)
+    for t in range(r.shape[1] - 1, -1, -1):
+        running = r[:, t] + gamma * running
+        out[:, t] = running
+    return torch.where(torch.isnan(turn_rewards), torch.nan, out).to(turn_rewards.dtype)
+
+
+def conversation_return(turn_rewards: Tensor, placement: str, gamma: float) -> Tensor:
+    """One number per conversation: the last step's reward (final) or G_0 (per_turn)."""
+    if placement == "final":
+        last = (~torch.isnan(turn_rewards)).sum(-1) - 1
+        return turn_rewards.gather(1, last.clamp(min=0)[:, None]).squeeze(1)
+    return reward_to_go(turn_rewards, gamma)[:, 0]
+
+
+def conversation_advantages(turn_rewards: Tensor, turn_ids: Tensor, loss_mask: Tensor,
+                            group_ids: Tensor, *, placement: str, gamma: float, baseline: str,
+                            std_normalize: bool, scope: str, unbiased: bool,
+                            eps: float) -> Tensor:
+    """Token advantages [B, L] of whole conversations, 0 wherever no loss is carried.
+
+    final: the objective's advantage of each conversation's final reward, on every assistant
+    token (exactly the single-turn formula, with a conversation as the sample).
+    per_turn: the objective's baseline b_i comes from the returns G_0 of the group's
+    conversations (b_i = G_0,i - centred_i: the group mean, or the mean of the others for
+    leave-one-out); turn t's tokens get G_t,i - b_i. With std normalisation that is divided by
+    the group's std of G_0 plus eps (group scope), or whitened over the batch's assistant tokens
+    (batch scope). A group whose returns G_0 are all equal has advantage 0 on every turn, as
+    zero-variance groups do everywhere.
+    """
+    if placement == "final":
+        rewards = conversation_return(turn_rewards, "final", gamma)
+        adv = advantages(rewards, group_ids, loss_mask.sum(-1), baseline=baseline,
+                         std_normalize=std_normalize, scope=scope, unbiased=unbiased, eps=eps)
+        return adv[:, None] * loss_mask
+    to_go = reward_to_go(turn_rewards, gamma)
+    g0 = to_go[:, 0]
+    centred = ADVANTAGES[baseline](g0, group_ids)
+    base = g0 - centred
+    index = turn_ids.clamp(min=0)
+    values = (torch.nan_to_num(to_go, nan=0.0).gather(1, index) - base[:, None]) * loss_mask
+    values = torch.where(zero_variance_groups(g0, group_ids)[:, None],
+                         torch.zeros_like(values), values)
+    if not std_normalize:
+        return values
+    if scope == "group":
+        _, std, _ = _group_stats(g0, group_ids, unbiased)
+        return values / (std + eps)[:, None]
+    flat = values[loss_mask.bool()]
+    whitened = batch_whitening(flat, flat, torch.zeros_like(flat, dtype=torch.long),
+                               torch.ones_like(flat), unbiased=unbiased, eps=eps)
+    out = torch.zeros_like(values)
+    out[loss_mask.bool()] = whitened
+    return out
