@@ -37,6 +37,7 @@ from ..core.rules import (
 )
 from ..core.spec import ExperimentSpec
 from ..native import layout
+from ..native.environment import conversation_refusals
 from ..native.tiny_model import BUILTIN_PREFIX, builtin_dir
 
 
@@ -52,6 +53,20 @@ def _param_dtype(value: Any, spec: ExperimentSpec) -> Outcome:
         return Refused(f"bfloat16 weights cannot compute in {spec.model.dtype}: the native "
                        "engine computes in the weights' dtype or narrower")
     return Pinned({"model.param_dtype": value})
+
+
+def _environment_kind(value: Any, spec: ExperimentSpec) -> Outcome:
+    problems = conversation_refusals(spec)
+    if problems:
+        return Refused("; ".join(problems))
+    return Pinned({"environment.kind": value})
+
+
+def _reward_kind(value: Any, spec: ExperimentSpec) -> Outcome:
+    if value == "python" or (value == "environment" and spec.environment.kind != "single_turn"):
+        return Pinned({"reward.kind": value})
+    return Refused("the native engine calls python reward functions in process, or takes the "
+                   "rewards of a conversation's environment")
 
 
 def _dual_clip(value: Any, spec: ExperimentSpec) -> Outcome:
@@ -83,16 +98,14 @@ class NativeAdapter(EngineAdapter):
             "name": to("name"),
             "resources.nodes": only(lambda v: v == 1, "the native engine runs on one node",
                                     to("resources.nodes")),
-            "reward.kind": only(lambda v: v == "python", "the native engine calls python "
-                                "reward functions in process", to("reward.kind")),
+            "reward.kind": _reward_kind,
             "data.chat_template": _chat_template,
             "model.param_dtype": _param_dtype,
             "algorithm.clip.dual_clip": _dual_clip,
         })
         for core_handled in ("engine_options", "labels", "version", "equivalence"):
             rules.pop(core_handled, None)
-        rules["environment.kind"] = only(lambda v: v == "single_turn", "the native engine "
-                                         "runs single-turn episodes", to("environment.kind"))
+        rules["environment.kind"] = _environment_kind
         rules["algorithm.gae.gamma"] = rules["algorithm.gae.lam"] = refuse(
             "the native engine has no critic")
         return rules

@@ -4,6 +4,7 @@ checkpoints. Each step lives in its own module; this file only composes them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -16,9 +17,16 @@ from ..core.digest import experiment_digest
 from ..core.jsonio import atomic_write_json
 from ..core.spec import ExperimentSpec
 from ..core.specfile import parse_spec
-from . import checkpoint, layout, objectives
-from .batch import RolloutBatch, check_batch
-from .data import DataError, Example, PromptSampler, load_split
+from . import checkpoint, conversation, layout, objectives
+from .batch import ConversationBatch, RolloutBatch, check_batch, check_conversation_batch
+from .data import DataError, Example, PromptSampler, load_split, resolve
+from .environment import (
+    EnvironmentLoadError,
+    EnvironmentRef,
+    Workers,
+    conversation_refusals,
+    describe,
+)
 from .learner import (
     LearnerConfig,
     advantages_for,
@@ -31,17 +39,15 @@ from .progress import Progress
 from .reward import RewardFn, load_reward
 from .rollout import sample
 
+Batch = RolloutBatch | ConversationBatch
+
 
 class SettingsError(ValueError):
     """The launch config does not describe the experiment it claims to, or asks for something
     the native engine cannot do."""
 
 
-@dataclass(frozen=True)
-class Decoding:
-    temperature: float  # 0 = greedy
-    top_p: float
-    top_k: int | None
+Decoding = conversation.Decoding
 
 
 def _refuse_unsupported(spec: ExperimentSpec) -> None:
@@ -51,6 +57,8 @@ def _refuse_unsupported(spec: ExperimentSpec) -> None:
     if spec.algorithm.clip.dual_clip is not None and loss != "clipped":
         raise SettingsError(f"algorithm.clip.dual_clip applies to the clipped PPO surrogate; "
                             f"{spec.algorithm.objective} has no such loss")
+    for problem in conversation_refusals(spec):
+        raise SettingsError(problem)
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,9 @@ class Trainer:
         _refuse_unsupported(spec)
         self.compute = compute_context(spec.model, self.device)
         base = settings.base_dir
+        self.conversations = spec.environment.kind != "single_turn"
+        if self.conversations:  # before the model exists: the workers fork from a small process
+            self._open_environment(base)
         self.model, self.tokenizer = load_policy(spec.model, spec.seed, base, self.device,
                                                  chat_template=spec.data.chat_template)
         if spec.data.prompt_overflow == "truncate_left":
@@ -118,20 +129,45 @@ class Trainer:
         elif spec.data.prompt_overflow == "truncate_right":
             self.tokenizer.truncation_side = "right"
         self.reference = frozen_reference(self.model) if spec.algorithm.kl is not None else None
-        self.reward_fn: RewardFn = load_reward(spec.reward, base)
-        self.train_rows = self._fit_prompts(load_split(spec.data.train, base), "train")
-        self.val_rows = (self._fit_prompts(load_split(spec.data.validation, base), "validation")
-                         if spec.data.validation else [])
+        if self.conversations:
+            train = load_split(spec.data.train, base)
+            val = load_split(spec.data.validation, base) if spec.data.validation else []
+            self.train_rows, self.val_rows = train, val
+        else:
+            self.reward_fn: RewardFn = load_reward(spec.reward, base)
+            self.train_rows = self._fit_prompts(load_split(spec.data.train, base), "train")
+            self.val_rows = (self._fit_prompts(load_split(spec.data.validation, base),
+                                               "validation") if spec.data.validation else [])
         self.sampler = PromptSampler(len(self.train_rows), spec.seed, spec.data.shuffle)
         self.generator = torch.Generator().manual_seed(spec.seed)
         self.optimizer, self.scheduler = make_optimizer(self.model, spec.optim,
                                                         spec.budget.total_updates)
         self.learner_cfg = LearnerConfig(
-            spec.algorithm, spec.rollout.temperature, spec.data.max_response_tokens,
+            spec.algorithm, spec.rollout.temperature,
+            self.limits.max_turns * self.limits.turn_tokens if self.conversations
+            else spec.data.max_response_tokens,
             spec.budget.ppo_epochs, spec.budget.mini_batches, spec.optim.grad_clip, self.compute)
         self.update_count = 0
         self.resumed_from: int | None = None
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+
+    def _open_environment(self, base: Path) -> None:
+        env = self.spec.environment
+        assert env.entrypoint is not None
+        file_part, _, class_name = env.entrypoint.rpartition(":")
+        self.env_ref = EnvironmentRef(resolve(file_part, base), class_name, env.sha256)
+        self.tools = describe(self.env_ref, env.step_timeout_s)
+        # forked now, while the process is small, and reused by every update and validation
+        self.env_workers = Workers(self.env_ref, env.step_timeout_s)
+        spec = self.spec
+        self.env_workers.ensure(max(spec.budget.prompts_per_update * spec.algorithm.group_size,
+                                    64 if spec.data.validation else 0))
+        if env.kind == "tool_use" and not self.tools:
+            raise EnvironmentLoadError("a tool_use environment declares no tools")
+        if env.kind == "multi_turn" and self.tools:
+            raise EnvironmentLoadError("the environment declares tools: its kind is tool_use")
+        self.limits = conversation.Limits.from_spec(self.spec)
+        self.last_collected: conversation.Collected | None = None
 
     # -- state ---------------------------------------------------------------------------
     def resume(self, directory: Path) -> None:
@@ -228,8 +264,42 @@ class Trainer:
                             response_mask.cpu(), logps.cpu(), groups, index, rewards.float(),
                             self.update_count)
 
-    def collect_batch(self) -> tuple[RolloutBatch | None, int, torch.Tensor]:
+    def _converse(self, indices: list[int], group_size: int, *, rows_source: list[Example],
+                  decoding: Decoding, generator: torch.Generator) -> conversation.Collected:
+        env = self.spec.environment
+        with self.compute():
+            return conversation.collect(
+                self.model, self.tokenizer, self.env_workers, self.tools, self.limits,
+                [(rows_source[i].index, rows_source[i].row) for i in indices], group_size,
+                decoding, generator, placement=env.reward_placement, gamma=env.turn_discount,
+                policy_version=self.update_count)
+
+    def collect_conversations(self) -> tuple[ConversationBatch | None, int, torch.Tensor]:
+        """One update's conversations; refused when too many of them failed."""
+        spec = self.spec
+        collected = self._converse(
+            self.sampler.take(spec.budget.prompts_per_update), spec.algorithm.group_size,
+            rows_source=self.train_rows, decoding=Decoding(
+                spec.rollout.temperature, spec.rollout.top_p, spec.rollout.top_k),
+            generator=self.generator)
+        conversation.refuse_failed_share(collected, spec.environment.max_failed_share)
+        self.last_collected = collected
+        batch = collected.batch
+        if batch is not None and spec.algorithm.advantage.zero_variance_groups == "exclude":
+            zero = objectives.zero_variance_groups(batch.rewards, batch.group_ids)
+            for n in batch.conversation_index[zero].tolist():
+                collected.excluded[n] = "its group's returns are all equal (zero variance)"
+            if bool(zero.all()):
+                batch = None
+            elif bool(zero.any()):
+                batch = batch.select(~zero)
+        returns = torch.tensor([r for r in collected.returns if r is not None])
+        return batch, 0, returns
+
+    def collect_batch(self) -> tuple[Batch | None, int, torch.Tensor]:
         """Sample one update's batch; with dynamic sampling, refill excluded groups."""
+        if self.conversations:
+            return self.collect_conversations()
         alg, want = self.spec.algorithm, self.spec.budget.prompts_per_update
         exclude = alg.advantage.zero_variance_groups == "exclude"
         max_rounds = alg.dynamic_sampling.max_rounds if alg.dynamic_sampling else 0
@@ -262,6 +332,8 @@ class Trainer:
         ev = self.spec.evaluation
         decoding = Decoding(ev.temperature, ev.top_p, None)
         generator = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + self.update_count)
+        if self.conversations:
+            return self._validate_conversations(decoding, generator)
         rewards: list[float] = []
         chunk = max(1, 64 // ev.samples)
         for start in range(0, len(self.val_rows), chunk):
@@ -270,6 +342,25 @@ class Trainer:
                                   decoding=decoding, generator=generator)
             rewards.extend(batch.rewards.tolist())
         return {"val/reward/mean": sum(rewards) / len(rewards)}
+
+    def _validate_conversations(self, decoding: Decoding,
+                                generator: torch.Generator) -> dict[str, float]:
+        """Mean return over validation conversations whose environment did not fail (failed
+        ones have no reward to average and are counted instead)."""
+        returns: list[float] = []
+        failed = total = 0
+        chunk = max(1, 64 // self.spec.evaluation.samples)
+        for start in range(0, len(self.val_rows), chunk):
+            idx = list(range(start, min(start + chunk, len(self.val_rows))))
+            got = self._converse(idx, self.spec.evaluation.samples, rows_source=self.val_rows,
+                                 decoding=decoding, generator=generator)
+            returns.extend(r for r in got.returns if r is not None)
+            failed, total = failed + got.failed, total + len(got.conversations)
+        if not returns:
+            raise conversation.FailedShareExceeded(
+                f"every one of {total} validation conversations failed in the environment")
+        return {"val/reward/mean": sum(returns) / len(returns),
+                "val/conversations/failed_share": failed / total}
 
     # -- the loop ------------------------------------------------------------------------
     def train(self, until: int | None = None) -> None:
@@ -283,14 +374,15 @@ class Trainer:
         every_eval = spec.evaluation.every
         if every_eval and self.val_rows and self.update_count == 0:
             out.append(out.metrics, {"step": 0, **self.validate()})
-        with progress:
+        with progress, contextlib.closing(self):
             while self.update_count < stop:
                 t0 = time.perf_counter()
                 batch, rounds, sampled_rewards = self.collect_batch()
                 metrics = self.learn(batch)
-                metrics.update({"reward/mean": float(sampled_rewards.mean()),
-                                "reward/std": float(sampled_rewards.std())
-                                if sampled_rewards.numel() > 1 else 0.0})
+                if sampled_rewards.numel():  # none when every conversation failed
+                    metrics.update({"reward/mean": float(sampled_rewards.mean()),
+                                    "reward/std": float(sampled_rewards.std())
+                                    if sampled_rewards.numel() > 1 else 0.0})
                 self.update_count += 1
                 self.write_receipt(batch, rounds)
                 if every_eval and self.val_rows and self.update_count % every_eval == 0:
@@ -309,11 +401,21 @@ class Trainer:
         if self.update_count == total:
             self.save_final()
 
-    def learn(self, batch: RolloutBatch | None) -> dict[str, float]:
+    def close(self) -> None:
+        """Stop the environment's worker processes (a later rollout starts new ones)."""
+        if self.conversations:
+            self.env_workers.close()
+
+    def learn(self, batch: Batch | None) -> dict[str, float]:
+        extra = self._conversation_metrics() if self.conversations else {}
         if batch is None:  # every group had zero variance and was excluded: nothing to learn
-            return {"groups/kept": 0.0}
+            return {"groups/kept": 0.0, **extra}
         spec = self.spec
-        check_batch(batch, vocab_size=self.vocab_size, group_size=spec.algorithm.group_size)
+        if isinstance(batch, ConversationBatch):
+            check_conversation_batch(batch, vocab_size=self.vocab_size,
+                                     group_size=spec.algorithm.group_size)
+        else:
+            check_batch(batch, vocab_size=self.vocab_size, group_size=spec.algorithm.group_size)
         task_rewards = batch.rewards.clone()
         kl = spec.algorithm.kl
         ref_logp = None
@@ -327,21 +429,35 @@ class Trainer:
                 kl_tokens = objectives.kl_estimate(sampled, ref_logp, kl.estimator,
                                                    kl.clamp)
                 batch.rewards = batch.rewards - kl.coef * (kl_tokens * batch.response_mask).sum(-1)
-        advantages = advantages_for(batch, spec.algorithm)
+        advantages = advantages_for(batch, spec.algorithm, spec.environment)
         metrics = update(self.model, self.optimizer, self.scheduler, batch, advantages,
                          ref_logp, self.learner_cfg, self.generator)
         metrics.update({
             "response_length/mean": float(batch.response_mask.sum(-1).mean()),
-            "groups/kept": float(batch.size // spec.algorithm.group_size)})
-        self._write_trajectories(batch, task_rewards)
+            "groups/kept": float(int(batch.group_ids.max()) + 1), **extra})
+        if isinstance(batch, ConversationBatch):
+            self._write_conversations()
+        else:
+            self._write_trajectories(batch, task_rewards)
         return metrics
 
-    def write_receipt(self, batch: RolloutBatch | None, rounds: int) -> None:
+    def _conversation_metrics(self) -> dict[str, float]:
+        got = self.last_collected
+        assert got is not None
+        convs = got.conversations
+        return {"conversations/failed_share": got.failed / len(convs),
+                "conversations/excluded": float(len(got.excluded)),
+                "conversations/turns_mean": sum(len(c.turn_rewards) for c in convs) /
+                len(convs)}
+
+    def write_receipt(self, batch: Batch | None, rounds: int) -> None:
         """What was learned from, kept apart from the trajectories themselves."""
         receipt: dict[str, Any] = {"update": self.update_count,
                                    "policy_version": self.update_count - 1,
                                    "extra_rounds": rounds}
-        if batch is None:
+        if isinstance(batch, ConversationBatch) or (batch is None and self.conversations):
+            receipt.update(self._conversation_receipt(batch))
+        elif batch is None:
             receipt.update(groups=[], samples=0, prompt_tokens=0, response_tokens=0)
         else:
             groups = sorted({(int(g), int(i)) for g, i in zip(batch.group_ids.tolist(),
@@ -351,6 +467,40 @@ class Trainer:
                            samples=batch.size, prompt_tokens=int(batch.prompt_mask.sum()),
                            response_tokens=int(batch.response_mask.sum()))
         self.out.append(self.out.receipts, receipt)
+
+    def _conversation_receipt(self, batch: ConversationBatch | None) -> dict[str, Any]:
+        """Per update: every conversation, the turns it learned from (none when excluded, with
+        the reason), and the token counts by role."""
+        got = self.last_collected
+        assert got is not None
+        learned: dict[int, list[int]] = {}
+        if batch is not None:
+            for row, n in enumerate(batch.conversation_index.tolist()):
+                turns = batch.turn_ids[row][batch.loss_mask[row].bool()].unique()
+                learned[n] = [int(t) for t in turns.tolist()]
+        rows = [{"conversation": n, "group": got.groups[n], "prompt_index": c.task_index,
+                 "turns": len(c.turn_rewards), "ended_by": c.ended_by,
+                 "learned_turns": learned.get(n, []),
+                 **({"excluded": got.excluded[n]} if n in got.excluded else {})}
+                for n, c in enumerate(got.conversations)]
+        counts: dict[str, Any] = {"conversations": rows, "samples": len(learned),
+                                  "failed": got.failed}
+        if batch is None:
+            return {**counts, "assistant_tokens": 0, "environment_tokens": 0}
+        return {**counts, "assistant_tokens": int(batch.loss_mask.sum()),
+                "environment_tokens": int((batch.roles == 1).sum())}
+
+    def _write_conversations(self) -> None:
+        got = self.last_collected
+        assert got is not None
+        path = self.out.trajectories / f"update-{self.update_count + 1:06d}.jsonl"
+        with open(path, "w", encoding="utf-8") as fh:
+            for n, c in enumerate(got.conversations):
+                fh.write(json.dumps({
+                    "conversation": n, "group": got.groups[n], "prompt_index": c.task_index,
+                    "messages": c.messages, "turn_rewards": c.turn_rewards,
+                    "return": got.returns[n], "ended_by": c.ended_by, "error": c.error,
+                    "excluded": got.excluded.get(n)}) + "\n")
 
     def _write_trajectories(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
         texts = self.tokenizer.batch_decode(
