@@ -14,6 +14,8 @@ read.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -70,8 +72,9 @@ def main_() -> int:
         if not args.runs_dir:
             (Path(tmp) / "spec.json").write_text(json.dumps(spec(args.updates)))
             t0 = time.perf_counter()
-            assert main(["run", "--engine", "native", "--runs-dir", str(root), "--quiet",
-                         "--json", str(Path(tmp) / "spec.json")]) == 0
+            with contextlib.redirect_stdout(io.StringIO()):
+                assert main(["run", "--engine", "native", "--runs-dir", str(root), "--quiet",
+                             str(Path(tmp) / "spec.json")]) == 0
             train_s = time.perf_counter() - t0
         store = RunStore(root)
         rows = store.query()

@@ -190,7 +190,9 @@ def draw_curves(records: list[AttemptRecord], series: list[list[dict[str, Any]]]
         metrics = _panel_metrics(wanted, names)
         if not metrics:
             continue
-        fig = Figure(figsize=(5.3, 3.0), dpi=100, layout="constrained")
+        # fixed margins: constrained layout would lay every figure out twice
+        fig = Figure(figsize=(5.3, 3.0), dpi=100)
+        fig.subplots_adjust(left=0.14, right=0.98, top=0.9, bottom=0.16)
         ax = fig.add_subplot()
         drawn = False
         for record, rows, colour in zip(records, series, colours, strict=True):
@@ -199,7 +201,8 @@ def draw_curves(records: list[AttemptRecord], series: list[list[dict[str, Any]]]
                 if not steps:
                     continue
                 label = metric if len(records) == 1 else \
-                    f"{record.run_id} ({record.result.engine}) {metric}"
+                    f"{record.result.engine} {record.run_id[-8:]}" + \
+                    (f" {metric}" if len(metrics) > 1 else "")
                 ax.plot(steps, values, color=colour, linestyle=styles[k % len(styles)],
                         marker="o" if len(steps) < 30 else None, markersize=3, label=label)
                 drawn = True
@@ -208,7 +211,7 @@ def draw_curves(records: list[AttemptRecord], series: list[list[dict[str, Any]]]
         ax.set_title(title)
         ax.set_xlabel("update")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="x-small")
         panels.append((title, _png(fig), metrics))
     return panels
 
