@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .scenarios import support_routing
+from .scenarios import support_agent, support_routing
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 BUILTIN_PREFIX = "builtin:"
@@ -30,7 +30,7 @@ def builtin_dir(model_path: str) -> Path | None:
     return directory
 
 
-def write_tiny_llama(out: Path, words: list[str]) -> None:
+def write_tiny_llama(out: Path, words: list[str], max_positions: int = 64) -> None:
     """Write config.json and a word-level tokenizer for ``words``."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import LlamaConfig, PreTrainedTokenizerFast
@@ -44,7 +44,7 @@ def write_tiny_llama(out: Path, words: list[str]) -> None:
                                    pad_token="[PAD]", unk_token="[UNK]")
     config = LlamaConfig(
         vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=max_positions,
         tie_word_embeddings=True, bos_token_id=vocab["[BOS]"], eos_token_id=vocab["[EOS]"],
         pad_token_id=vocab["[PAD]"])
     out.mkdir(parents=True, exist_ok=True)
@@ -58,4 +58,6 @@ def write_tiny_llama(out: Path, words: list[str]) -> None:
 
 if __name__ == "__main__":
     write_tiny_llama(ASSETS / "tiny-llama-support", support_routing.vocabulary())
-    print(f"wrote {ASSETS / 'tiny-llama-support'}")
+    # conversations are longer than one routing prompt: room for a few turns and observations
+    write_tiny_llama(ASSETS / "tiny-llama-agent", support_agent.vocabulary(), max_positions=128)
+    print(f"wrote {ASSETS / 'tiny-llama-support'} and {ASSETS / 'tiny-llama-agent'}")

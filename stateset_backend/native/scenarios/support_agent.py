@@ -1,0 +1,74 @@
+"""Support agent: a customer asks about an order; the agent must look it up before answering,
+or first ask which order when the customer did not say.
+
+Generated deterministically from a seed (no download): the task rows of the train /
+validation / test splits, and the words the built-in ``tiny-llama-agent`` tokenizer knows (the
+conversation format's role tags, every word a customer, the lookup tool or a correct agent
+can say). The environment itself is user code: ``examples/support-agent/environment.py``.
+
+    python -m stateset_backend.native.scenarios.support_agent OUT_DIR [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+from pathlib import Path
+
+ORDERS = ["o1", "o2", "o3", "o4"]
+STATUSES = ["shipped", "delayed", "delivered", "lost"]
+OPENERS = ["hi", "hello", "hey"]
+NAMES = ["alex", "sam", "riley", "jamie"]
+CLEAR = ["where is order {order} ?", "status of order {order} ?",
+         "what happened to order {order} ?"]
+VAGUE = ["where is my order ?", "status of my order ?", "what happened to my order ?"]
+CLOSERS = ["thanks", "please"]
+# what the environment says back (kept here so the tokenizer knows every word of it)
+ENVIRONMENT_WORDS = ["order", ":", "no", "found", "it", "is", "i", "already", "said"]
+AGENT_WORDS = ["lookup", "which", "order", "?"]
+SPLITS = {"train": 1000, "validation": 100, "test": 100}
+
+
+def task(rng: random.Random) -> dict[str, object]:
+    order, status, vague = rng.choice(ORDERS), rng.choice(STATUSES), rng.random() < 0.5
+    ask = rng.choice(VAGUE) if vague else rng.choice(CLEAR).format(order=order)
+    prompt = f"{rng.choice(OPENERS)} {rng.choice(NAMES)} here . {ask} {rng.choice(CLOSERS)}"
+    return {"prompt": prompt, "answer": status, "order": order, "status": status,
+            "vague": vague}
+
+
+def generate(seed: int = 0) -> dict[str, list[dict[str, object]]]:
+    """Splits of task rows (a customer's conversation can repeat across rows: what differs is
+    the order's hidden status, which only the lookup tool reveals)."""
+    rng = random.Random(seed)
+    return {split: [task(rng) for _ in range(size)] for split, size in SPLITS.items()}
+
+
+def vocabulary() -> list[str]:
+    """Every word of the conversation format and the scenario, in a stable order."""
+    from ..conversation import FORMAT_WORDS
+
+    texts = [*FORMAT_WORDS, *ORDERS, *STATUSES, *OPENERS, *NAMES, *CLOSERS, ".", "here",
+             *ENVIRONMENT_WORDS, *AGENT_WORDS, *CLEAR, *VAGUE]
+    return sorted({w for t in texts for w in t.split()} - {"{order}"})
+
+
+def write_splits(out: Path, seed: int = 0) -> dict[str, str]:
+    """Write ``<split>.jsonl`` files; return each file's sha256 for the spec."""
+    out.mkdir(parents=True, exist_ok=True)
+    digests = {}
+    for split, rows in generate(seed).items():
+        data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode("utf-8")
+        (out / f"{split}.jsonl").write_bytes(data)
+        digests[split] = hashlib.sha256(data).hexdigest()
+    return digests
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="generate the support-agent task rows")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    a = parser.parse_args()
+    print(json.dumps(write_splits(a.out, a.seed), indent=2))
