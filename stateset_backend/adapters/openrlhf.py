@@ -170,7 +170,8 @@ def render_flags(native: dict[str, Any]) -> list[str]:
     return argv
 
 
-_NUMBER = re.compile(r"^-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
+# argparse's own test for a negative number (a value, not an option), in Python 3.11.
+_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
 
 # -- what the spec's objective becomes ------------------------------------------------------

@@ -537,9 +537,6 @@ def test_openrlhf_aliases_of_a_pinned_flag_are_refused(version):
                 make_plan(parse_spec(doc), _entry("openrlhf"), version, base_dir=Path("/"))
 
 
-@pytest.mark.xfail(strict=True, reason="the adapter lets a list item through when it looks like "
-                   "a number to its own pattern, but argparse (Python 3.11) reads '-1e5' and "
-                   "'-1.' as options: the launch fails in the engine instead of at plan time")
 @pytest.mark.parametrize("item", ["-1e5", "-1."])
 def test_list_items_argparse_reads_as_options_never_reach_it(item):
     """A list item is refused at plan time or parses back as that item."""
