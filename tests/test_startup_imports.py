@@ -9,7 +9,7 @@ import sys
 import pytest
 
 HEAVY = ("torch", "transformers", "ray", "verl", "openrlhf", "nemo_rl", "vllm", "peft",
-         "safetensors")
+         "safetensors", "matplotlib", "mlflow", "in_toto_attestation", "trl", "pytest")
 
 PROBE = """
 import json, sys
