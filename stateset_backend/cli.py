@@ -228,10 +228,15 @@ def _effective_table(table: dict[str, Any], differs: bool) -> None:
     console.print(t)
     for i, note in enumerate(notes, 1):
         console.print(f"{i}. {note}", markup=False)
+    for name in engines:
+        tally = table["counts"][name]
+        console.print(f"{name}: " + ", ".join(
+            f"{tally.get(state, 0)} {state}" for state in
+            ("same", "pinned", "declared", "refused", "inert")), markup=False)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .core.effective import effective_table
+    from .core.effective import counts, effective_table
     from .core.errors import InvalidInput
 
     spec = _spec(args.spec)
@@ -257,6 +262,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         columns.append(_explain_column(entry, spec, version))
     if args.effective:
         table = effective_table(columns)
+        table["counts"] = counts(table)  # over every setting, whether --differs filters rows
         if args.differs:
             table = {**table, "rows": [r for r in table["rows"] if not r["same_everywhere"]]}
         _emit(args, table, lambda: _effective_table(table, args.differs))
