@@ -22,6 +22,7 @@ See docs/plugins.md.
 
 from __future__ import annotations
 
+from .core import overrides
 from .core.adapter import (
     ENGINE_HOME,
     PYTHON,
@@ -131,6 +132,7 @@ __all__ = [
     "local_path",
     "na",
     "only",
+    "overrides",
     "pinned_model_path",
     "read_hparams",
     "read_scalars",

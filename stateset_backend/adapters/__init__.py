@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..core.adapter import EngineAdapter
-from ..core.hookspecs import hookimpl
+from ..plugin import EngineAdapter, hookimpl
 
 
 @hookimpl

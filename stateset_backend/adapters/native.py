@@ -11,34 +11,34 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..core.adapter import (
+from ..native import layout
+from ..native.environment import conversation_refusals
+from ..plugin import (
+    BUILTIN_PREFIX,
+    CORE_HANDLED,
     PYTHON,
     RUN_DIR,
     Artifact,
     Checkpoint,
     Collected,
+    Dialect,
     EngineAdapter,
+    ExperimentSpec,
+    InvalidInput,
     LaunchContext,
     NativeLaunch,
-)
-from ..core.contracts import Dialect
-from ..core.errors import InvalidInput
-from ..core.modeltree import all_leaf_paths, leaves
-from ..core.rules import (
-    CORE_HANDLED,
     Outcome,
     Pinned,
     Refused,
     RuleSet,
     Translation,
+    all_leaf_paths,
+    builtin_dir,
+    leaves,
     only,
     refuse,
     to,
 )
-from ..core.spec import ExperimentSpec
-from ..native import layout
-from ..native.environment import conversation_refusals
-from ..native.tiny_model import BUILTIN_PREFIX, builtin_dir
 
 
 def _chat_template(value: Any, spec: ExperimentSpec) -> Outcome:

@@ -17,40 +17,43 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from ..core import overrides
-from ..core.adapter import (
+from ..plugin import (
     ENGINE_HOME,
+    REWARD_SHIM_FILE,
     RUN_DIR,
     Artifact,
     Checkpoint,
     Collected,
+    Dialect,
     DialectKeys,
     EngineAdapter,
+    ExperimentSpec,
+    Hardcoded,
+    InvalidInput,
     LaunchContext,
     NativeLaunch,
-    stage_checkpoint,
-)
-from ..core.contracts import Dialect
-from ..core.errors import InvalidInput
-from ..core.hub import pinned_model_path
-from ..core.inputs import REWARD_SHIM_FILE, Uncountable, local_path, reward_shim, split_rows
-from ..core.rules import (
-    Hardcoded,
     Outcome,
     Pinned,
     Refused,
     Rule,
     RuleSet,
     Translation,
+    Uncountable,
     carried,
+    external_rules,
     hardcoded,
+    local_path,
     only,
+    overrides,
+    pinned_model_path,
     refuse,
+    reward_shim,
+    split_rows,
+    stage_checkpoint,
     to,
     with_owned_keys,
+    zero_variance_rule,
 )
-from ..core.shared_rules import external_rules, zero_variance_rule
-from ..core.spec import ExperimentSpec
 from . import nemo_rl_launcher as launcher
 
 LORA_TARGETS_ALL = "all-linear"
@@ -298,7 +301,7 @@ class NemoRLAdapter(EngineAdapter):
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
         """TensorBoard under ``logs/exp_NNN/tensorboard`` (run_grpo numbers each run), the
         run name from the config NeMo RL records as hparams, ``step_N`` checkpoints."""
-        from ..core.tensorboard import canonical_rows, read_hparams, read_scalars
+        from ..plugin import canonical_rows, read_hparams, read_scalars
 
         out = Collected(raw_metric_names=dict(METRICS))
         logs = attempt_dir / LOGS

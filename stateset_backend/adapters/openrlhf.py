@@ -14,39 +14,44 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..core.adapter import (
+from ..plugin import (
     PYTHON,
+    REWARD_SHIM_FILE,
     RUN_DIR,
     Artifact,
     Checkpoint,
     Collected,
+    Dialect,
     DialectKeys,
     EngineAdapter,
+    ExperimentSpec,
+    Hardcoded,
+    InvalidInput,
     LaunchContext,
     NativeLaunch,
-    stage_checkpoint,
-)
-from ..core.contracts import Dialect
-from ..core.errors import InvalidInput, Unsupported
-from ..core.hub import pinned_model_path
-from ..core.inputs import REWARD_SHIM_FILE, Uncountable, local_path, reward_shim, split_rows
-from ..core.jsonio import atomic_write_bytes
-from ..core.rules import (
-    Hardcoded,
     Outcome,
     Pinned,
     Refused,
     RuleSet,
     Translation,
+    Uncountable,
+    Unsupported,
+    atomic_write_bytes,
     carried,
+    disabled_when_none,
+    even_split,
+    external_rules,
     hardcoded,
+    local_path,
     only,
+    pinned_model_path,
     refuse,
+    reward_shim,
+    split_rows,
+    stage_checkpoint,
     to,
     with_owned_keys,
 )
-from ..core.shared_rules import disabled_when_none, even_split, external_rules
-from ..core.spec import ExperimentSpec
 
 TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
@@ -582,7 +587,7 @@ class OpenRLHFAdapter(EngineAdapter):
             native=native)
 
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
-        from ..core.tensorboard import canonical_rows, read_scalars
+        from ..plugin import canonical_rows, read_scalars
 
         out = Collected(raw_metric_names=dict(METRICS))
         # OpenRLHF writes TensorBoard events under <tensorboard_dir>/<run name>

@@ -14,23 +14,20 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from ..core import overrides
-from ..core.adapter import (
+from ..plugin import (
     PYTHON,
+    REWARD_SHIM_FILE,
     RUN_DIR,
     Artifact,
     Checkpoint,
     Collected,
+    Dialect,
     DialectKeys,
     EngineAdapter,
+    ExperimentSpec,
+    Hardcoded,
     LaunchContext,
     NativeLaunch,
-)
-from ..core.contracts import Dialect
-from ..core.hub import pinned_model_path
-from ..core.inputs import REWARD_SHIM_FILE, local_path, reward_shim
-from ..core.rules import (
-    Hardcoded,
     Outcome,
     Pinned,
     Refused,
@@ -38,13 +35,17 @@ from ..core.rules import (
     RuleSet,
     Translation,
     carried,
+    even_split,
+    external_rules,
     hardcoded,
+    local_path,
     only,
+    overrides,
+    pinned_model_path,
+    reward_shim,
     to,
     with_owned_keys,
 )
-from ..core.shared_rules import even_split, external_rules
-from ..core.spec import ExperimentSpec
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -592,7 +593,7 @@ class VerlAdapter(EngineAdapter):
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
         out = Collected(raw_metric_names=dict(METRICS))
         if self.keys(ctx.dialect).logger == "tensorboard":
-            from ..core.tensorboard import canonical_rows, read_scalars
+            from ..plugin import canonical_rows, read_scalars
 
             log_dir = attempt_dir / LOG_ROOT / ctx.run_name
             if log_dir.is_dir():
