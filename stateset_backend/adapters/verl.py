@@ -315,6 +315,9 @@ def _compute_dtype(k: _Keys) -> Rule:
     mixed = f"{ACTOR}.fsdp_config.mixed_precision"
 
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        if spec.algorithm.gae is not None and value != "bfloat16":
+            return Refused("verl's critic computes in bfloat16 (its FSDP default, which this "
+                           "launch does not set): PPO runs only with model.dtype bfloat16")
         return Pinned({f"{ROLLOUT}.dtype": value,
                        k(f"{mixed}.param_dtype"): PRECISION[value],
                        k(f"{mixed}.reduce_dtype"): "fp32", k(f"{mixed}.buffer_dtype"): "fp32"})
@@ -498,8 +501,11 @@ class VerlAdapter(EngineAdapter):
             "algorithm.gae.lam": to("algorithm.lam"),
             "model.path": _model_path,
             "model.dtype": _compute_dtype(k),
-            "model.param_dtype": to(k(f"{ACTOR}.fsdp_config.model_dtype"),
-                                    convert=PRECISION.__getitem__),
+            "model.param_dtype": lambda v, s: Refused(
+                "verl's critic keeps float32 master weights (its default, which this launch "
+                "does not set): PPO runs only with model.param_dtype float32")
+            if s.algorithm.gae is not None and v != "float32" else
+            Pinned({k(f"{ACTOR}.fsdp_config.model_dtype"): PRECISION[v]}),
             "model.lora": to(f"{MODEL}.lora_rank", convert=lambda v: 0),
             "model.lora.rank": to(f"{MODEL}.lora_rank"),
             "model.lora.alpha": to(f"{MODEL}.lora_alpha"),
