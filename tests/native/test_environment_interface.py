@@ -22,8 +22,8 @@ from stateset_backend.native.environment import (
     describe,
 )
 
-TASK = {"prompt": "hi sam here . where is order o3 ? thanks", "order": "o3",
-        "status": "lost", "vague": False, "answer": "lost"}
+TASK = {"prompt": "hi . where is order o3 ?", "order": "o3", "status": "lost", "vague": False,
+        "answer": "lost"}
 
 
 def _ref(path, name):
@@ -33,22 +33,25 @@ def _ref(path, name):
 def test_reset_step_and_tools_of_the_support_agent():
     ref = _ref(AGENT_ENV, "SupportAgent")
     tools = describe(ref, 10)
-    assert [(t.name, t.parameters) for t in tools] == [("lookup", ("order",))]
+    assert [(t.name, t.parameters) for t in tools] == [("lookup", ())]
     with Workers(ref, 10) as workers:
         opening = check_opening(workers.call("reset", {0: TASK})[0])
         assert opening == [{"role": "user", "content": TASK["prompt"]}]
-        messages = [*opening, parse_assistant("lookup o3", tools)]
-        assert messages[-1]["tool_calls"] == [{"name": "lookup", "arguments": {"order": "o3"}}]
+        messages = [*opening, parse_assistant("lookup", tools)]
+        assert messages[-1]["tool_calls"] == [{"name": "lookup", "arguments": {}}]
         step = check_step(workers.call("step", {0: messages})[0])
         assert step == StepResult([{"role": "tool", "name": "lookup",
-                                    "content": "order o3 : lost"}], 0.3, False)
+                                    "content": "lost lost lost lost lost"}], 0.3, False)
         messages += [*step.observations, parse_assistant("lost", tools)]
         assert check_step(workers.call("step", {0: messages})[0]) == StepResult([], 0.7, True)
         # a second conversation in the same worker gets a fresh instance
         check_opening(workers.call("reset", {0: {**TASK, "vague": True}})[0])
-        ask = [*opening, parse_assistant("which order ?", tools)]
+        early = [*opening, parse_assistant("lookup", tools)]  # the order is not named yet
+        assert check_step(workers.call("step", {0: early})[0]) == StepResult([], 0.0, True)
+        check_opening(workers.call("reset", {0: {**TASK, "vague": True}})[0])
+        ask = [*opening, parse_assistant("which", tools)]
         step = check_step(workers.call("step", {0: ask})[0])
-        assert step.reward == 0.2 and step.observations[0]["content"] == "it is order o3"
+        assert step.reward == 0.2 and step.observations[0]["content"] == "order o3"
 
 
 def test_the_plain_text_format():
