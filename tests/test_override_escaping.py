@@ -5,7 +5,7 @@ reads back as the same literal and no interpolation or resolver runs."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from stateset_backend.core import overrides
@@ -20,7 +20,7 @@ HOSTILE = [
     "a${oc.env:STATESET_PROBE}b", "${oc.decode:'1'}", "${x}", "it's", "\\", "a\\", "a\\\\'",
     "'", "''", "\"", "a,b", "[1,2]", "{a:1}", "k=v", "--flag", "null", "true", "1e3", "~x",
     "+y", "a b", "ünïcödé", "$", "${", "}", "\\'", "a\\'b", "back\\slash",
-    "{run_dir}", "x@pkg", "a:b",
+    "{run_dir}", "x@pkg", "a:b", ".0", "./data", "1_000", "-.5",
 ]
 
 
@@ -44,6 +44,9 @@ def test_lists_of_hostile_strings_read_back_verbatim(monkeypatch):
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("ab$\\{}'\",=[]: ~+@.%-_0é")), max_size=14))
+@example(".0")
+@example("0.")
+@example(".5e3")
 def test_any_string_reads_back_verbatim(text):
     with pytest.MonkeyPatch.context() as mp:
         assert _read_back(overrides.value(text), mp) == text

@@ -16,7 +16,8 @@ from typing import Any
 
 from .errors import InvalidInput
 
-_BARE = re.compile(r"^[A-Za-z_/.][A-Za-z0-9_./-]*$")
+# A leading "." is not bare: Hydra reads ".5" as a float.
+_BARE = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./-]*$")
 _RESERVED = {"true", "false", "null", "none", "nan", "inf", "-inf"}
 _KEY = re.compile(r"^(~|\+\+|\+)?[A-Za-z_][A-Za-z0-9_.\-]*$")
 _DICT_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
