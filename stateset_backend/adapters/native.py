@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..native import layout
+from ..native.critic_settings import ppo_refusals
 from ..native.environment import conversation_refusals
 from ..plugin import (
     BUILTIN_PREFIX,
@@ -36,7 +37,6 @@ from ..plugin import (
     builtin_dir,
     leaves,
     only,
-    refuse,
     to,
 )
 
@@ -69,6 +69,14 @@ def _reward_kind(value: Any, spec: ExperimentSpec) -> Outcome:
                    "rewards of a conversation's environment")
 
 
+def _critic(value: Any, spec: ExperimentSpec) -> Outcome:
+    """Every PPO setting the native critic cannot honour, refused on the critic's row."""
+    problems = ppo_refusals(spec)
+    if problems:
+        return Refused("; ".join(problems))
+    return Pinned({"algorithm.gae.critic.model": value})
+
+
 def _dual_clip(value: Any, spec: ExperimentSpec) -> Outcome:
     if value is not None and spec.algorithm.objective in ("gspo", "cispo"):
         return Refused(f"the native {spec.algorithm.objective} loss has no dual clip")
@@ -93,8 +101,7 @@ class NativeAdapter(EngineAdapter):
             "rollout.backend": only(lambda v: v == "hf", "the native engine samples with its "
                                     "own KV-cache loop ('hf'), not vllm or sglang", to(
                                         "rollout.backend")),
-            "algorithm.gae": only(lambda v: v is None, "the native engine has no critic (PPO "
-                                  "with GAE)", to("algorithm.gae")),
+            "algorithm.gae.critic.model": _critic,
             "name": to("name"),
             "resources.nodes": only(lambda v: v == 1, "the native engine runs on one node",
                                     to("resources.nodes")),
@@ -106,8 +113,6 @@ class NativeAdapter(EngineAdapter):
         for core_handled in ("engine_options", "labels", "version", "equivalence"):
             rules.pop(core_handled, None)
         rules["environment.kind"] = _environment_kind
-        rules["algorithm.gae.gamma"] = rules["algorithm.gae.lam"] = refuse(
-            "the native engine has no critic")
         return rules
 
     def render(self, translation: Translation, spec: ExperimentSpec,
@@ -165,3 +170,14 @@ class NativeAdapter(EngineAdapter):
     def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
                     attempt_dir: Path) -> list[str]:
         return [*argv, "--resume-from", str(checkpoint.path)]
+
+    def evaluate_checkpoint(self, attempt_dir: Path, checkpoint: Checkpoint,
+                            split: str) -> dict[str, float]:
+        from ..native.evaluate import evaluate_checkpoint  # torch: only when evaluating
+
+        return evaluate_checkpoint(attempt_dir, checkpoint.path, split)
+
+    def reload_checkpoint(self, attempt_dir: Path, checkpoint: Checkpoint) -> dict[str, Any]:
+        from ..native.evaluate import reload_checkpoint
+
+        return reload_checkpoint(attempt_dir, checkpoint.path)

@@ -43,6 +43,7 @@ PromptOverflow = Literal["drop", "truncate_left", "truncate_right", "error"]
 PartialBatch = Literal["drop"]
 Equivalence = Literal["declared", "strict"]
 RewardPlacement = Literal["final", "per_turn"]
+CriticModel = Literal["separate", "value_head"]
 
 OBJECTIVES: tuple[str, ...] = Objective.__args__  # type: ignore[attr-defined]
 GROUP_OBJECTIVES = frozenset({"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"})
@@ -124,11 +125,32 @@ class Overlong(_Section):
     penalty: float = Field(1.0, gt=0.0, description="reward penalty at the hard limit")
 
 
+class Critic(_Section):
+    """The learned value function V(s) that GAE bootstraps from (PPO's recipe values)."""
+
+    model: CriticModel = Field(
+        "separate", description="separate: a critic model initialised from model.path at "
+                                "model.revision, whose last hidden state feeds a scalar value "
+                                "head (verl's and OpenRLHF's critic); value_head: a scalar head "
+                                "on the policy's own trunk")
+    lr: float = Field(1e-5, gt=0.0, description="the critic's learning rate; every other "
+                      "optimizer setting (betas, eps, weight decay, grad clip, schedule, "
+                      "warmup) is optim's")
+    value_clip: float | None = Field(
+        0.5, gt=0.0, description="value loss 0.5 * max((V - R)^2, (V_clip - R)^2) with V_clip "
+                                 "= V_old + clamp(V - V_old, -value_clip, value_clip), V_old the "
+                                 "value recorded at rollout; null = unclipped (V - R)^2 / 2")
+    warmup_updates: int = Field(0, ge=0, description="the first N updates train the critic "
+                                "only: the policy is not updated until update N + 1")
+
+
 class GAE(_Section):
     """Generalised advantage estimation for PPO with a learned critic."""
 
-    gamma: Probability = 1.0
-    lam: Probability = 0.95
+    gamma: Probability = Field(1.0, description="discount per response token")
+    lam: Probability = Field(0.95, description="GAE lambda: 1 = Monte-Carlo return minus V, "
+                                               "0 = one-step TD error")
+    critic: Critic = Critic()
 
 
 class Algorithm(_Section):

@@ -28,6 +28,10 @@ class RolloutBatch:
     prompt_index: Tensor  # [B] long, data-set row of each sample's prompt
     rewards: Tensor  # [B] float
     policy_version: int
+    # PPO: the critic's V(s_t) per response token, recorded at rollout; NaN where not sampled
+    values: Tensor | None = None
+    # PPO: GAE's value targets (advantages + values), set by the learner, checked before use
+    returns: Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -40,7 +44,9 @@ class RolloutBatch:
         return RolloutBatch(self.prompt_ids[idx], self.prompt_mask[idx],
                             self.response_ids[idx], self.response_mask[idx],
                             self.sample_logprobs[idx], dense, self.prompt_index[idx],
-                            self.rewards[idx], self.policy_version)
+                            self.rewards[idx], self.policy_version,
+                            None if self.values is None else self.values[idx],
+                            None if self.returns is None else self.returns[idx])
 
     @staticmethod
     def concat(parts: list[RolloutBatch]) -> RolloutBatch:
@@ -60,6 +66,11 @@ class RolloutBatch:
         for p in parts:
             group_ids.append(p.group_ids + offset)
             offset += int(p.group_ids.max().item()) + 1 if p.size else 0
+        recorded = [p.values for p in parts if p.values is not None]
+        if recorded and len(recorded) != len(parts):
+            raise BatchIntegrityError("some rollout rounds carry critic values and some do not")
+        values = torch.cat([pad(v, width_r, False, float("nan")) for v in recorded]) \
+            if recorded else None
         return RolloutBatch(
             torch.cat([pad(p.prompt_ids, width_p, True, 0) for p in parts]),
             torch.cat([pad(p.prompt_mask, width_p, True, 0.0) for p in parts]),
@@ -67,15 +78,17 @@ class RolloutBatch:
             torch.cat([pad(p.response_mask, width_r, False, 0.0) for p in parts]),
             torch.cat([pad(p.sample_logprobs, width_r, False, float("nan")) for p in parts]),
             torch.cat(group_ids), torch.cat([p.prompt_index for p in parts]),
-            torch.cat([p.rewards for p in parts]), parts[0].policy_version)
+            torch.cat([p.rewards for p in parts]), parts[0].policy_version, values)
 
 
 def _binary(t: Tensor) -> bool:
     return bool(((t == 0) | (t == 1)).all())
 
 
-def check_batch(batch: RolloutBatch, *, vocab_size: int, group_size: int) -> None:
-    """Raise BatchIntegrityError naming the first problem found."""
+def check_batch(batch: RolloutBatch, *, vocab_size: int, group_size: int,
+                critic: bool = False) -> None:
+    """Raise BatchIntegrityError naming the first problem found. With ``critic`` the batch
+    must carry the critic's rollout-time values (check_values)."""
     b = batch.size
     if b == 0:
         raise BatchIntegrityError("empty batch")
@@ -129,6 +142,36 @@ def check_batch(batch: RolloutBatch, *, vocab_size: int, group_size: int) -> Non
         if bool((batch.prompt_index[rows] != batch.prompt_index[rows[0]]).any()) or \
                 bool((batch.prompt_ids[rows] != batch.prompt_ids[rows[0]]).any()):
             raise BatchIntegrityError(f"group {g} mixes samples of different prompts")
+    if critic or batch.values is not None:
+        check_values(batch)
+
+
+def _token_field(batch: RolloutBatch, name: str, t: Tensor | None) -> Tensor:
+    if t is None:
+        raise BatchIntegrityError(f"the batch has no {name}: PPO learns from the critic's "
+                                  "values recorded at rollout, never from values made up later")
+    if t.shape != batch.response_ids.shape:
+        raise BatchIntegrityError(f"{name} has shape {tuple(t.shape)}, expected "
+                                  f"{tuple(batch.response_ids.shape)}")
+    sampled = batch.response_mask.bool()
+    if not bool(torch.isfinite(t[sampled]).all()):
+        raise BatchIntegrityError(f"{name} of a sampled token is not finite")
+    return t
+
+
+def check_values(batch: RolloutBatch) -> None:
+    """The critic's values cover exactly the sampled tokens: finite on each, NaN elsewhere (a
+    value on a token nobody sampled was invented)."""
+    values = _token_field(batch, "values", batch.values)
+    if bool((~torch.isnan(values[~batch.response_mask.bool()])).any()):
+        raise BatchIntegrityError("values has a number on a token that was not sampled")
+
+
+def check_returns(batch: RolloutBatch) -> None:
+    """GAE's value targets, before the critic regresses on them: the values they were built
+    from are intact, and every sampled token has a finite return."""
+    check_values(batch)
+    _token_field(batch, "returns", batch.returns)
 
 
 # -- conversations -------------------------------------------------------------------------

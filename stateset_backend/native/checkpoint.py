@@ -30,6 +30,11 @@ class CheckpointError(RuntimeError):
     """No usable checkpoint: missing, incomplete, corrupted, or of another experiment."""
 
 
+CRITIC_WEIGHTS = "critic_weights.safetensors"
+CRITIC_OPTIMIZER = "critic_optimizer.pt"
+CRITIC_SCHEDULER = "critic_scheduler.pt"
+
+
 @dataclass
 class TrainerState:
     update: int
@@ -59,8 +64,10 @@ def _fsync_write(path: Path, data: bytes) -> None:
 
 
 def save(root: Path, *, model: Any, optimizer: Any, scheduler: Any, generator: torch.Generator,
-         state: TrainerState, experiment_digest: str, keep: int | None) -> Path:
-    """Write ``root/update-NNNNNN`` atomically; prune to the newest ``keep``."""
+         state: TrainerState, experiment_digest: str, keep: int | None,
+         critic: Any = None) -> Path:
+    """Write ``root/update-NNNNNN`` atomically; prune to the newest ``keep``. A PPO critic
+    (``native.critic.Critic``) is saved beside the policy: weights, optimizer, scheduler."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(state.update)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
@@ -68,6 +75,10 @@ def save(root: Path, *, model: Any, optimizer: Any, scheduler: Any, generator: t
         save_file(trainable_state(model), str(tmp / "weights.safetensors"))
         _fsync_write(tmp / "optimizer.pt", _torch_bytes(optimizer.state_dict()))
         _fsync_write(tmp / "scheduler.pt", _torch_bytes(scheduler.state_dict()))
+        if critic is not None:
+            save_file(trainable_state(critic.model), str(tmp / CRITIC_WEIGHTS))
+            _fsync_write(tmp / CRITIC_OPTIMIZER, _torch_bytes(critic.optimizer.state_dict()))
+            _fsync_write(tmp / CRITIC_SCHEDULER, _torch_bytes(critic.scheduler.state_dict()))
         _fsync_write(tmp / "rng.pt", _torch_bytes({
             "torch": torch.get_rng_state(), "generator": generator.get_state(),
             "python": random.getstate(),
@@ -106,8 +117,10 @@ def verify(directory: Path, experiment_digest: str) -> dict[str, Any]:
 
 
 def load(directory: Path, *, experiment_digest: str, model: Any, optimizer: Any,
-         scheduler: Any, generator: torch.Generator) -> TrainerState:
+         scheduler: Any, generator: torch.Generator, critic: Any = None) -> TrainerState:
     verify(directory, experiment_digest)
+    if critic is not None:
+        _load_critic(directory, critic)
     weights = load_file(str(directory / "weights.safetensors"))
     expected = set(trainable_state(model))
     if set(weights) != expected:
@@ -124,3 +137,17 @@ def load(directory: Path, *, experiment_digest: str, model: Any, optimizer: Any,
         torch.cuda.set_rng_state_all(rng["cuda"])
     doc = json.loads((directory / "trainer_state.json").read_text())
     return TrainerState(doc["update"], doc["policy_version"], doc["sampler"], doc["extra"])
+
+
+def _load_critic(directory: Path, critic: Any) -> None:
+    if not (directory / CRITIC_WEIGHTS).is_file():
+        raise CheckpointError(f"{directory}: has no critic, and this PPO run needs one")
+    weights = load_file(str(directory / CRITIC_WEIGHTS))
+    if set(weights) != set(trainable_state(critic.model)):
+        raise CheckpointError(f"{directory}: critic weights do not match the critic's "
+                              "parameters")
+    critic.model.load_state_dict(weights, strict=False)
+    critic.optimizer.load_state_dict(torch.load(directory / CRITIC_OPTIMIZER,
+                                                weights_only=False))
+    critic.scheduler.load_state_dict(torch.load(directory / CRITIC_SCHEDULER,
+                                                weights_only=False))

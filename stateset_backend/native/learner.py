@@ -93,6 +93,31 @@ def advantages_for(batch: Batch, algorithm: Algorithm,
         unbiased=adv.std == "unbiased", eps=adv.epsilon)
 
 
+def gae_targets(batch: RolloutBatch, algorithm: Algorithm,
+                token_penalty: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """PPO's (advantages, returns), each [B, T] and 0 off the mask, from the batch's rewards
+    and the critic values recorded at rollout. The reward sits on the last token; a KL penalty
+    placed in the reward (``token_penalty``, [B, T]) is subtracted token by token, as verl
+    does. Computed in float64; with std_normalize the advantages are whitened over the batch's
+    tokens (advantage.std, advantage.epsilon)."""
+    gae, adv = algorithm.gae, algorithm.advantage
+    assert gae is not None and batch.values is not None
+    if adv.scope != "batch":
+        raise ValueError("PPO advantages are per token and normalised over the batch: "
+                         "advantage.scope must be 'batch'")
+    mask = batch.response_mask.double()
+    rewards = objectives.outcome_token_rewards(batch.rewards.double(), mask)
+    if token_penalty is not None:
+        rewards = rewards - token_penalty.double() * mask
+    values = torch.nan_to_num(batch.values.double(), nan=0.0)
+    advantages, returns = objectives.gae_advantages_returns(rewards, values, mask,
+                                                            gamma=gae.gamma, lam=gae.lam)
+    if adv.std_normalize:
+        advantages = objectives.whiten_tokens(advantages, mask, unbiased=adv.std == "unbiased",
+                                              eps=adv.epsilon)
+    return (advantages * mask).float(), (returns * mask).float()
+
+
 @contextlib.contextmanager
 def _reference_mode(model: Any, reference: Any) -> Iterator[Any]:
     if reference is not None:
@@ -120,7 +145,7 @@ def reference_logprobs(model: Any, reference: Any, batch: Batch, temperature: fl
     return logp
 
 
-def _split(batch: Batch, group_size: int, parts: int,
+def split_groups(batch: Batch, group_size: int, parts: int,
            generator: torch.Generator) -> list[Tensor]:
     """Mini-batches of whole groups (row indices), so each keeps its shared prompt prefill.
     Conversation groups may have lost failed members, so they are found by id."""
@@ -151,7 +176,7 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
     params = [p for p in model.parameters() if p.requires_grad]
     group_size = alg.group_size
     for _ in range(cfg.ppo_epochs):
-        for idx in _split(batch, group_size, cfg.mini_batches, generator):
+        for idx in split_groups(batch, group_size, cfg.mini_batches, generator):
             mask = batch.response_mask[idx]
             with cfg.compute():
                 logp, entropy = policy_logprobs(model, batch, idx, cfg.temperature, group_size)

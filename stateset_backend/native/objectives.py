@@ -79,6 +79,8 @@ RECIPES: dict[str, tuple[str, str]] = {
     "cispo": ("group", "cispo"),
     "rloo": ("leave_one_out", "clipped"),
     "reinforce_pp": ("group", "clipped"),
+    # "gae": token advantages from a learned critic (gae_advantages_returns), not a baseline
+    "ppo": ("gae", "clipped"),
 }
 
 
@@ -366,3 +368,70 @@ def conversation_advantages(turn_rewards: Tensor, turn_ids: Tensor, loss_mask: T
     out = torch.zeros_like(values)
     out[loss_mask.bool()] = whitened
     return out
+
+
+# -- PPO with a learned critic -------------------------------------------------------------
+def outcome_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
+    """[B] sequence rewards -> [B, T] token rewards: each on its sample's last response token
+    (where verl's reward manager puts it), 0 elsewhere."""
+    last = (mask.sum(-1) - 1).clamp(min=0).long()
+    out = torch.zeros_like(mask, dtype=rewards.dtype)
+    return out.scatter(1, last[:, None], rewards[:, None])
+
+
+def gae_advantages_returns(token_rewards: Tensor, values: Tensor, mask: Tensor, *,
+                           gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """Token-level GAE: (advantages, returns), each [B, T], before any normalisation.
+
+    delta_t = r_t + gamma * V_{t+1} - V_t and A_t = delta_t + gamma * lam * A_{t+1}, where t+1
+    is the next token that carries the mask (masked positions are skipped, not zeroed), and the
+    value of the state after a sample's last token is 0. Returns are A + V: the critic's
+    regression targets. Equals verl's compute_gae_advantage_return before its whitening.
+    """
+    next_value = torch.zeros_like(values[:, 0])
+    running = torch.zeros_like(values[:, 0])
+    out = torch.zeros_like(values)
+    for t in range(values.shape[1] - 1, -1, -1):
+        m = mask[:, t]
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        step = delta + gamma * lam * running
+        next_value = values[:, t] * m + (1 - m) * next_value
+        running = step * m + (1 - m) * running
+        out[:, t] = running
+    return out, out + values
+
+
+def whiten_tokens(values: Tensor, mask: Tensor, *, unbiased: bool, eps: float,
+                  eps_on_variance: bool = False) -> Tensor:
+    """Subtract the mean over masked tokens and divide by their std (+ eps): PPO's batch-scope
+    advantage normalisation. verl's masked_whiten is ``unbiased, eps=1e-8,
+    eps_on_variance=True``; the spec adds its epsilon to the std."""
+    n = mask.sum()
+    mean = (values * mask).sum() / n
+    var = ((values - mean) ** 2 * mask).sum() / n
+    if unbiased:
+        var = var * n / (n - 1).clamp(min=1)
+    scale = (var + eps).sqrt() if eps_on_variance else var.sqrt() + eps
+    return (values - mean) / scale
+
+
+@dataclass(frozen=True)
+class ValueLoss:
+    loss: Tensor  # scalar: 0.5 * the aggregated squared error
+    clipped: Tensor  # [B, T] 1.0 where the clipped error was the larger
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *,
+               clip: float | None, aggregation: str, max_tokens: int) -> ValueLoss:
+    """PPO's value loss: 0.5 * aggregate(max((V - R)^2, (V_clip - R)^2)) with V_clip = V_old +
+    clamp(V - V_old, -clip, clip), V_old the value recorded at rollout; ``clip`` None is the
+    plain 0.5 * (V - R)^2. verl's compute_value_loss (its critic aggregates like the actor)."""
+    plain = (values - returns) ** 2
+    if clip is None:
+        return ValueLoss(0.5 * aggregate(plain, mask, aggregation, max_tokens),
+                         torch.zeros_like(plain))
+    clipped_values = torch.minimum(torch.maximum(values, old_values - clip), old_values + clip)
+    clipped = (clipped_values - returns) ** 2
+    return ValueLoss(0.5 * aggregate(torch.maximum(plain, clipped), mask, aggregation,
+                                     max_tokens), (clipped > plain).float())
+

@@ -19,6 +19,8 @@ from ..core.spec import ExperimentSpec
 from ..core.specfile import parse_spec
 from . import checkpoint, conversation, layout, objectives
 from .batch import ConversationBatch, RolloutBatch, check_batch, check_conversation_batch
+from .critic import learn_ppo, load_critic, rollout_values
+from .critic_settings import ppo_refusals
 from .data import DataError, Example, PromptSampler, load_split, resolve
 from .environment import (
     EnvironmentLoadError,
@@ -36,8 +38,10 @@ from .learner import (
 )
 from .model import compute_context, frozen_reference, load_policy, pick_device
 from .progress import Progress
+from .quarantine_guard import StepCounter, learner_update_guard, quarantine_on_failure
 from .reward import RewardFn, load_reward
 from .rollout import sample
+from .tensorboard_log import ScalarLog
 
 Batch = RolloutBatch | ConversationBatch
 
@@ -58,6 +62,8 @@ def _refuse_unsupported(spec: ExperimentSpec) -> None:
         raise SettingsError(f"algorithm.clip.dual_clip applies to the clipped PPO surrogate; "
                             f"{spec.algorithm.objective} has no such loss")
     for problem in conversation_refusals(spec):
+        raise SettingsError(problem)
+    for problem in ppo_refusals(spec):
         raise SettingsError(problem)
 
 
@@ -142,11 +148,15 @@ class Trainer:
         self.generator = torch.Generator().manual_seed(spec.seed)
         self.optimizer, self.scheduler = make_optimizer(self.model, spec.optim,
                                                         spec.budget.total_updates)
+        self.steps = StepCounter(self.optimizer)  # tells a part-way update from a clean one
+        self.scalars: ScalarLog | None = None
         self.learner_cfg = LearnerConfig(
             spec.algorithm, spec.rollout.temperature,
             self.limits.max_turns * self.limits.turn_tokens if self.conversations
             else spec.data.max_response_tokens,
             spec.budget.ppo_epochs, spec.budget.mini_batches, spec.optim.grad_clip, self.compute)
+        # PPO: the learned critic, loaded like the policy and saved beside it
+        self.critic = load_critic(spec, base, self.device) if spec.algorithm.gae else None
         self.update_count = 0
         self.resumed_from: int | None = None
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
@@ -171,20 +181,37 @@ class Trainer:
 
     # -- state ---------------------------------------------------------------------------
     def resume(self, directory: Path) -> None:
+        with quarantine_on_failure(self.out.root, "restore", update=None):
+            self._restore(directory)
+
+    def _restore(self, directory: Path) -> None:
         state = checkpoint.load(directory, experiment_digest=self.settings.experiment_digest,
                                 model=self.model, optimizer=self.optimizer,
-                                scheduler=self.scheduler, generator=self.generator)
+                                scheduler=self.scheduler, generator=self.generator,
+                                critic=self.critic)
         self.sampler.load_state_dict(state.sampler)
         self.update_count = self.resumed_from = state.update
 
     def save_checkpoint(self) -> Path:
+        with quarantine_on_failure(self.out.root, "checkpoint_write", update=self.update_count):
+            path = self._write_checkpoint()
+        return path
+
+    def _write_checkpoint(self) -> Path:
         state = checkpoint.TrainerState(self.update_count, self.update_count,
                                         self.sampler.state_dict(), {})
         return checkpoint.save(self.out.checkpoints, model=self.model,
                                optimizer=self.optimizer, scheduler=self.scheduler,
                                generator=self.generator, state=state,
                                experiment_digest=self.settings.experiment_digest,
-                               keep=self.spec.checkpoint.keep)
+                               keep=self.spec.checkpoint.keep, critic=self.critic)
+
+    def log_metrics(self, row: dict[str, Any]) -> None:
+        """One row to metrics.jsonl (the record) and to TensorBoard (a view of it)."""
+        self.out.append(self.out.metrics, row)
+        if self.scalars is None:
+            self.scalars = ScalarLog(self.out.root / layout.TENSORBOARD_DIR)
+        self.scalars.write(row)
 
     def commit(self) -> None:
         atomic_write_json(self.out.root / layout.RUN_INFO_FILE, {
@@ -311,6 +338,9 @@ class Trainer:
                                  rows_source=self.train_rows, decoding=Decoding(
                                      self.spec.rollout.temperature, self.spec.rollout.top_p,
                                      self.spec.rollout.top_k), generator=self.generator)
+            if self.critic is not None:  # recorded now, for exactly these completions
+                with self.compute():
+                    part.values = rollout_values(self.critic, part)
             sampled.append(part.rewards)
             if exclude:
                 zero = objectives.zero_variance_groups(part.rewards, part.group_ids)
@@ -325,34 +355,36 @@ class Trainer:
 
     # -- evaluation ----------------------------------------------------------------------
     @torch.no_grad()
-    def validate(self) -> dict[str, float]:
+    def validate(self, rows: list[Example] | None = None) -> dict[str, float]:
         """Mean reward of evaluation.samples responses per validation prompt, decoded as
         evaluation says (temperature 0 = greedy). Sampling draws from its own generator, seeded
-        per update, so validating never changes what training samples."""
+        per update, so validating never changes what training samples. ``rows`` (another
+        split) is how `evaluate` scores a checkpoint through this same path."""
+        rows = self.val_rows if rows is None else rows
         ev = self.spec.evaluation
         decoding = Decoding(ev.temperature, ev.top_p, None)
         generator = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + self.update_count)
         if self.conversations:
-            return self._validate_conversations(decoding, generator)
+            return self._validate_conversations(decoding, generator, rows)
         rewards: list[float] = []
         chunk = max(1, 64 // ev.samples)
-        for start in range(0, len(self.val_rows), chunk):
-            idx = list(range(start, min(start + chunk, len(self.val_rows))))
-            batch = self._rollout(idx, ev.samples, rows_source=self.val_rows,
+        for start in range(0, len(rows), chunk):
+            idx = list(range(start, min(start + chunk, len(rows))))
+            batch = self._rollout(idx, ev.samples, rows_source=rows,
                                   decoding=decoding, generator=generator)
             rewards.extend(batch.rewards.tolist())
         return {"val/reward/mean": sum(rewards) / len(rewards)}
 
-    def _validate_conversations(self, decoding: Decoding,
-                                generator: torch.Generator) -> dict[str, float]:
+    def _validate_conversations(self, decoding: Decoding, generator: torch.Generator,
+                                rows: list[Example]) -> dict[str, float]:
         """Mean return over validation conversations whose environment did not fail (failed
         ones have no reward to average and are counted instead)."""
         returns: list[float] = []
         failed = total = 0
         chunk = max(1, 64 // self.spec.evaluation.samples)
-        for start in range(0, len(self.val_rows), chunk):
-            idx = list(range(start, min(start + chunk, len(self.val_rows))))
-            got = self._converse(idx, self.spec.evaluation.samples, rows_source=self.val_rows,
+        for start in range(0, len(rows), chunk):
+            idx = list(range(start, min(start + chunk, len(rows))))
+            got = self._converse(idx, self.spec.evaluation.samples, rows_source=rows,
                                  decoding=decoding, generator=generator)
             returns.extend(r for r in got.returns if r is not None)
             failed, total = failed + got.failed, total + len(got.conversations)
@@ -373,12 +405,13 @@ class Trainer:
         progress = Progress(total, start=self.update_count)
         every_eval = spec.evaluation.every
         if every_eval and self.val_rows and self.update_count == 0:
-            out.append(out.metrics, {"step": 0, **self.validate()})
+            self.log_metrics({"step": 0, **self.validate()})
         with progress, contextlib.closing(self):
             while self.update_count < stop:
                 t0 = time.perf_counter()
                 batch, rounds, sampled_rewards = self.collect_batch()
-                metrics = self.learn(batch)
+                with learner_update_guard(out.root, self.steps, self.update_count + 1):
+                    metrics = self.learn(batch)
                 if sampled_rewards.numel():  # none when every conversation failed
                     metrics.update({"reward/mean": float(sampled_rewards.mean()),
                                     "reward/std": float(sampled_rewards.std())
@@ -392,7 +425,7 @@ class Trainer:
                 metrics.update({"step": self.update_count, "tokens_per_second":
                                 tokens / elapsed if elapsed > 0 else 0.0,
                                 "time/update_s": elapsed})
-                out.append(out.metrics, metrics)
+                self.log_metrics(metrics)
                 every_ckpt = spec.checkpoint.every
                 if every_ckpt and self.update_count % every_ckpt == 0:
                     self.save_checkpoint()
@@ -405,6 +438,9 @@ class Trainer:
         """Stop the environment's worker processes (a later rollout starts new ones)."""
         if self.conversations:
             self.env_workers.close()
+        if self.scalars is not None:
+            self.scalars.close()
+            self.scalars = None
 
     def learn(self, batch: Batch | None) -> dict[str, float]:
         extra = self._conversation_metrics() if self.conversations else {}
@@ -415,10 +451,11 @@ class Trainer:
             check_conversation_batch(batch, vocab_size=self.vocab_size,
                                      group_size=spec.algorithm.group_size)
         else:
-            check_batch(batch, vocab_size=self.vocab_size, group_size=spec.algorithm.group_size)
+            check_batch(batch, vocab_size=self.vocab_size, group_size=spec.algorithm.group_size,
+                        critic=self.critic is not None)
         task_rewards = batch.rewards.clone()
         kl = spec.algorithm.kl
-        ref_logp = None
+        ref_logp = token_penalty = None
         if kl is not None:
             with self.compute():
                 ref_logp = reference_logprobs(self.model, self.reference, batch,
@@ -428,10 +465,21 @@ class Trainer:
                 sampled = torch.nan_to_num(batch.sample_logprobs, nan=0.0)
                 kl_tokens = objectives.kl_estimate(sampled, ref_logp, kl.estimator,
                                                    kl.clamp)
-                batch.rewards = batch.rewards - kl.coef * (kl_tokens * batch.response_mask).sum(-1)
-        advantages = advantages_for(batch, spec.algorithm, spec.environment)
-        metrics = update(self.model, self.optimizer, self.scheduler, batch, advantages,
-                         ref_logp, self.learner_cfg, self.generator)
+                if self.critic is not None:  # PPO: per token, where GAE sees it
+                    token_penalty = kl.coef * kl_tokens
+                else:
+                    batch.rewards = batch.rewards - \
+                        kl.coef * (kl_tokens * batch.response_mask).sum(-1)
+        if self.critic is not None:
+            assert isinstance(batch, RolloutBatch) and spec.algorithm.gae is not None
+            metrics = learn_ppo(
+                self.model, self.optimizer, self.scheduler, self.critic, batch, ref_logp,
+                token_penalty, self.learner_cfg, self.generator,
+                update_policy=self.update_count >= spec.algorithm.gae.critic.warmup_updates)
+        else:
+            advantages = advantages_for(batch, spec.algorithm, spec.environment)
+            metrics = update(self.model, self.optimizer, self.scheduler, batch, advantages,
+                             ref_logp, self.learner_cfg, self.generator)
         metrics.update({
             "response_length/mean": float(batch.response_mask.sum(-1).mean()),
             "groups/kept": float(int(batch.group_ids.max()) + 1), **extra})
