@@ -18,11 +18,7 @@ the tool returned answers right more than a quarter of the time.
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
 import random
-from pathlib import Path
 
 ORDERS = ["o1", "o2", "o3", "o4"]
 STATUSES = ["shipped", "delayed", "delivered", "lost"]
@@ -60,20 +56,7 @@ def vocabulary() -> list[str]:
     return sorted({w for t in texts for w in t.split()} - {"{order}"})
 
 
-def write_splits(out: Path, seed: int = 0) -> dict[str, str]:
-    """Write ``<split>.jsonl`` files; return each file's sha256 for the spec."""
-    out.mkdir(parents=True, exist_ok=True)
-    digests = {}
-    for split, rows in generate(seed).items():
-        data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode("utf-8")
-        (out / f"{split}.jsonl").write_bytes(data)
-        digests[split] = hashlib.sha256(data).hexdigest()
-    return digests
-
-
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="generate the support-agent task rows")
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--seed", type=int, default=0)
-    a = parser.parse_args()
-    print(json.dumps(write_splits(a.out, a.seed), indent=2))
+    from . import main
+
+    main(generate, "generate the support-agent task rows")

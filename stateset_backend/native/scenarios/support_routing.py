@@ -10,11 +10,7 @@ measures real learning, while staying small enough to train on two CPU cores in 
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
 import random
-from pathlib import Path
 
 ACTIONS: dict[str, list[str]] = {
     "refund": ["charged twice for my order", "want my money back", "refund the payment",
@@ -80,20 +76,7 @@ def vocabulary() -> list[str]:
     return sorted({w for t in texts for w in t.split()})
 
 
-def write_splits(out: Path, seed: int = 0) -> dict[str, str]:
-    """Write ``<split>.jsonl`` files; return each file's sha256 for the spec."""
-    out.mkdir(parents=True, exist_ok=True)
-    digests = {}
-    for split, rows in generate(seed).items():
-        data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode("utf-8")
-        (out / f"{split}.jsonl").write_bytes(data)
-        digests[split] = hashlib.sha256(data).hexdigest()
-    return digests
-
-
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="generate the support-routing data set")
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--seed", type=int, default=0)
-    a = parser.parse_args()
-    print(json.dumps(write_splits(a.out, a.seed), indent=2))
+    from . import main
+
+    main(generate, "generate the support-routing data set")
