@@ -22,6 +22,7 @@ from packaging.version import Version
 from ..core.adapter import RUN_DIR, EngineAdapter, LaunchContext, unpinned_defaults
 from ..core.contracts import parse_version
 from ..core.errors import AdapterBug, InvalidInput, Unsupported
+from ..core.jsonio import flatten
 from ..core.launch import Exit
 from ..core.plan import LaunchPlan, make_plan
 from ..core.registry import AdapterEntry
@@ -300,15 +301,6 @@ def check_argv_structure(clean: LaunchPlan, hostile: LaunchPlan,
     if set(clean.native) != set(hostile.native):
         raise CheckFailed("hostile values changed which native keys the launch sets: "
                           f"{sorted(set(clean.native) ^ set(hostile.native))[:5]}")
-
-
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict) and node:
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): node}
 
 
 def normalize_values(node: Any, plan: LaunchPlan) -> Any:

@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 from .. import __version__
 from .errors import InvalidInput, Unsupported
+from .jsonio import flatten
 from .report import AttemptRecord, read_series
 
 MANIFEST_ARTIFACT = "stateset/artifacts.json"
@@ -43,16 +44,6 @@ def redact(text: str) -> str:
     """A URL's password and secret-looking query values replaced by ``***``."""
     return _SECRET_QUERY.sub(lambda m: m.group(1) + REDACTED,
                              _URL_PASSWORD.sub(lambda m: f"{m.group(1)}:{REDACTED}@", text))
-
-
-def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as dotted keys; lists, empty dicts and scalars are leaves."""
-    if isinstance(doc, dict) and doc:
-        out: dict[str, Any] = {}
-        for key, value in doc.items():
-            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: doc}
 
 
 def _value(key: str, value: Any) -> str:

@@ -93,3 +93,13 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 def atomic_write_json(path: str | os.PathLike[str], doc: Any) -> None:
     atomic_write_bytes(path, dumps(doc).encode("utf-8"))
+
+
+def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as dotted keys; lists, empty dicts and scalars are leaves."""
+    if isinstance(doc, dict) and doc:
+        out: dict[str, Any] = {}
+        for key, value in doc.items():
+            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: doc}

@@ -33,6 +33,7 @@ from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
 from stateset_backend.adapters.verl import VerlAdapter
 from stateset_backend.core.adapter import identity_name
 from stateset_backend.core.errors import InvalidInput
+from stateset_backend.core.jsonio import flatten
 from stateset_backend.core.plan import LaunchPlan, make_plan
 from stateset_backend.core.registry import AdapterEntry
 from stateset_backend.core.specfile import parse_spec
@@ -245,15 +246,6 @@ def once(fn: Any) -> Any:
         return value
 
     return wrapper
-
-
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict) and node:
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): node}
 
 
 # -- reading every launch back with the engine's own parser -------------------------------------
