@@ -375,6 +375,14 @@ def cmd_runs(args: argparse.Namespace) -> int:
     elif args.runs_command == "compare":
         doc = runs.compare(store, args.targets)
         _emit(args, doc, lambda: _compare_table(doc))
+    elif args.runs_command == "verify":
+        from .core.verify import verify_run
+
+        doc = verify_run(store, _registry(), args.run)
+        ver = doc["verified"]
+        _emit(args, doc, f"run {args.run}: checkpoint of update {ver['update']} verified and "
+                         f"reloaded ({ver['checkpoint']})" + (
+                             "; quarantine cleared" if doc["was_quarantined"] else ""))
     else:
         count = store.reindex()
         _emit(args, {"indexed_attempts": count}, f"indexed {count} attempts from {store.root}")
@@ -414,6 +422,18 @@ def _show_run(doc: dict[str, Any]) -> None:
                              f" ({sel.get('reason')})"), markup=False)
         for ckpt in a.get("checkpoints", []):
             console.print(f"  {ckpt['path']}  sha256:{ckpt['sha256'][:16]}", markup=False)
+    for e in doc.get("evaluations", []):
+        console.print(f"evaluated {e['split']} on attempt {e['attempt']} update {e['update']} "
+                      f"({e['checkpoint']}): " + ", ".join(
+                          f"{k} = {v:.4f}" for k, v in sorted(e["metrics"].items())),
+                      markup=False)
+    mark = doc.get("quarantine")
+    if mark is not None:
+        from .core.quarantine import describe
+
+        state = "QUARANTINED" if mark.get("quarantined", True) else \
+            f"quarantine cleared {mark.get('cleared_at')} by `runs verify`, was"
+        console.print(f"{state}: {describe(mark)}", markup=False)
 
 
 def _compare_table(doc: dict[str, Any]) -> None:
@@ -422,7 +442,7 @@ def _compare_table(doc: dict[str, Any]) -> None:
     same = "one experiment" if doc["same_experiment"] else "DIFFERENT experiments"
     t = Table(title=f"{same}: {', '.join(d[7:19] for d in doc['experiment_digests'])}")
     for col in ("run", "engine", "status", "updates", "reward", "val reward",
-                "recommended", "deviations"):
+                "recommended", "test metrics", "deviations"):
         t.add_column(col, overflow="fold")
 
     def num(value: Any) -> str:
@@ -435,6 +455,10 @@ def _compare_table(doc: dict[str, Any]) -> None:
                   f"{r.get('committed_updates', '-')}/{r.get('planned_updates', '-')}",
                   num(final.get("reward/mean")), num(final.get("val/reward/mean")),
                   f"update {rec['update']}" if rec.get("update") else "-",
+                  "\n".join(f"{e['split']}@{e['update']}: " + ", ".join(
+                      f"{k.partition('/')[2] or k} {num(v)}"
+                      for k, v in sorted(e["metrics"].items()))
+                      for e in r.get("test", [])) or "-",
                   ", ".join(filter(None, r.get("deviations", []))) or "none")
     _console().print(t)
 
@@ -463,6 +487,20 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             runner.write_json(report, args.json)
         print(runner.render_text(report))
     return runner.FAILED_EXIT if report["counts"]["failed"] else 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .core.evaluate import evaluate_run
+    from .core.store import RunStore, runs_dir_from
+
+    path, doc = evaluate_run(RunStore(runs_dir_from(args.runs_dir)), _registry(), args.run,
+                             split=args.split, which=args.checkpoint, attempt=args.attempt)
+    _emit(args, {**doc, "path": str(path)},
+          f"run {args.run} update {doc['checkpoint']['update']} ({args.checkpoint}) on the "
+          f"{args.split} split: " + ", ".join(f"{k} = {v:.4f}" for k, v in
+                                              sorted(doc["metrics"].items()))
+          + f"\n  record: {path}")
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -577,7 +615,8 @@ def build_parser() -> argparse.ArgumentParser:
     q = runs_sub.add_parser("list", parents=[common, store], help="runs, newest first")
     q.add_argument("--digest", help="only runs of this experiment digest")
     q.add_argument("--engine", help="only runs on this engine")
-    q.add_argument("--status", choices=["succeeded", "failed", "invalid", "interrupted"])
+    q.add_argument("--status", choices=["succeeded", "failed", "invalid", "interrupted",
+                                        "quarantined"])
     q = runs_sub.add_parser("show", parents=[common, store], help="one run: identity, attempts, "
                                                             "checkpoints, selection")
     q.add_argument("run")
@@ -586,6 +625,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("targets", nargs="+", metavar="DIGEST|RUN")
     runs_sub.add_parser("reindex", parents=[common, store], help="rebuild the index from the run "
                                                            "directories")
+    q = runs_sub.add_parser("verify", parents=[common, store],
+                            help="reload the run's newest checkpoint whole (hashes checked) and "
+                                 "clear its quarantine; exit 6 if it does not")
+    q.add_argument("run")
     q = runs_sub.add_parser("export", parents=[common, store], help="log a run to a tracking "
                                                               "store (MLflow)")
     q.set_defaults(func=cmd_runs_export)
@@ -595,6 +638,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--experiment", help="MLflow experiment name (default: the spec's name "
                                         "and the digest)")
     q.add_argument("--attempt", type=int, help="this attempt instead of the newest")
+    p = command("evaluate", cmd_evaluate, "score a checkpoint of a run on a held-out split "
+                                          "with the spec's validation decoding")
+    p.add_argument("--runs-dir", help="run store (default ./runs or $STATESET_BACKEND_RUNS_DIR)")
+    p.add_argument("--split", required=True, choices=["test", "validation"])
+    p.add_argument("--checkpoint", default="recommended", metavar="recommended|final|update-N",
+                   help="which checkpoint (default: the recommended one)")
+    p.add_argument("--attempt", type=int, help="this attempt instead of the newest")
+    p.add_argument("run")
     p = command("report", cmd_report, "write a self-contained HTML report of a run or of "
                                       "every run of an experiment")
     p.add_argument("--runs-dir", help="run store (default ./runs or $STATESET_BACKEND_RUNS_DIR)")

@@ -227,6 +227,26 @@ class EngineAdapter(abc.ABC):
         into its own folder and the earlier attempt stays as it was."""
         raise NotImplementedError(f"{self.name}: resume is not implemented")
 
+    def evaluate_checkpoint(self, attempt_dir: Path, checkpoint: Checkpoint,
+                            split: str) -> dict[str, float]:
+        """Score ``checkpoint`` (already verified by the core) on the spec's ``split`` with
+        the spec's validation decoding, through the same code the engine validates with during
+        training; metric names carry the split's prefix (``test/reward/mean``). An adapter
+        that does not override this has not declared how its engine evaluates, and
+        ``evaluate`` refuses its runs (exit 3)."""
+        raise NotImplementedError(f"{self.name}: evaluation is not declared")
+
+    def reload_checkpoint(self, attempt_dir: Path, checkpoint: Checkpoint) -> dict[str, Any]:
+        """Load ``checkpoint`` completely (weights, optimizer, scheduler, RNG) into a fresh
+        model, as a resume would, and say what was loaded. ``runs verify`` needs it to lift a
+        quarantine; without it the engine cannot prove a checkpoint loads (exit 3)."""
+        raise NotImplementedError(f"{self.name}: reloading a checkpoint is not declared")
+
+    def declares(self, method: str) -> bool:
+        """Whether this adapter overrides an optional engine capability (``evaluate_checkpoint``,
+        ``reload_checkpoint``)."""
+        return getattr(type(self), method) is not getattr(EngineAdapter, method)
+
     def installed_version(self, python: str | None = None,
                           home: str | None = None) -> str | None:
         """The engine version installed in this (or the given) Python environment, or in

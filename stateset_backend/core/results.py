@@ -17,9 +17,11 @@ from .adapter import Collected
 from .content import sha256_file
 from .launch import Exit
 from .plan import LaunchPlan
+from .quarantine import MARKER, describe
+from .quarantine import read as read_marker
 
 RESULT_SCHEMA_ID = "stateset-backend/result/v1"
-Status = Literal["succeeded", "failed", "invalid", "interrupted"]
+Status = Literal["succeeded", "failed", "invalid", "interrupted", "quarantined"]
 
 
 class _Doc(BaseModel):
@@ -170,8 +172,13 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
             f"refused: {', '.join(escaping[:5])}" if escaping else
             f"missing: {', '.join(missing[:5])}" if missing else
             (f"{len(artifacts)} files hashed" if artifacts else "no artifacts were produced"))
-    if exit_.interrupted:
-        status: Status = "interrupted"
+    marker = read_marker(attempt_dir) if (attempt_dir / MARKER).exists() else None
+    if marker is not None:  # the engine's state may be half-changed: distrust it first
+        add("quarantine", False, describe(marker))
+    if marker is not None:
+        status: Status = "quarantined"
+    elif exit_.interrupted:
+        status = "interrupted"
     elif exit_.code != 0 or exit_.timed_out:
         status = "failed"
     elif all(c.ok for c in checks):

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import quarantine
 from .adapter import ENGINE_HOME, PYTHON, RUN_DIR, Checkpoint, EngineAdapter, LaunchContext
 from .contracts import parse_version
 from .errors import (
@@ -49,6 +50,7 @@ def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore)
     if "resume:exact" not in adapter.contract.provided(version):
         raise Unsupported(f"{plan.engine} {plan.engine_version} cannot resume exactly "
                           "(no resume:exact in its contract)")
+    quarantine.refuse_if_quarantined(store.run_dir(plan.run_id), plan.run_id, "resume it")
     attempts = store.run_dir(plan.run_id) / "attempts"
     numbered = sorted((p for p in attempts.glob("*") if p.name.isdigit()),
                       key=lambda p: int(p.name), reverse=True) if attempts.is_dir() else []
@@ -57,6 +59,8 @@ def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore)
         if found is not None:
             problem = adapter.checkpoint_problem(found, plan.experiment_digest)
             if problem is not None:  # never fall back silently to older state
+                quarantine.mark(store.run_dir(plan.run_id), fault="restore", reason=problem,
+                                update=found.update, attempt=int(attempt_dir.name))
                 raise ResumeImpossible(f"run {plan.run_id}: the newest checkpoint (update "
                                        f"{found.update}) cannot be resumed: {problem}")
             return found
@@ -216,7 +220,8 @@ def raise_for_status(result: Result, path: Path) -> None:
     failed = [f"{c.name}: {c.detail}" for c in result.checks if not c.ok]
     detail = "; ".join(failed)
     errors: dict[str, type[StatesetError]] = {
-        "interrupted": Interrupted, "failed": EngineFailed, "invalid": InvalidResult}
+        "interrupted": Interrupted, "failed": EngineFailed, "invalid": InvalidResult,
+        "quarantined": EngineFailed}
     if result.status in errors:
         raise errors[result.status](f"run {result.run_id} attempt {result.attempt} "
                                     f"{result.status}: {detail} (result: {path})",

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import quarantine
 from .errors import InvalidInput
+from .evaluate import records as evaluation_records
 from .jsonio import read_json
 from .results import Result
 from .store import RunStore
@@ -69,13 +71,25 @@ def show(store: RunStore, run_id: str) -> dict[str, Any]:
             "binding_digest": plan.get("binding_digest"), "plan_checksum": plan.get("checksum"),
             "engine": plan.get("engine"), "engine_version": plan.get("engine_version"),
             "seed": (plan.get("spec") or {}).get("seed"),
-            "deviations": plan.get("deviations", []), "attempts": attempts}
+            "deviations": plan.get("deviations", []), "attempts": attempts,
+            "quarantine": quarantine.read(store.run_dir(run_id)),
+            "evaluations": [_evaluation(doc) for doc in
+                            evaluation_records(store.run_dir(run_id))]}
+
+
+def _evaluation(doc: dict[str, Any]) -> dict[str, Any]:
+    """The parts of an evaluation record a listing shows."""
+    checkpoint = doc.get("checkpoint") or {}
+    return {"record": doc.get("record"), "attempt": doc.get("attempt"),
+            "split": doc.get("split"), "checkpoint": checkpoint.get("requested"),
+            "update": checkpoint.get("update"), "metrics": doc.get("metrics") or {}}
 
 
 def compare(store: RunStore, targets: list[str]) -> dict[str, Any]:
     """Every attempt of the named runs, or of every run of the named experiment digests, side
-    by side: engine and release, status, updates, final and recommended validation metrics
-    and the deviations each engine declared."""
+    by side: engine and release, status, updates, final and recommended validation metrics,
+    the held-out evaluations recorded for each attempt and the deviations each engine
+    declared."""
     run_ids: list[str] = []
     digests = set()
     for target in targets:
@@ -89,6 +103,7 @@ def compare(store: RunStore, targets: list[str]) -> dict[str, Any]:
                                f"in {store.root}")
     rows = []
     for run_id in dict.fromkeys(run_ids):
+        evaluations = [_evaluation(d) for d in evaluation_records(store.run_dir(run_id))]
         for number, result, problem in _attempt_results(store, run_id):
             if result is None:
                 rows.append({"run_id": run_id, "attempt": number, "status": "unknown",
@@ -104,6 +119,7 @@ def compare(store: RunStore, targets: list[str]) -> dict[str, Any]:
                 "final": {k: result.metrics.summary.get(k) for k in HEADLINE_METRICS
                           if k in result.metrics.summary},
                 "recommended": result.selection,
+                "test": [e for e in evaluations if e["attempt"] == number],
                 "deviations": [d.get("deviation") for d in result.deviations],
                 "reason": _reason(result)})
     return {"experiment_digests": sorted(digests), "same_experiment": len(digests) <= 1,

@@ -24,6 +24,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from . import quarantine
 from .errors import InvalidInput
 from .jsonio import atomic_write_json, read_json
 from .plan import LaunchPlan
@@ -75,6 +76,8 @@ class RunStore:
         return Attempt(plan.run_id, number, directory)
 
     def finish(self, attempt: Attempt, result: Result) -> Path:
+        if result.status == "quarantined":  # the run, not only this attempt, is suspect now
+            quarantine.promote(attempt.directory, self.run_dir(attempt.run_id), attempt.number)
         doc = result.to_json()
         atomic_write_json(attempt.directory / "result.json", doc)
         latest = self.run_dir(attempt.run_id) / "result.json"

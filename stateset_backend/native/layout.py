@@ -13,6 +13,7 @@ RUN_INFO_FILE = "run_info.json"
 METRICS_FILE = "metrics.jsonl"
 RECEIPTS_FILE = "receipts.jsonl"
 TRAJECTORIES_DIR = "trajectories"
+TENSORBOARD_DIR = "tensorboard"  # event files mirroring metrics.jsonl; not artifacts
 CHECKPOINTS_DIR = "checkpoints"
 FINAL_DIR = "final"
 MANIFEST = "manifest.json"
