@@ -68,6 +68,7 @@ SCHEDULER = {"constant": "constant_with_warmup", "cosine": "cosine_with_min_lr",
              "linear": "linear"}
 MULTI_TURN = "multi-turn environments are not translated for OpenRLHF"
 BATCH_WHITENED = frozenset({"gae", "reinforce_baseline"})  # estimators OpenRLHF whitens
+NO_VALUE_CLIP = 1e9  # a value clip range no value moves by in one update: no clip
 
 
 class OpenRLHFKeys(DialectKeys):
@@ -105,6 +106,8 @@ class OpenRLHFKeys(DialectKeys):
     no_std_norm: str
     gamma: str
     lambd: str
+    value_clip: str
+    freezing_actor_steps: str  # updates (0-based) up to this one train the critic only
     overlong_buffer_len: str
     overlong_penalty_factor: str
     dynamic_filtering: str
@@ -258,6 +261,9 @@ def _algorithm_rules(f: OpenRLHFKeys) -> dict[str, Any]:
         if a.objective == "gspo" and value != "seq_mean_token_mean":
             return Refused("OpenRLHF's GSPO loss is always the mean over sequences of token "
                            "means, whatever the aggregation flag says")
+        if a.gae is not None and value != "token_mean":
+            return Refused("OpenRLHF's critic loss is always a token mean (the spec "
+                           "aggregates the value loss like the policy loss)")
         if f.loss_agg_mode is None:
             if value != "token_mean":
                 return Refused("loss aggregation is configurable only from OpenRLHF 0.11.2")
@@ -321,7 +327,13 @@ def _algorithm_rules(f: OpenRLHFKeys) -> dict[str, Any]:
                          {f.dynamic_filtering: True, f.dynamic_filtering_range: [0, 1]})
 
     def gae_off(value: Any, spec: ExperimentSpec) -> Outcome:
-        return Pinned({f.gamma: 1.0, f.lambd: 1.0})
+        # no critic: its flags, which every launch pins, at values that train no critic
+        return Pinned({f.gamma: 1.0, f.lambd: 1.0, f.freezing_actor_steps: -1,
+                       f.value_clip: NO_VALUE_CLIP, **{k: spec.optim.lr for k in f.lr[1:]}})
+
+    def value_clip(value: Any, spec: ExperimentSpec) -> Outcome:
+        # an omitted flag means OpenRLHF's 0.5, so 'unclipped' is a range no value reaches
+        return Pinned({f.value_clip: NO_VALUE_CLIP if value is None else value})
 
     return {
         "algorithm.objective": objective,
@@ -351,6 +363,15 @@ def _algorithm_rules(f: OpenRLHFKeys) -> dict[str, Any]:
         "algorithm.gae": gae_off,
         "algorithm.gae.gamma": to(f.gamma),
         "algorithm.gae.lam": to(f.lambd),
+        "algorithm.gae.critic.model": only(
+            lambda v: v == "separate", "OpenRLHF's critic is a separate value model, never a "
+            "head on the actor", carried("OpenRLHF's critic: a separate value model loaded from "
+                                        "model.path (critic_pretrain defaults to it)")),
+        "algorithm.gae.critic.lr": lambda v, s: Pinned({k: v for k in f.lr[1:]}),
+        "algorithm.gae.critic.value_clip": value_clip,
+        # the actor trains at global step g (from 0) once g > freezing_actor_steps
+        "algorithm.gae.critic.warmup_updates": to(f.freezing_actor_steps,
+                                                  convert=lambda v: v - 1),
     }
 
 
@@ -398,7 +419,8 @@ def _optim_rules(f: OpenRLHFKeys) -> dict[str, Any]:
 
     return {
         "optim.kind": carried("AdamW (DeepSpeed FusedAdam in decoupled-decay mode)"),
-        "optim.lr": lambda v, s: Pinned({k: v for k in f.lr}),
+        # the actor's flag; the critic's (f.lr[1:]) is algorithm.gae.critic.lr
+        "optim.lr": lambda v, s: Pinned({f.lr[0]: v}),
         "optim.betas": lambda v, s: Pinned({k: list(v) for k in f.betas}),
         "optim.eps": eps,
         "optim.weight_decay": weight_decay,

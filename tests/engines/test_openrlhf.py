@@ -74,6 +74,8 @@ GOLDEN = {
     "rloo": golden({"objective": "rloo"}),
     "reinforce_pp": golden({"objective": "reinforce_pp"}),
     "ppo": golden({"objective": "ppo", "gae": {"gamma": 0.99, "lam": 0.95}}),
+    "ppo_critic": golden({"objective": "ppo", "gae": {"critic": {
+        "lr": 3e-6, "value_clip": None, "warmup_updates": 4}}}),
     "lora": golden({"objective": "grpo"}, lora={"rank": 16, "alpha": 32, "dropout": 0.05,
                                                 "target_modules": ["q_proj", "v_proj"]}),
     # cosine to a 10% floor (the only floor 0.9.8/0.10.1 have), two optimizer steps per update,
@@ -132,7 +134,8 @@ FLAT = {"model": "pretrain", "estimator": "advantage_estimator", "n": "n_samples
         "eval_n": "eval_n_samples_per_prompt", "eval_steps": "eval_steps",
         "save_steps": "save_steps", "max_num": "max_ckpt_num", "best": None,
         "dtype": "param_dtype", "reward_clip": "reward_clip_range",
-        "filtering": "dynamic_filtering", "zero": "zero_stage"}
+        "filtering": "dynamic_filtering", "zero": "zero_stage", "value_clip": "value_clip",
+        "freezing": "freezing_actor_steps"}
 DOTTED = {"model": "actor.model_name_or_path", "estimator": "algo.advantage.estimator",
           "n": "rollout.n_samples_per_prompt", "kl": "algo.kl.init_coef",
           "kl_est": "algo.kl.estimator", "kl_loss": "algo.kl.use_loss",
@@ -157,7 +160,8 @@ DOTTED = {"model": "actor.model_name_or_path", "estimator": "algo.advantage.esti
           "save_steps": "ckpt.save_steps", "max_num": "ckpt.max_num",
           "best": "ckpt.best_metric_key", "dtype": "ds.param_dtype",
           "reward_clip": "reward.clip_range", "filtering": "algo.dynamic_filtering_enable",
-          "zero": "ds.zero_stage"}
+          "zero": "ds.zero_stage", "value_clip": "critic.value_clip",
+          "freezing": "critic.freezing_steps"}
 
 # the first and last release of each dialect
 RELEASES = {"0.9.8": FLAT, "0.10.1": {**FLAT, "best": "best_metric_key"}, "0.10.2": DOTTED,
@@ -220,7 +224,12 @@ def test_real_parser_accepts_our_argv_and_parses_back(name, version, tmp_path):
     assert v("filtering") is (a.dynamic_sampling is not None)
     assert v("entropy") == a.entropy_coef
     # optimizer: betas always passed (the release default is 0.9, 0.95)
-    assert (v("lr"), v("critic_lr")) == (o.lr, o.lr)
+    assert v("lr") == o.lr
+    if a.gae is not None:  # the critic: its own LR, value clip and actor-frozen updates
+        c = a.gae.critic
+        assert v("critic_lr") == c.lr
+        assert v("value_clip") == (c.value_clip if c.value_clip is not None else 1e9)
+        assert v("freezing") == c.warmup_updates - 1
     assert list(v("betas")) == list(o.betas) and v("wd") == o.weight_decay
     assert v("max_norm") == o.grad_clip
     if names["eps"]:

@@ -75,6 +75,8 @@ GOLDEN = {
     "rloo": golden({"objective": "rloo"}),
     "reinforce_pp": golden({"objective": "reinforce_pp"}),
     "ppo_critic": golden({"objective": "ppo"}),
+    "ppo_critic_warmup": golden({"objective": "ppo", "gae": {"critic": {
+        "lr": 3e-6, "value_clip": None, "warmup_updates": 4}}}),
     "kl_in_loss": golden({"objective": "grpo", "kl": {"coef": 0.02, "estimator": "k3",
                                                       "placement": "loss"}}),
     "kl_in_reward": golden({"objective": "grpo", "kl": {"coef": 0.05, "estimator": "k1",
@@ -220,7 +222,12 @@ def test_golden_spec_composes_and_means_what_the_spec_meant(name, tmp_path):
     if a.gae is not None:
         assert (alg["gamma"], alg["lam"]) == (a.gae.gamma, a.gae.lam)
         assert cfg["critic"]["model"]["path"] == hub_snapshot(spec.model.path, COMMIT)
-        assert cfg["critic"]["optim"]["lr"] == spec.optim.lr
+        c = a.gae.critic
+        assert cfg["critic"]["optim"]["lr"] == c.lr and actor["optim"]["lr"] == spec.optim.lr
+        assert cfg["critic"]["cliprange_value"] == (c.value_clip or 1e9)
+        # verl updates the actor at step s (from 1) once critic_warmup <= s
+        frozen = [s for s in range(1, 10) if cfg["trainer"]["critic_warmup"] > s]
+        assert len(frozen) == c.warmup_updates
         assert cfg["critic"]["optim"]["clip_grad"] == spec.optim.grad_clip
     lora = spec.model.lora
     model = cfg["actor_rollout_ref"]["model"]
@@ -263,7 +270,7 @@ def test_golden_spec_composes_and_means_what_the_spec_meant(name, tmp_path):
         b.total_updates
     assert (cfg["data"]["train_batch_size"], actor["ppo_mini_batch_size"]) == \
         (b.prompts_per_update, b.prompts_per_update // b.mini_batches)
-    assert cfg["data"]["gen_batch_size"] is None and cfg["trainer"]["critic_warmup"] == 0
+    assert cfg["data"]["gen_batch_size"] is None
     # validation decoding, checkpoints
     e, c = spec.evaluation, spec.checkpoint
     val = rollout["val_kwargs"]
@@ -369,7 +376,7 @@ DECLARED = [
     ("0.9.1", "dapo", GOLDEN["dapo"], {"unbounded_refill"}),
     ("0.9.0", "dapo", GOLDEN["dapo"], {"unbounded_refill", "filter_on_score"}),
     ("0.9.1", "reinforce_pp", GOLDEN["reinforce_pp"], {"whitening_epsilon"}),
-    ("0.9.1", "ppo", GOLDEN["ppo_critic"], {"whitening_epsilon", "ppo_value_clip"}),
+    ("0.9.1", "ppo", GOLDEN["ppo_critic"], {"whitening_epsilon"}),
     ("0.7.1", "token_mean", golden({"objective": "rloo"}), {"micro_batch_token_mean"}),
     ("0.5.0", "cosine_floor", _with(golden({"objective": "grpo"}),
                                     optim={"schedule": "cosine", "min_lr_ratio": 0.1}),
