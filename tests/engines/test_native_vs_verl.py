@@ -1,7 +1,8 @@
 """The native engine's math equals verl's ``core_algos`` wherever it claims a verl objective.
 
-Advantages (GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline), policy losses (vanilla with dual-clip,
-GSPO, CISPO) in every loss aggregation, k1/k2/k3 KL and the DAPO overlong penalty are
+Advantages (GRPO, Dr.GRPO, RLOO, REINFORCE++-baseline, PPO's GAE with its returns), policy
+losses (vanilla with dual-clip, GSPO, CISPO) and the critic's clipped value loss in every loss
+aggregation, k1/k2/k3 KL and the DAPO overlong penalty are
 evaluated by the installed verl (``verl_core_algos.py``, run in verl's interpreter) and by
 ``stateset_backend.native.objectives`` on the same seeded inputs: values and gradients w.r.t.
 the log-probs agree within 1e-6 (float64) and 1e-5 (float32), relative to max(1, |verl|),
@@ -83,6 +84,39 @@ def _rewards(seed: int, zero_variance: bool) -> tuple[list[float], list[int]]:
     return rewards.tolist(), index.tolist()
 
 
+GAE_PARAMS = [(1.0, 0.95), (1.0, 1.0), (0.99, 0.9), (0.5, 0.0)]
+VALUE_CLIPS = [0.2, 0.5, None]  # None: native's unclipped loss; verl gets a clip no value hits
+NO_CLIP = 1e9
+
+
+def _gae_inputs(seed: int, gaps: bool) -> dict[str, Any]:
+    """Token rewards (a KL-like penalty on every token plus an outcome on the last), critic
+    values and a response mask; with ``gaps``, masked-out tokens inside responses too (GAE
+    skips them, carrying the next value and advantage across)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).double()
+    if gaps:
+        mask = mask * (torch.rand(B, T, generator=g) > 0.3).double()
+        mask[:, 0] = 1.0
+    rewards = torch.randn(B, T, generator=g, dtype=torch.float64) * 0.1
+    rewards[torch.arange(B), lengths - 1] += torch.rand(B, generator=g, dtype=torch.float64)
+    values = torch.randn(B, T, generator=g, dtype=torch.float64)
+    return {"mask": mask.tolist(), "token_rewards": rewards.tolist(), "values": values.tolist()}
+
+
+def _value_inputs(seed: int) -> dict[str, Any]:
+    """New values that moved from the rollout's by up to 1.5, so some are clipped."""
+    g = torch.Generator().manual_seed(seed)
+    inp = _inputs(seed, 1.0)
+    old = torch.randn(B, T, generator=g, dtype=torch.float64)
+    moved = old + (torch.rand(B, T, generator=g, dtype=torch.float64) * 2 - 1) * 1.5
+    returns = old + torch.randn(B, T, generator=g, dtype=torch.float64)
+    return {"mask": inp["mask"], "values": old.tolist(), "vpreds": moved.tolist(),
+            "returns": returns.tolist()}
+
+
 def cases() -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     seed = 0
@@ -122,6 +156,20 @@ def cases() -> list[dict[str, Any]]:
                             "estimator": verl_est, "std_normalize": ADVANTAGES[name][3],
                             "epsilon": eps, "rewards": rewards, "index": index,
                             "mask": _inputs(seed, 1.0)["mask"], "zero_variance": zero})
+        for gamma, lam in GAE_PARAMS:
+            for gaps in (False, True):
+                seed += 1
+                out.append({"kind": "gae", "name": f"gae gamma={gamma} lam={lam}"
+                            + (" gaps" if gaps else ""), "dtype": dtype, "range": "-",
+                            "gamma": gamma, "lam": lam, **_gae_inputs(seed, gaps)})
+        for clip in VALUE_CLIPS:
+            for agg in AGGS:
+                seed += 1
+                out.append({"kind": "value_loss", "name": f"value loss clip={clip} {agg}",
+                            "dtype": dtype, "range": "-", "cliprange_value": clip or NO_CLIP,
+                            "native_clip": clip, "agg": agg.replace("_", "-"),
+                            "native_agg": agg, "max_tokens": MAX_TOKENS,
+                            **_value_inputs(seed)})
     out.append({"kind": "overlong", "name": "dapo overlong", "dtype": "float32", "range": "-",
                 "lengths": list(range(1, 33)), "max_tokens": 32, "buffer_tokens": 12,
                 "penalty": 0.7})
@@ -176,6 +224,23 @@ def native(case: dict[str, Any]) -> dict[str, Any]:
                            std_normalize=std_normalize, scope=scope, unbiased=True, eps=eps,
                            eps_on_variance=on_var)
         return {"value": adv.double().tolist()}
+    if kind == "gae":
+        mask = _t(case, "mask")
+        adv, returns = O.gae_advantages_returns(_t(case, "token_rewards"), _t(case, "values"),
+                                                mask, gamma=case["gamma"], lam=case["lam"])
+        # verl whitens GAE advantages: unbiased, 1e-8 on the variance (its masked_whiten)
+        white = O.whiten_tokens(adv, mask, unbiased=True, eps=1e-8, eps_on_variance=True)
+        return {"value": white.double().tolist(), "returns": returns.double().tolist()}
+    if kind == "value_loss":
+        vpreds = _t(case, "vpreds").requires_grad_(True)
+        mask = _t(case, "mask")
+        vl = O.value_loss(vpreds, _t(case, "values"), _t(case, "returns"), mask,
+                          clip=case["native_clip"], aggregation=case["native_agg"],
+                          max_tokens=case["max_tokens"])
+        vl.loss.backward()
+        assert vpreds.grad is not None
+        return {"value": vl.loss.item(), "grad": vpreds.grad.double().tolist(),
+                "clipfrac": O.aggregate(vl.clipped, mask, "token_mean", 1).item()}
     if kind == "overlong":
         pen = O.overlong_penalty(torch.tensor(case["lengths"]), case["max_tokens"],
                                  case["buffer_tokens"], case["penalty"])
@@ -212,8 +277,9 @@ def test_native_equals_verl(index: int) -> None:
             assert ours["value"][:8] == [0.0] * 8
             ours, theirs = {"value": ours["value"][8:]}, {"value": theirs["value"][8:]}
     assert scaled_diff(ours["value"], theirs["value"]) <= tol
-    if "grad" in theirs:
-        assert scaled_diff(ours["grad"], theirs["grad"]) <= tol
+    for extra in ("grad", "returns", "clipfrac"):
+        if extra in theirs:
+            assert scaled_diff(ours[extra], theirs[extra]) <= tol
 
 
 def test_verl_gives_equal_rewards_a_non_zero_advantage_in_float32() -> None:

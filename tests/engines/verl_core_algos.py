@@ -1,6 +1,7 @@
 """Run with verl's own interpreter: evaluate verl's core_algos (advantages, policy losses, KL
-penalties, loss aggregation) and its DAPO overlong penalty on the cases given on stdin, with
-gradients w.r.t. log_prob from verl's own autograd graph. Reads JSON, prints JSON.
+penalties, loss aggregation, GAE and the critic's value loss) and its DAPO overlong penalty
+on the cases given on stdin, with gradients w.r.t. log_prob (or the critic's values) from
+verl's own autograd graph. Reads JSON, prints JSON.
 
 Each case: {"kind": ..., "dtype": "float32"|"float64", ...tensors as nested lists}.
 """
@@ -76,6 +77,25 @@ def advantage(case):
             "constant_per_sample": bool(((adv - adv[:, :1]) * mask).abs().max() == 0)}
 
 
+def gae(case):
+    mask = tensor(case, "mask")
+    adv, returns = core_algos.compute_gae_advantage_return(
+        token_level_rewards=tensor(case, "token_rewards"), values=tensor(case, "values"),
+        response_mask=mask, gamma=case["gamma"], lam=case["lam"])
+    return {"value": adv.double().tolist(), "returns": returns.double().tolist()}
+
+
+def value_loss(case):
+    vpreds = tensor(case, "vpreds").requires_grad_(True)
+    loss, clipfrac = core_algos.compute_value_loss(
+        vpreds=vpreds, returns=tensor(case, "returns"), values=tensor(case, "values"),
+        response_mask=tensor(case, "mask"), cliprange_value=case["cliprange_value"],
+        loss_agg_mode=case["agg"], loss_scale_factor=case["max_tokens"])
+    loss.backward()
+    return {"value": loss.item(), "grad": vpreds.grad.double().tolist(),
+            "clipfrac": float(clipfrac)}
+
+
 class _Tokenizer:
     eos_token = "</s>"
 
@@ -107,7 +127,7 @@ def overlong(case):
 
 
 KINDS = {"policy_loss": policy_loss, "kl": kl, "aggregation": aggregation,
-         "advantage": advantage, "overlong": overlong}
+         "advantage": advantage, "overlong": overlong, "gae": gae, "value_loss": value_loss}
 
 cases = json.loads(sys.stdin.read())
 print(json.dumps({"verl_version": verl.__version__,
