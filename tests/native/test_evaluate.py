@@ -85,6 +85,12 @@ def test_recommended_final_and_update_n_are_recorded_apart(finished, capsys):
     assert {e["update"] for e in row["test"] if e["split"] == "test"} >= {2, 6}
     assert main(["runs", "compare", run_id, "--runs-dir", str(runs)]) == 0
     assert "test@" in capsys.readouterr().out  # the "test metrics" column
+    # the report's test table reads the same records
+    page = runs.parent / "report.html"
+    assert main(["report", run_id, "--runs-dir", str(runs), "-o", str(page)]) == 0
+    html = page.read_text()
+    assert "test-attempt1-update-000002.json" in html and "test/reward/mean" in html
+    assert "No held-out test evaluation" not in html
 
 
 def test_the_validation_split_reproduces_what_training_logged(finished, capsys):
