@@ -69,7 +69,7 @@ PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 GRPO_EPSILON = 1e-6  # compute_grpo_outcome_advantage's default; no caller passes another
 K3_CLAMP = 10.0  # kl_penalty_forward clamps low_var_kl to [-10, 10]
 NO_DUAL_CLIP = 1e9  # above exp(20) >= any ratio verl computes: min() never picks -A * c
-NO_VALUE_CLIP = 1e9  # a value clip range no value moves by in one update: no clip
+NO_VALUE_CLIP = 1e9  # cliprange_value for an unclipped value loss
 ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which verl passes on before 0.6.1
 
 # canonical metric -> verl's metric key (the same in its file and TensorBoard loggers)
@@ -133,9 +133,8 @@ def _objective(k: _Keys) -> Rule:
     fixed = {k(key): k.defaults[key] for key in k.keys.fixed}
 
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
-        native = {"algorithm.adv_estimator": ESTIMATOR[value],
-                  f"{ACTOR}.policy_loss.loss_mode": loss_mode(spec), **fixed}
-        return Pinned(native)
+        return Pinned({"algorithm.adv_estimator": ESTIMATOR[value],
+                       f"{ACTOR}.policy_loss.loss_mode": loss_mode(spec), **fixed})
 
     return rule
 
@@ -300,30 +299,26 @@ def _overlong(keys: VerlKeys) -> Rule:
 
 
 def _gae_off(k: _Keys) -> Rule:
+    """No critic: the critic's keys a release records are pinned at their recorded values."""
+    idle = {key: k.defaults[key] for key in ("critic.optim.lr", "trainer.critic_warmup")
+            if k.has(key)}
+
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
-        # no critic: its keys, which every launch pins, at values that train no critic
-        return Pinned({"trainer.critic_warmup": 0, **{key: spec.optim.lr for key in
-                                                      ("critic.optim.lr",) if k.has(key)}},
-                      "no critic")
+        return Pinned(idle, "no critic")
 
     return rule
 
 
-def _critic_rules(k: _Keys) -> dict[str, Rule]:
-    """The spec's critic: verl's separate value model, its own learning rate, its value clip
-    (null: a range no value reaches) and the updates that train it alone."""
-    return {
-        "algorithm.gae.critic.model": only(
-            lambda v: v == "separate", "verl's critic is a separate value model, never a head "
-            "on the actor", carried("verl's critic: a separate value model loaded from "
-                                    "model.path (critic.model.path)")),
-        "algorithm.gae.critic.lr": to("critic.optim.lr"),
-        "algorithm.gae.critic.value_clip": lambda v, s: Pinned(
-            {"critic.cliprange_value": NO_VALUE_CLIP if v is None else v}),
-        # verl updates the actor at step s (from 1) once critic_warmup <= s
-        "algorithm.gae.critic.warmup_updates": to("trainer.critic_warmup",
-                                                  convert=lambda v: v + 1),
-    }
+def _critic_warmup(value: Any, spec: ExperimentSpec) -> Outcome:
+    """verl updates the actor at step s (from 1) once critic_warmup <= s: N critic-only
+    updates is critic_warmup N + 1."""
+    return Pinned({"trainer.critic_warmup": value + 1 if value else 0})
+
+
+def _value_clip(value: Any, spec: ExperimentSpec) -> Outcome:
+    """verl always clips the value; a range no value moves by in one update is no clip (the
+    clamp returns V itself)."""
+    return Pinned({"critic.cliprange_value": NO_VALUE_CLIP if value is None else value})
 
 
 def _model_path(value: Any, spec: ExperimentSpec) -> Outcome:
@@ -518,9 +513,15 @@ class VerlAdapter(EngineAdapter):
                 f"{keys.reward_kwargs}.overlong_buffer_cfg.penalty_factor"),
             "algorithm.entropy_coef": to(f"{ACTOR}.entropy_coeff"),
             "algorithm.gae": _gae_off(k),
-            **_critic_rules(k),
             "algorithm.gae.gamma": to("algorithm.gamma"),
             "algorithm.gae.lam": to("algorithm.lam"),
+            "algorithm.gae.critic.model": only(
+                lambda v: v == "separate", "verl's critic is a separate value model "
+                "(critic.model.path), never a head on the actor", carried(
+                    "verl's critic: a separate value model loaded from model.path")),
+            "algorithm.gae.critic.lr": to(k("critic.optim.lr")),
+            "algorithm.gae.critic.value_clip": _value_clip,
+            "algorithm.gae.critic.warmup_updates": _critic_warmup,
             "model.path": _model_path,
             "model.dtype": _compute_dtype(k),
             "model.param_dtype": lambda v, s: Refused(
@@ -555,8 +556,7 @@ class VerlAdapter(EngineAdapter):
             "rollout.top_p": to(f"{ROLLOUT}.top_p"),
             "rollout.top_k": _top_k,
             "optim.kind": _optimizer(k),
-            # the actor's; the critic's is algorithm.gae.critic.lr
-            "optim.lr": to(f"{ACTOR}.optim.lr"),
+            "optim.lr": to(k(f"{ACTOR}.optim.lr")),  # the critic's is algorithm.gae.critic.lr
             "optim.betas": lambda v, s: Pinned(k.optim("betas", list(v))),
             "optim.eps": _eps(k),
             "optim.weight_decay": k.optim_rule("weight_decay"),
