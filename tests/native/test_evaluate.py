@@ -208,3 +208,37 @@ def test_tensorboard_events_mirror_metrics_jsonl_and_are_not_artifacts(finished)
     result = json.loads((attempt / "result.json").read_text())
     assert result["status"] == "succeeded"
     assert not [a for a in result["artifacts"] if "tensorboard" in a["path"]]
+
+
+def test_verify_on_a_healthy_run_reloads_and_marks_nothing(finished, capsys):
+    runs, run_id = finished
+    capsys.readouterr()
+    assert main(["runs", "verify", run_id, "--runs-dir", str(runs), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["was_quarantined"] is False and doc["quarantine"] is None
+    assert doc["verified"]["update"] == 6
+    assert doc["verified"]["checkpoint"] == "attempts/1/checkpoints/update-000006"
+    assert doc["verified"]["loaded"]["optimizer_states"] > 0
+    assert not (runs / run_id / "quarantine.json").exists()
+
+
+def test_a_conversation_run_is_evaluated_through_its_environment(capsys, tmp_path):
+    """Multi-turn: the environment's workers serve the held-out split, and the validation
+    split reproduces what training logged, failed-conversation share included."""
+    from native.agent_support import agent_spec
+
+    doc = agent_spec(**{"algorithm": {"objective": "grpo", "group_size": 4},
+                        "budget.total_updates": 3, "budget.prompts_per_update": 4,
+                        "evaluation": {"every": 3, "select_by": "val/reward/mean"},
+                        "checkpoint": {"every": 3, "keep": 1}})
+    spec, plan, runs = tmp_path / "spec.json", tmp_path / "plan.json", tmp_path / "runs"
+    spec.write_text(json.dumps(doc))
+    assert main(["plan", "--engine", "native", str(spec), "-o", str(plan)]) == 0
+    assert main(["run", "--runs-dir", str(runs), "--quiet", str(plan)]) == 0
+    run_id = json.loads(plan.read_text())["run_id"]
+    logged = next(r for r in _series(runs, run_id) if r["step"] == 3)
+    validation = _evaluate(capsys, runs, run_id, "--split", "validation")
+    assert validation["checkpoint"]["update"] == 3
+    assert validation["metrics"] == {k: v for k, v in logged.items() if k.startswith("val/")}
+    test = _evaluate(capsys, runs, run_id, "--split", "test", "--checkpoint", "final")
+    assert set(test["metrics"]) == {"test/reward/mean", "test/conversations/failed_share"}
