@@ -73,10 +73,15 @@ from .core.rules import (
 )
 from .core.shared_rules import (
     VERIFIED,
+    conversation_rules,
+    conversation_settings,
     disabled_when_none,
     even_split,
     external_rules,
+    is_conversation,
     refuse_selection,
+    total_limit,
+    turn_limit,
     zero_variance_rule,
 )
 from .core.spec import ExperimentSpec
@@ -121,6 +126,8 @@ __all__ = [
     "builtin_dir",
     "canonical_rows",
     "carried",
+    "conversation_rules",
+    "conversation_settings",
     "directory_digest",
     "disabled_when_none",
     "distribution_version",
@@ -128,6 +135,7 @@ __all__ = [
     "external_rules",
     "hardcoded",
     "hookimpl",
+    "is_conversation",
     "leaves",
     "local_path",
     "na",
@@ -145,6 +153,8 @@ __all__ = [
     "split_rows",
     "stage_checkpoint",
     "to",
+    "total_limit",
+    "turn_limit",
     "when_set",
     "with_owned_keys",
     "zero_variance_rule",

@@ -40,8 +40,11 @@ from ..plugin import (
     Translation,
     Uncountable,
     carried,
+    conversation_rules,
+    conversation_settings,
     external_rules,
     hardcoded,
+    is_conversation,
     local_path,
     only,
     overrides,
@@ -51,12 +54,21 @@ from ..plugin import (
     split_rows,
     stage_checkpoint,
     to,
+    total_limit,
+    turn_limit,
     with_owned_keys,
     zero_variance_rule,
 )
 from . import nemo_rl_launcher as launcher
+from .agent_shims import CONFIG_FILE as CONVERSATION_FILE
+from .agent_shims import NEMO_RL_ENV as CONVERSATION_ENV
+from .agent_shims import NEMO_RL_PROCESSOR as CONVERSATION_PROCESSOR
+from .agent_shims import shim_files
 
 LORA_TARGETS_ALL = "all-linear"
+OPENING_OVER_LIMIT = ("the launcher renders every task's opening with the chat template and the "
+                      "environment's tools; one over data.max_prompt_tokens fails its "
+                      "conversation, which stops the run")
 LAUNCHER_FILE = "stateset_nemo_rl.py"  # its module name is how NeMo RL finds the environment
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"
@@ -198,11 +210,8 @@ class NemoRLAdapter(EngineAdapter):
             # the launcher drops longer prompts, so NeMo RL's own limit (length >= limit ->
             # a zero-loss stub) never fires: it is set one above the spec's
             "data.max_prompt_tokens": lambda v, s: Pinned({
-                "policy.max_total_sequence_length": v + s.data.max_response_tokens,
-                "data.max_input_seq_length": v + 1}),
-            "data.max_response_tokens": lambda v, s: Pinned({
-                "policy.max_total_sequence_length": s.data.max_prompt_tokens + v,
-                "policy.generation.max_new_tokens": v}),
+                **_lengths(s), "data.max_input_seq_length": v + 1}),
+            "data.max_response_tokens": lambda v, s: Pinned(_lengths(s)),
             "data.chat_template": only(lambda v: v is True, "the NeMo RL launch renders every "
                                        "prompt with the model's chat template",
                                        to("policy.tokenizer.chat_template_kwargs",
@@ -210,18 +219,22 @@ class NemoRLAdapter(EngineAdapter):
             "data.prompt_overflow": only(
                 lambda v: v in ("drop", "error"), "the NeMo RL launch drops prompts over "
                 "data.max_prompt_tokens (or stops on them); it does not truncate them",
-                carried("the launcher counts each prompt's tokens with the model's tokenizer "
-                        "and chat template and drops (or stops on) those over the limit")),
+                lambda v, s: Pinned({}, OPENING_OVER_LIMIT) if is_conversation(s) else
+                Pinned({}, "the launcher counts each prompt's tokens with the model's "
+                       "tokenizer and chat template and drops (or stops on) those over the "
+                       "limit")),
             "data.shuffle": to("data.shuffle"),
-            "reward.kind": only(lambda v: v == "python", "only python rewards are translated "
-                                "for NeMo RL", lambda v, s: Pinned({
-                                    f"{k.data_defaults}.env_name": launcher.ENV_NAME,
-                                    f"{k.data_defaults}.processor": launcher.PROCESSOR_NAME,
-                                    f"{k.data_defaults}.prompt_file": None,
-                                    f"{k.data_defaults}.system_prompt_file": None})),
             "reward.entrypoint": lambda v, s: Pinned({f"+env.{launcher.ENV_NAME}": {
                 "entrypoint": v, "sha256": s.reward.sha256}}),
-            "environment.max_turns": to("grpo.max_rollout_turns"),
+            **conversation_rules(
+                "NeMo RL", switch=lambda s: _environment_keys(k, s),
+                turns=lambda s: {"grpo.max_rollout_turns": s.environment.max_turns},
+                turn_tokens=lambda s: {"policy.generation.max_new_tokens": turn_limit(s)},
+                total_tokens=lambda s: {"policy.max_total_sequence_length": total_limit(s)},
+                cuts_turns_at_total=True),
+            "reward.kind": lambda v, s: Pinned(_environment_keys(k, s)) if v == "python" or
+            (v == "environment" and is_conversation(s)) else
+            Refused("only python and environment rewards are translated for NeMo RL"),
             "rollout.backend": only(lambda v: v == "vllm", "NeMo RL generates with vLLM here",
                                     to("policy.generation.backend")),
             "rollout.temperature": to("policy.generation.temperature"),
@@ -268,8 +281,16 @@ class NemoRLAdapter(EngineAdapter):
         files = {
             LAUNCHER_FILE: resources.files(__package__).joinpath(
                 "nemo_rl_launcher.py").read_text(encoding="utf-8"),
-            launcher.CONFIG_FILE: json.dumps(prepare, indent=2, sort_keys=True),
-            REWARD_SHIM_FILE: reward_shim(spec, ctx.base_dir, "NeMo RL")}
+            launcher.CONFIG_FILE: json.dumps(prepare, indent=2, sort_keys=True)}
+        if is_conversation(spec):
+            prepare["conversation"] = True
+            files[launcher.CONFIG_FILE] = json.dumps(prepare, indent=2, sort_keys=True)
+            files[CONVERSATION_FILE] = json.dumps(conversation_settings(
+                spec, _environment_file(spec, base), pinned_model_path(spec), splits),
+                indent=2, sort_keys=True)
+            files.update(shim_files("nemo_rl_environment.py"))
+        else:
+            files[REWARD_SHIM_FILE] = reward_shim(spec, ctx.base_dir, "NeMo RL")
         return NativeLaunch(
             argv=["uv", "run", "--project", ENGINE_HOME, "python", f"{RUN_DIR}/{LAUNCHER_FILE}",
                   f"{ENGINE_HOME}/examples/run_grpo.py", "--config", config,
@@ -340,6 +361,38 @@ class NemoRLAdapter(EngineAdapter):
 
 
 # -- per-setting rules -----------------------------------------------------------------------
+def _lengths(spec: ExperimentSpec) -> dict[str, Any]:
+    """NeMo RL's sequence limit and per-generation limit: one response, or a conversation's
+    total and turn limits."""
+    if is_conversation(spec):
+        return {"policy.max_total_sequence_length": total_limit(spec),
+                "policy.generation.max_new_tokens": turn_limit(spec)}
+    data = spec.data
+    return {"policy.max_total_sequence_length": data.max_prompt_tokens + data.max_response_tokens,
+            "policy.generation.max_new_tokens": data.max_response_tokens}
+
+
+def _environment_keys(k: NemoRLKeys, spec: ExperimentSpec) -> dict[str, Any]:
+    """The environment and processor NeMo RL's data setup names: the python reward's, or the
+    conversation shim's (registered by the launcher under these names)."""
+    keys = {f"{k.data_defaults}.prompt_file": None, f"{k.data_defaults}.system_prompt_file": None}
+    if not is_conversation(spec):
+        return {**keys, f"{k.data_defaults}.env_name": launcher.ENV_NAME,
+                f"{k.data_defaults}.processor": launcher.PROCESSOR_NAME}
+    env = spec.environment
+    return {**keys, f"{k.data_defaults}.env_name": CONVERSATION_ENV,
+            f"{k.data_defaults}.processor": CONVERSATION_PROCESSOR,
+            f"+env.{CONVERSATION_ENV}": {"entrypoint": env.entrypoint, "sha256": env.sha256}}
+
+
+def _environment_file(spec: ExperimentSpec, base: Path) -> str:
+    assert spec.environment.entrypoint is not None
+    path = local_path(spec.environment.entrypoint.rpartition(":")[0], base)
+    if path is None:
+        raise InvalidInput("environment.entrypoint: the environment file must be local")
+    return str(path.resolve())
+
+
 def _ratio_level(value: Any, spec: ExperimentSpec) -> Outcome:
     if value == "sequence" and spec.algorithm.objective != "gspo":
         return Refused("NeMo RL uses sequence-level ratios only for GSPO")

@@ -19,7 +19,10 @@ Before handing over to ``run_grpo.py`` (same process, same argv) it
   and keeps the prompt text and answer for the reward;
 - registers an environment actor that scores each response with ``stateset_reward.score``,
   the generated module that checks the reward file's sha256 in the process that scores, and
-  the actor's python executable (NeMo RL refuses to start an actor without one).
+  the actor's python executable (NeMo RL refuses to start an actor without one);
+- or, for a multi-turn or tool-use spec, converts the splits into openings and tasks and
+  registers the conversation actor and processor of ``stateset_nemo_rl_environment`` (the
+  fixed shim copied beside this file; see its docstring).
 
 The run directory goes on ``PYTHONPATH`` so Ray workers import the same two modules; on
 several nodes it must be on a shared filesystem, as NeMo RL's checkpoint directory must be.
@@ -184,23 +187,30 @@ def __getattr__(name: str) -> Any:
     return actor
 
 
-def register(run_dir: Path) -> None:
-    """Make the environment, its python executable and the processor known to NeMo RL."""
+def register(run_dir: Path, conversation: bool = False) -> None:
+    """Make the environment, its python executable and the processor known to NeMo RL: the
+    python reward's single-turn environment, or (``conversation``) the spec's environment."""
     from nemo_rl.data.processors import PROCESSOR_REGISTRY, register_processor
     from nemo_rl.distributed.ray_actor_environment_registry import ACTOR_ENVIRONMENT_REGISTRY
     from nemo_rl.distributed.virtual_cluster import PY_EXECUTABLES
     from nemo_rl.environments.utils import ENV_REGISTRY, register_env
 
-    module = Path(__file__).stem
-    actor = f"{module}.{ACTOR}"
-    ACTOR_ENVIRONMENT_REGISTRY[actor] = PY_EXECUTABLES.SYSTEM
-    if ENV_NAME not in ENV_REGISTRY:
-        register_env(ENV_NAME, actor)
-    if PROCESSOR_NAME not in PROCESSOR_REGISTRY:
-        register_processor(PROCESSOR_NAME, process)
     folder = str(run_dir)
     if folder not in sys.path:
         sys.path.insert(0, folder)
+    if conversation:  # the spec's environment: the shim beside this file (agent_shims)
+        import stateset_nemo_rl_environment as shim
+
+        env_name, actor, processor_name, processor = (
+            shim.ENV_NAME, f"{shim.__name__}.{shim.ACTOR}", shim.PROCESSOR_NAME, shim.process)
+    else:
+        env_name, actor, processor_name, processor = (
+            ENV_NAME, f"{Path(__file__).stem}.{ACTOR}", PROCESSOR_NAME, process)
+    ACTOR_ENVIRONMENT_REGISTRY[actor] = PY_EXECUTABLES.SYSTEM
+    if env_name not in ENV_REGISTRY:
+        register_env(env_name, actor)
+    if processor_name not in PROCESSOR_REGISTRY:
+        register_processor(processor_name, processor)
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join([folder, *[p for p in paths if p != folder]])
 
@@ -214,6 +224,12 @@ def load_tokenizer(model: str) -> Any:
 
 def convert_splits(run_dir: Path, config: dict[str, Any], tokenizer: Any) -> dict[str, int]:
     """Every split converted, over-long prompts dropped; the rows kept per split."""
+    if config.get("conversation"):
+        sys.path.insert(0, str(run_dir))
+        import stateset_nemo_rl_environment as shim
+
+        kept = shim.prepare_splits(run_dir, config, tokenizer, DATA_DIR, INPUT, OUTPUT)
+        return _enough(kept, config)
     kept = {}
     for name, split in config["splits"].items():
         fits = prompt_limit(tokenizer, config["max_prompt_tokens"], config["prompt_overflow"],
@@ -222,6 +238,10 @@ def convert_splits(run_dir: Path, config: dict[str, Any], tokenizer: Any) -> dic
                                    split["prompt_field"], split["answer_field"], fits)
         print(f"stateset-backend: {name} split: {kept[name]} rows of at most "
               f"{config['max_prompt_tokens']} prompt tokens from {split['source']}", flush=True)
+    return _enough(kept, config)
+
+
+def _enough(kept: dict[str, int], config: dict[str, Any]) -> dict[str, int]:
     if kept.get("train", 0) < config["min_train_rows"]:
         raise SystemExit(f"stateset-backend: {kept.get('train', 0)} train rows fit "
                          f"data.max_prompt_tokens; one update needs "
@@ -234,7 +254,7 @@ def prepare(run_dir: Path) -> None:
     """Everything the launcher does before NeMo RL takes over: convert, then register."""
     config = json.loads((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
     convert_splits(run_dir, config, load_tokenizer(config["model"]))
-    register(run_dir)
+    register(run_dir, bool(config.get("conversation")))
 
 
 def main(argv: list[str]) -> None:

@@ -18,6 +18,7 @@ from ..plugin import (
     PYTHON,
     REWARD_SHIM_FILE,
     RUN_DIR,
+    AdapterBug,
     Artifact,
     Checkpoint,
     Collected,
@@ -38,20 +39,26 @@ from ..plugin import (
     Unsupported,
     atomic_write_bytes,
     carried,
+    conversation_rules,
+    conversation_settings,
     disabled_when_none,
     even_split,
     external_rules,
     hardcoded,
+    is_conversation,
     local_path,
     only,
     pinned_model_path,
-    refuse,
     reward_shim,
     split_rows,
     stage_checkpoint,
     to,
+    total_limit,
+    turn_limit,
     with_owned_keys,
 )
+from .agent_shims import CONFIG_FILE as CONVERSATION_FILE
+from .agent_shims import shim_files
 
 TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
@@ -66,7 +73,9 @@ METRICS = {"reward/mean": "train/reward", "loss/policy": "train/policy_loss", "k
 DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
 SCHEDULER = {"constant": "constant_with_warmup", "cosine": "cosine_with_min_lr",
              "linear": "linear"}
-MULTI_TURN = "multi-turn environments are not translated for OpenRLHF"
+AGENT_FILE = "stateset_openrlhf_agent.py"  # agent_shims/openrlhf_agent.py in the run folder
+CONVERTED = f"{RUN_DIR}/data"  # the agent launcher's converted splits
+TASK_FIELD = "stateset_task"  # each converted row's original row (the label)
 BATCH_WHITENED = frozenset({"gae", "reinforce_baseline"})  # estimators OpenRLHF whitens
 NO_VALUE_CLIP = 1e9  # a value clip range no value moves by in one update: no clip
 
@@ -150,6 +159,7 @@ class OpenRLHFKeys(DialectKeys):
     fixed_min_lr_ratio: float | None  # the cosine floor when the release has no flag for it
     token_mean_over: str  # "micro_batch" (before 0.11.1) or "optimizer_step"
     fixed: dict[str, Any]  # switches every launch sets to the same value
+    agent_func_path: str | None = None  # the agent executor file (multi-turn)
 
 
 def render_flags(native: dict[str, Any]) -> list[str]:
@@ -549,8 +559,6 @@ class OpenRLHFAdapter(EngineAdapter):
             "model.lora.dropout": to(f.lora_dropout),
             "model.lora.target_modules": to(f.target_modules,
                                             convert=lambda v: [v] if isinstance(v, str) else v),
-            "environment.entrypoint": refuse(MULTI_TURN),
-            "environment.sha256": refuse(MULTI_TURN),
             "reward.entrypoint": lambda v, s: Pinned({f.reward_url:
                                                       f"{RUN_DIR}/{REWARD_SHIM_FILE}"}),
             "rollout.backend": only(lambda v: v == "vllm", "OpenRLHF rolls out with vLLM",
@@ -577,6 +585,7 @@ class OpenRLHFAdapter(EngineAdapter):
             "evaluation.top_p": _evaluation_top_p,
             "resources.nodes": to(f.nodes),
             "resources.gpus_per_node": to(f.gpus_per_node),
+            **_conversation_rules(f, rules),
         }
 
     def render(self, translation: Translation, spec: ExperimentSpec,
@@ -599,9 +608,14 @@ class OpenRLHFAdapter(EngineAdapter):
                                  {**owned, **budget})
         # the engine runs in the run folder: local splits are named by absolute path
         for key in (f.prompt_data, f.eval_data):
-            if native.get(key) is not None:
+            if native.get(key) is not None and not str(native[key]).startswith(RUN_DIR):
                 local = local_path(native[key], Path(ctx.base_dir or "."))
                 native[key] = str(local) if local is not None else native[key]
+        if is_conversation(spec):
+            return NativeLaunch(
+                argv=[PYTHON, f"{RUN_DIR}/{AGENT_FILE}", *render_flags(native)],
+                files=_conversation_files(spec, ctx),
+                env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "WANDB_API_KEY"], native=native)
         return NativeLaunch(
             argv=[PYTHON, "-m", "openrlhf.cli.train_ppo_ray", *render_flags(native)],
             files={REWARD_SHIM_FILE: reward_shim(spec, ctx.base_dir, "OpenRLHF", REWARD_CALL)},
@@ -646,6 +660,80 @@ class OpenRLHFAdapter(EngineAdapter):
         flat = any(a == "--ckpt_path" or a.startswith("--ckpt_path=") for a in argv)
         load_flag = "--load_checkpoint" if flat else "--ckpt.load_enable"
         return [*argv, load_flag]
+
+
+# -- conversations: OpenRLHF's agent executor runs the spec's environment through the shim --
+def _conversation_rules(f: OpenRLHFKeys, single: dict[str, Any]) -> dict[str, Any]:
+    """The environment leaves, and the data leaves a conversation changes: the launcher
+    converts each split (``prompt`` messages, the original row as the label), the executor
+    checks each opening against the prompt limit and samples each turn with the turn limit
+    inside ``max_len``, the total limit."""
+    if f.agent_func_path is None:
+        raise AdapterBug("every OpenRLHF dialect names its agent_func_path flag")
+    flag = f.agent_func_path
+    rules: dict[str, Any] = conversation_rules(
+        "OpenRLHF", lambda s: {flag: f"{RUN_DIR}/{AGENT_FILE}"},
+        turn_tokens=lambda s: {f.max_new_tokens: turn_limit(s)},
+        total_tokens=lambda s: {f.max_len: total_limit(s)})
+
+    def split(key: str, name: str) -> Any:
+        return lambda v, s: Pinned({key: f"{CONVERTED}/{name}.jsonl"}, "converted by the "
+                                   "launcher: prompt messages and the original row (what reset "
+                                   "receives, OpenRLHF's label)")
+
+    prompt = Pinned({f.input_key: "prompt"}, "read by the launcher, which converts the split")
+    label = Pinned({f.label_key: TASK_FIELD}, "the original row, which reset receives")
+    conversation = {
+        "data.train.uri": split(f.prompt_data, "train"),
+        "data.validation.uri": split(f.eval_data, "validation"),
+        "data.train.prompt_field": lambda v, s: prompt,
+        "data.validation.prompt_field": lambda v, s: prompt,
+        "data.train.answer_field": lambda v, s: label,
+        "data.validation.answer_field": lambda v, s: label,
+        "data.max_prompt_tokens": lambda v, s: Pinned({f.max_len: total_limit(s)},
+                                                      "each opening must fit it"),
+        "data.max_response_tokens": lambda v, s: Pinned({f.max_new_tokens: turn_limit(s)}),
+        "data.prompt_overflow": lambda v, s: Pinned({}, "the executor renders each task's "
+                                                    "opening with the chat template and the "
+                                                    "environment's tools; one over "
+                                                    "data.max_prompt_tokens fails its "
+                                                    "conversation, which stops the run"),
+    }
+    for path, rule in conversation.items():
+        rules[path] = _either(single[path], rule)
+    return rules
+
+
+def _either(single: Any, conversation: Any) -> Any:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        return (conversation if is_conversation(spec) else single)(value, spec)
+
+    return rule
+
+
+def _conversation_files(spec: ExperimentSpec, ctx: LaunchContext) -> dict[str, str]:
+    """The executor, the shared shim and their settings (JSON; nothing from the spec becomes
+    source)."""
+    import json
+
+    base = Path(ctx.base_dir or ".")
+    splits = {}
+    for name in ("train", "validation"):
+        split = getattr(spec.data, name)
+        if split is not None:
+            source = local_path(split.uri, base)
+            if source is None:
+                raise InvalidInput(f"data.{name}.uri: the OpenRLHF conversation launch "
+                                   "converts local split files only")
+            splits[name] = {"source": str(source.resolve()), "prompt_field": split.prompt_field}
+    assert spec.environment.entrypoint is not None
+    env_file = local_path(spec.environment.entrypoint.rpartition(":")[0], base)
+    if env_file is None:
+        raise InvalidInput("environment.entrypoint: the environment file must be local")
+    settings = conversation_settings(spec, str(env_file.resolve()), pinned_model_path(spec),
+                                     splits)
+    return {**shim_files("openrlhf_agent.py"),
+            CONVERSATION_FILE: json.dumps(settings, indent=2, sort_keys=True)}
 
 
 REWARD_CALL = '''

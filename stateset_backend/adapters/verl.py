@@ -26,6 +26,7 @@ from ..plugin import (
     EngineAdapter,
     ExperimentSpec,
     Hardcoded,
+    InvalidInput,
     LaunchContext,
     NativeLaunch,
     Outcome,
@@ -35,17 +36,23 @@ from ..plugin import (
     RuleSet,
     Translation,
     carried,
+    conversation_rules,
+    conversation_settings,
     even_split,
     external_rules,
     hardcoded,
+    is_conversation,
     local_path,
     only,
     overrides,
     pinned_model_path,
     reward_shim,
     to,
+    total_limit,
     with_owned_keys,
 )
+from .agent_shims import CONFIG_FILE as CONVERSATION_FILE
+from .agent_shims import VERL_AGENT_NAME, VERL_AGENT_TARGET, shim_files
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -94,6 +101,7 @@ class VerlKeys(DialectKeys):
     cosine_warmup_from_floor: bool  # cosine warmup starts at min_lr_ratio (0.4, 0.5)
     added: list[str]  # keys read with .get() but absent from the config: written with '+'
     fixed: list[str]  # keys pinned at the recorded default, which is what the spec means
+    agent_loop: bool = False  # the agent loop the conversation shim implements (0.9.1)
 
 
 def loss_mode(spec: ExperimentSpec) -> str:
@@ -578,6 +586,7 @@ class VerlAdapter(EngineAdapter):
             "evaluation.samples": to(f"{VAL}.n"),
             "resources.nodes": to("trainer.nnodes"),
             "resources.gpus_per_node": to("trainer.n_gpus_per_node"),
+            **_conversation_rules(k),
         }
 
     def render(self, translation: Translation, spec: ExperimentSpec,
@@ -591,6 +600,8 @@ class VerlAdapter(EngineAdapter):
                   **translation.native}
         # verl runs in the run folder: a split named relative to the spec is made absolute
         for key in ("data.train_files", "data.val_files"):
+            if str(native[key]).startswith(RUN_DIR):
+                continue  # converted by the conversation launcher
             path = local_path(native[key], Path(ctx.base_dir or "."))
             if path is not None:
                 native[key] = str(path.resolve())
@@ -603,6 +614,12 @@ class VerlAdapter(EngineAdapter):
             "trainer.resume_mode": "disable",
         }
         native = with_owned_keys("verl", native, owned)
+        if is_conversation(spec):
+            return NativeLaunch(
+                argv=[PYTHON, f"{RUN_DIR}/{AGENT_LAUNCHER}", *overrides.render(native)],
+                files=_conversation_files(spec, ctx), set_env=self._logger_env(keys, ctx),
+                env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "WANDB_API_KEY"],
+                native=native)
         return NativeLaunch(
             argv=[PYTHON, "-m", "verl.trainer.main_ppo", *overrides.render(native)],
             files={REWARD_SHIM_FILE: reward_shim(spec, ctx.base_dir, "verl", REWARD_CALL)},
@@ -661,6 +678,112 @@ class VerlAdapter(EngineAdapter):
         kept = [a for a in argv if not a.startswith("trainer.resume_mode=")]
         return [*kept, "trainer.resume_mode=resume_path",
                 f"trainer.resume_from_path={overrides.value(str(checkpoint.path))}"]
+
+
+# -- conversations: verl's agent loop runs the spec's environment through the shim ----------
+AGENT_LAUNCHER = "stateset_verl_agent.py"  # agent_shims/verl_agent_loop.py in the run folder
+AGENT_LOOPS_FILE = "stateset_agent_loops.yaml"
+CONVERTED = f"{RUN_DIR}/data"  # the launcher's converted splits (JSON lines, prompt messages)
+
+
+def _conversation_rules(k: _Keys) -> dict[str, Rule]:
+    """The environment leaves, and the data leaves whose meaning a conversation changes (the
+    launcher converts the splits; the agent loop checks each opening against the prompt limit;
+    the response region holds every turn and observation after the opening)."""
+
+    def switch(spec: ExperimentSpec) -> dict[str, Any]:
+        return {f"{ROLLOUT}.agent.default_agent_loop": VERL_AGENT_NAME,
+                f"{ROLLOUT}.agent.agent_loop_config_path": f"{RUN_DIR}/{AGENT_LOOPS_FILE}"}
+
+    rules = conversation_rules(
+        "verl", switch,
+        total_tokens=lambda s: {"data.max_response_length": total_limit(s)
+                                - s.data.max_prompt_tokens})
+    if not k.keys.agent_loop:
+        refuse_kind = rules["environment.kind"]
+
+        def kind(value: Any, spec: ExperimentSpec) -> Outcome:
+            if value == "single_turn":
+                return refuse_kind(value, spec)
+            return Refused("the conversation shim implements verl 0.9.1's agent loop "
+                           "interface; earlier releases' agent loops are not translated")
+
+        rules["environment.kind"] = kind
+    single = {path: rule for path, rule in _data_rules_single(k).items()}
+    for path, conversation in _data_rules_conversation().items():
+        rules[path] = _either(single[path], conversation)
+    return rules
+
+
+def _data_rules_single(k: _Keys) -> dict[str, Rule]:
+    return {"data.train.uri": _data_file("data.train_files"),
+            "data.validation": _no_validation,
+            "data.validation.uri": _data_file("data.val_files"),
+            "data.train.prompt_field": to("data.prompt_key"),
+            "data.validation.prompt_field": to("data.prompt_key"),
+            "data.max_response_tokens": to("data.max_response_length"),
+            "data.prompt_overflow": _prompt_overflow(k)}
+
+
+def _data_rules_conversation() -> dict[str, Rule]:
+    def split(name: str, key: str) -> Rule:
+        def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+            return Pinned({key: f"{CONVERTED}/{name}.jsonl"}, "converted by the launcher: the "
+                          "original row (what reset receives) and the prompt field as chat "
+                          "messages")
+
+        return rule
+
+    converted = Pinned({"data.prompt_key": "prompt"}, "read by the launcher, which converts "
+                       "the split")
+    return {"data.train.uri": split("train", "data.train_files"),
+            "data.validation": lambda v, s: Pinned({"data.val_files": f"{CONVERTED}/train.jsonl"},
+                                                   "no validation split: the converted train "
+                                                   "split, never evaluated"),
+            "data.validation.uri": split("validation", "data.val_files"),
+            "data.train.prompt_field": lambda v, s: converted,
+            "data.validation.prompt_field": lambda v, s: converted,
+            "data.max_response_tokens": lambda v, s: Pinned({
+                "data.max_response_length": total_limit(s) - s.data.max_prompt_tokens},
+                "the turn limit when environment.max_turn_tokens is null; verl's response "
+                "region holds every turn and observation after the opening"),
+            "data.prompt_overflow": lambda v, s: Pinned(
+                {"data.filter_overlong_prompts": False}, "the agent loop renders each task's "
+                "opening with the chat template and the environment's tools; one over "
+                "data.max_prompt_tokens fails its conversation, which stops the run")}
+
+
+def _either(single: Rule, conversation: Rule) -> Rule:
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        return (conversation if is_conversation(spec) else single)(value, spec)
+
+    return rule
+
+
+def _conversation_files(spec: ExperimentSpec, ctx: LaunchContext) -> dict[str, str]:
+    """The shim, its settings (JSON) and the agent-loop registration verl reads (YAML of two
+    fixed names: nothing from the spec)."""
+    import json as _json
+
+    base = Path(ctx.base_dir or ".")
+    splits = {}
+    for name in ("train", "validation"):
+        split = getattr(spec.data, name)
+        if split is not None:
+            source = local_path(split.uri, base)
+            if source is None:
+                raise InvalidInput(f"data.{name}.uri: the verl conversation launch converts "
+                                   "local split files only")
+            splits[name] = {"source": str(source.resolve()), "prompt_field": split.prompt_field}
+    assert spec.environment.entrypoint is not None
+    env_file = local_path(spec.environment.entrypoint.rpartition(":")[0], base)
+    if env_file is None:
+        raise InvalidInput("environment.entrypoint: the environment file must be local")
+    settings = conversation_settings(spec, str(env_file.resolve()), pinned_model_path(spec),
+                                     splits)
+    return {**shim_files("verl_agent_loop.py"),
+            CONVERSATION_FILE: _json.dumps(settings, indent=2, sort_keys=True),
+            AGENT_LOOPS_FILE: f"- name: {VERL_AGENT_NAME}\n  _target_: {VERL_AGENT_TARGET}\n"}
 
 
 def _artifact(path: Path, attempt_dir: Path, step: int) -> Artifact:

@@ -9,10 +9,11 @@ its own keys: ``{**external_rules("verl"), ...}``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .hub import revision_outcome
-from .rules import Outcome, Pinned, Refused, Rule, carried, na, only, refuse
+from .rules import Hardcoded, Outcome, Pinned, Refused, Rule, carried, hardcoded, na, only, refuse
 from .spec import ExperimentSpec
 
 VERIFIED = "checked against the file's sha256 by stateset-backend before launch"
@@ -76,3 +77,128 @@ def zero_variance_rule(engine: str, refill: str, when_excluded: dict[str, Any]) 
         return Pinned(dict(when_excluded))
 
     return rule
+
+
+# -- conversations (multi_turn / tool_use) on external engines ------------------------------
+# Every external engine runs the spec's environment through a fixed shim of ours
+# (adapters/agent_shims): the same worker process, deadline, checks and failure rule on each.
+CONVERSATION_FILE = "stateset_conversation.json"
+FAILURE_LOG = "environment-failures.jsonl"
+SHIM_CARRIED = ("the environment class is imported by path in the shim's worker process, "
+                "after its sha256 is checked again there")
+MASKED = ("only the assistant's sampled tokens carry loss: openings, observations and tool "
+          "results are context")
+
+
+def is_conversation(spec: ExperimentSpec) -> bool:
+    return spec.environment.kind != "single_turn"
+
+
+def turn_limit(spec: ExperimentSpec) -> int:
+    """Tokens per assistant turn: environment.max_turn_tokens, else data.max_response_tokens."""
+    return spec.environment.max_turn_tokens or spec.data.max_response_tokens
+
+
+def total_limit(spec: ExperimentSpec) -> int:
+    """Tokens of a whole conversation (opening, assistant and environment tokens)."""
+    env = spec.environment
+    return env.max_total_tokens or spec.data.max_prompt_tokens + env.max_turns * turn_limit(spec)
+
+
+def conversation_settings(spec: ExperimentSpec, environment_file: str, model: str,
+                          splits: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """What the shims read (as JSON, never as source): the environment's file, class and
+    digest, the limits, the reward placement, the deadline and the splits to convert."""
+    env = spec.environment
+    assert env.entrypoint is not None and env.sha256 is not None
+    return {"environment": {"path": environment_file,
+                            "class": env.entrypoint.rpartition(":")[2], "sha256": env.sha256},
+            "max_turns": env.max_turns, "max_turn_tokens": turn_limit(spec),
+            "max_total_tokens": total_limit(spec), "max_prompt_tokens": spec.data.max_prompt_tokens,
+            "reward_placement": env.reward_placement, "turn_discount": env.turn_discount,
+            "step_timeout_s": env.step_timeout_s, "max_failed_share": env.max_failed_share,
+            "model": model, "splits": splits}
+
+
+def _conversation_refusals(spec: ExperimentSpec, engine: str) -> list[str]:
+    """Settings whose single-response meaning does not carry over to a conversation (the
+    native engine refuses the same ones)."""
+    alg, problems = spec.algorithm, []
+    if alg.kl is not None and alg.kl.placement == "reward":
+        problems.append("algorithm.kl.placement reward: for conversations KL goes in the loss "
+                        "only")
+    if alg.overlong is not None:
+        problems.append("algorithm.overlong: the overlong penalty is defined on one response")
+    if alg.dynamic_sampling is not None:
+        problems.append("algorithm.dynamic_sampling: batches of conversations are not refilled")
+    if spec.data.prompt_overflow in ("truncate_left", "truncate_right"):
+        problems.append(f"data.prompt_overflow {spec.data.prompt_overflow}: an opening is never "
+                        "truncated")
+    if not spec.data.chat_template:
+        problems.append(f"data.chat_template false: the {engine} shim renders conversations "
+                        "with the model's chat template")
+    return problems
+
+
+def conversation_rules(engine: str, switch: Callable[[ExperimentSpec], dict[str, Any]],
+                       turns: Callable[[ExperimentSpec], dict[str, Any]] | None = None,
+                       turn_tokens: Callable[[ExperimentSpec], dict[str, Any]] | None = None,
+                       total_tokens: Callable[[ExperimentSpec], dict[str, Any]] | None = None,
+                       cuts_turns_at_total: bool = False) -> dict[str, Rule]:
+    """The environment leaves on an external engine whose shim runs conversations.
+
+    ``switch`` gives the native keys that hand rollouts to the shim; ``turns``,
+    ``turn_tokens`` and ``total_tokens`` the engine's own keys for the limits, where its loop
+    reads them (the shim enforces every limit itself as well). ``cuts_turns_at_total``: the
+    engine's own loop starts a turn with fewer than the turn limit left and cuts it at the
+    total (declared as ``turn_cut_at_total_limit``), where the native engine ends the
+    conversation instead."""
+
+    def kind(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == "single_turn":
+            return Pinned({}, "single-turn rollout")
+        problems = _conversation_refusals(spec, engine)
+        if problems:
+            return Refused("; ".join(problems))
+        return Pinned(switch(spec), f"the {engine} shim runs each conversation; {MASKED}")
+
+    def keys(native: Callable[[ExperimentSpec], dict[str, Any]] | None, how: str) -> Rule:
+        def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+            keys = native(spec) if native else {}
+            return Pinned(keys, how if is_conversation(spec) else
+                          "single-turn: one response per prompt")
+
+        return rule
+
+    def total(value: Any, spec: ExperimentSpec) -> Outcome:
+        native = total_tokens(spec) if total_tokens else {}
+        if cuts_turns_at_total:
+            return Hardcoded("a last turn may start with fewer tokens left and is cut at the "
+                             "total", "turn_cut_at_total_limit", native)
+        return Pinned(native, f"{total_limit(spec)} tokens, counting the opening, every "
+                              "assistant turn and every observation; a turn starts only if a "
+                              "whole turn still fits")
+
+    return {
+        "environment.kind": kind,
+        "environment.entrypoint": carried(SHIM_CARRIED),
+        "environment.sha256": carried(VERIFIED + ", and again by the shim's worker"),
+        "environment.max_turns": keys(turns, "the shim ends a conversation after max_turns "
+                                             "assistant turns"),
+        "environment.max_turn_tokens": keys(turn_tokens, "each turn samples at most the turn "
+                                                         "limit"),
+        "environment.max_total_tokens": total,
+        "environment.reward_placement": hardcoded(
+            "final", "per_turn_credit_is_the_return"),
+        "environment.turn_discount": carried("the shim's return G_0 = sum_k gamma^k r_k"),
+        "environment.step_timeout_s": carried("the shim kills a worker that misses the "
+                                              "deadline and records the failure"),
+        "environment.max_failed_share": only(
+            lambda v: v == 0, f"{engine} cannot leave a failed conversation out of its "
+            "group's baseline; only max_failed_share 0 (the first failure stops the run) is "
+            "honoured", carried(f"the first environment failure stops the run before its "
+                                f"update, recorded in {FAILURE_LOG}")),
+        "reward.kind": lambda v, s: Pinned({}, f"the environment's rewards, through the "
+                                               f"{engine} shim")
+        if v == "environment" else external_rules(engine)["reward.kind"](v, s),
+    }
