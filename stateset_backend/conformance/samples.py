@@ -40,15 +40,27 @@ REWARD_SOURCE = '''"""Conformance sample reward: 1 when the answer appears in th
 def score(prompt, response, answer):
     return float(str(answer) in str(response))
 '''
-ENVIRONMENT_SOURCE = '''"""Conformance sample environment: an empty observation every turn."""
+ENVIRONMENT_SOURCE = '''"""Conformance sample environments (docs/environments.md)."""
 
 
 class Env:
-    def reset(self, row):
-        return []
+    def reset(self, task):
+        return [{"role": "user", "content": task["prompt"]}]
 
     def step(self, messages):
-        return [], 0.0, True
+        return {"observations": [], "reward": 0.0, "done": True}
+
+
+class ToolEnv(Env):
+    tools = [{"type": "function", "function": {
+        "name": "lookup", "description": "look the answer up",
+        "parameters": {"type": "object", "properties": {}}}}]
+
+    def step(self, messages):
+        if messages[-1].get("tool_calls"):
+            return {"observations": [{"role": "tool", "name": "lookup", "content": "42"}],
+                    "reward": 0.0, "done": False}
+        return {"observations": [], "reward": 1.0, "done": True}
 '''
 
 
@@ -69,7 +81,9 @@ class SampleFiles:
                 "sha256": self.sha256["reward.py"]}
 
     def environment(self, kind: str) -> dict[str, Any]:
-        return {"kind": kind, "entrypoint": "env.py:Env", "sha256": self.sha256["env.py"],
+        """A conversation: ``tool_use`` talks with the environment that declares a tool."""
+        name = "ToolEnv" if kind == "tool_use" else "Env"
+        return {"kind": kind, "entrypoint": f"env.py:{name}", "sha256": self.sha256["env.py"],
                 "max_turns": 2}
 
 
