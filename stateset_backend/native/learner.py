@@ -110,8 +110,8 @@ def gae_targets(batch: RolloutBatch, algorithm: Algorithm,
     if token_penalty is not None:
         rewards = rewards - token_penalty.double() * mask
     values = torch.nan_to_num(batch.values.double(), nan=0.0)
-    advantages, returns = objectives.gae_advantages_returns(rewards, values, mask,
-                                                            gamma=gae.gamma, lam=gae.lam)
+    estimator = objectives.CRITIC_ESTIMATORS[objectives.RECIPES[algorithm.objective][0]]
+    advantages, returns = estimator(rewards, values, mask, gamma=gae.gamma, lam=gae.lam)
     if adv.std_normalize:
         advantages = objectives.whiten_tokens(advantages, mask, unbiased=adv.std == "unbiased",
                                               eps=adv.epsilon)

@@ -79,7 +79,7 @@ RECIPES: dict[str, tuple[str, str]] = {
     "cispo": ("group", "cispo"),
     "rloo": ("leave_one_out", "clipped"),
     "reinforce_pp": ("group", "clipped"),
-    # "gae": token advantages from a learned critic (gae_advantages_returns), not a baseline
+    # "gae": token advantages from a learned critic (CRITIC_ESTIMATORS), not a baseline
     "ppo": ("gae", "clipped"),
 }
 
@@ -413,6 +413,11 @@ def whiten_tokens(values: Tensor, mask: Tensor, *, unbiased: bool, eps: float,
         var = var * n / (n - 1).clamp(min=1)
     scale = (var + eps).sqrt() if eps_on_variance else var.sqrt() + eps
     return (values - mean) / scale
+
+
+# advantage estimators that bootstrap from a learned critic, by RECIPES name
+CRITIC_ESTIMATORS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
+    "gae": gae_advantages_returns}
 
 
 @dataclass(frozen=True)

@@ -230,7 +230,7 @@ def test_every_objective_the_native_contract_promises_has_a_recipe():
                 if c.startswith("objective:")}
     assert promised == set(O.RECIPES)
     for estimator, loss in O.RECIPES.values():
-        assert estimator in O.ADVANTAGES and loss in O.POLICY_LOSSES
+        assert estimator in {**O.ADVANTAGES, **O.CRITIC_ESTIMATORS} and loss in O.POLICY_LOSSES
 
 
 def test_every_spec_choice_has_a_registered_function():
