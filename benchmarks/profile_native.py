@@ -1,0 +1,102 @@
+"""Where the native engine's time goes: one run of the README's job, timed by phase.
+
+The phases are the loop's own steps: sampling (KV-cache generation that records each token's
+log-prob), scoring (the reward function), reference log-probs (the frozen policy for the KL),
+the learner update (forward, backward, optimizer), validation, checkpoint writes and the
+records (metrics, receipts, trajectories). Each phase is timed by wrapping the function the
+trainer calls, so the trainer runs unmodified; "other" is the loop time no phase accounts for.
+
+    python benchmarks/profile_native.py [--updates 200] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SPEC = EXAMPLES / "support-routing.json"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=200)
+    parser.add_argument("--out", type=Path,
+                        default=ROOT / "benchmarks" / "results" / "profile_native.json")
+    args = parser.parse_args()
+
+    from stateset_backend.core.digest import experiment_digest
+    from stateset_backend.core.specfile import parse_spec
+    from stateset_backend.native import trainer as trainer_module
+    from stateset_backend.native.trainer import RunSettings, Trainer
+
+    doc = json.loads(SPEC.read_text())
+    doc["budget"]["total_updates"] = args.updates
+    spec = parse_spec(doc)
+    spent: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+
+    active: list[str] = []
+
+    def timed(phase: str, fn: Any) -> Any:
+        """Time ``fn`` as ``phase``, unless it runs inside another phase (validation samples
+        and scores too), whose time already counts it."""
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            if active:
+                return fn(*a, **kw)
+            active.append(phase)
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[phase] += time.perf_counter() - t0
+                calls[phase] += 1
+                active.pop()
+        return wrapper
+
+    # module-level names the trainer calls, and its own methods
+    trainer_module.sample = timed("sampling", trainer_module.sample)
+    trainer_module.reference_logprobs = timed("reference log-probs",
+                                              trainer_module.reference_logprobs)
+    trainer_module.update = timed("learner update", trainer_module.update)
+    for method, phase in [("validate", "validation"), ("save_checkpoint", "checkpoint writes"),
+                          ("log_metrics", "records"), ("write_receipt", "records"),
+                          ("_write_trajectories", "records"), ("commit", "records"),
+                          ("save_final", "final model")]:
+        setattr(Trainer, method, timed(phase, getattr(Trainer, method)))
+
+    out = ROOT / "benchmarks" / "results" / "profile-run"
+    if out.exists():
+        import shutil
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    trainer = Trainer(RunSettings("profile", experiment_digest(spec), spec, EXAMPLES), out)
+    reward_fn = trainer.reward_fn
+    trainer.reward_fn = timed("scoring", reward_fn)
+    t0 = time.perf_counter()
+    trainer.train()
+    total = time.perf_counter() - t0
+    accounted = sum(spent.values())
+    phases = {k: round(v, 3) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+    report = {"updates": args.updates, "total_s": round(total, 3),
+              "updates_per_second": round(args.updates / total, 3),
+              "phases_s": phases, "calls": dict(calls),
+              "other_s": round(total - accounted, 3)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{args.updates} updates in {total:.1f} s ({args.updates / total:.2f} updates/s)")
+    for phase, seconds in phases.items():
+        print(f"  {phase:22} {seconds:8.2f} s  {100 * seconds / total:5.1f}%  "
+              f"({calls[phase]} calls)")
+    print(f"  {'other':22} {total - accounted:8.2f} s")
+
+
+if __name__ == "__main__":
+    main()
