@@ -66,10 +66,11 @@ def main() -> None:
     trainer_module.reference_logprobs = timed("reference log-probs",
                                               trainer_module.reference_logprobs)
     trainer_module.update = timed("learner update", trainer_module.update)
-    for method, phase in [("validate", "validation"), ("save_checkpoint", "checkpoint writes"),
-                          ("log_metrics", "records: metrics"), ("write_receipt", "records: receipts"),
-                          ("_write_trajectories", "records: trajectories"), ("commit", "records: run info"),
-                          ("save_final", "final model")]:
+    for method, phase in [
+            ("validate", "validation"), ("save_checkpoint", "checkpoint writes"),
+            ("log_metrics", "records: metrics"), ("write_receipt", "records: receipts"),
+            ("_write_trajectories", "records: trajectories"), ("commit", "records: run info"),
+            ("save_final", "final model")]:
         setattr(Trainer, method, timed(phase, getattr(Trainer, method)))
 
     out = ROOT / "benchmarks" / "results" / "profile-run"

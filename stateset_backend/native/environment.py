@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import math
 import multiprocessing
 import os
 import time
@@ -29,9 +28,9 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from ..adapters.agent_shims import environment_shim as env_rules
+from ..adapters.agent_shims.environment_shim import StepResult
 from ..core.content import sha256_file
-
-OBSERVATION_ROLES = frozenset({"user", "tool", "system"})
 
 
 class EnvironmentLoadError(ValueError):
@@ -96,58 +95,22 @@ def load_class(ref: EnvironmentRef) -> type:
 
 
 # -- validation of what an environment returns --------------------------------------------
-def _message_problem(msg: Any, where: str) -> str | None:
-    if not isinstance(msg, dict):
-        return f"{where} is not a message object"
-    role, content = msg.get("role"), msg.get("content")
-    if role not in OBSERVATION_ROLES:
-        return f"{where} has role {role!r}; observations are user, tool or system messages"
-    if not isinstance(content, str):
-        return f"{where} has no string content"
-    if role == "tool" and not isinstance(msg.get("name"), str):
-        return f"{where} is a tool result without the tool's name"
-    return None
-
-
+# One implementation of the environment's output rules: the module external engines run.
 def check_opening(value: Any) -> list[dict[str, Any]] | Failure:
     """reset(task) must return a non-empty list of user/system/tool messages."""
-    if not isinstance(value, list) or not value:
-        return Failure("reset returned no list of opening messages")
-    for i, msg in enumerate(value):
-        problem = _message_problem(msg, f"opening message {i}")
-        if problem:
-            return Failure(f"reset: {problem}")
-    return value
-
-
-@dataclass(frozen=True)
-class StepResult:
-    observations: list[dict[str, Any]]
-    reward: float
-    done: bool
+    try:
+        return env_rules.check_opening(value)
+    except env_rules.EnvironmentFailed as exc:
+        return Failure(str(exc))
 
 
 def check_step(value: Any) -> StepResult | Failure:
     """step(messages) must return {"observations": [...], "reward": finite number,
     "done": bool}; nothing else is accepted, so a reward is never guessed."""
-    if not isinstance(value, dict):
-        return Failure("step returned no object")
-    extra = set(value) - {"observations", "reward", "done"}
-    if extra:
-        return Failure(f"step returned unknown keys {sorted(extra)}")
-    obs, reward, done = value.get("observations"), value.get("reward"), value.get("done")
-    if not isinstance(obs, list):
-        return Failure("step returned no observations list")
-    for i, msg in enumerate(obs):
-        problem = _message_problem(msg, f"observation {i}")
-        if problem:
-            return Failure(f"step: {problem}")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or \
-            not math.isfinite(reward):
-        return Failure(f"step returned reward {reward!r}, not a finite number")
-    if not isinstance(done, bool):
-        return Failure(f"step returned done {done!r}, not a boolean")
-    return StepResult(obs, float(reward), done)
+    try:
+        return env_rules.check_step(value)
+    except env_rules.EnvironmentFailed as exc:
+        return Failure(str(exc))
 
 
 @dataclass(frozen=True)
@@ -159,31 +122,19 @@ class Tool:
 
 
 def check_tools(value: Any) -> list[Tool]:
-    """The class attribute ``tools``: JSON-schema function specs, in the OpenAI form
-    ``{"type": "function", "function": {"name", "description", "parameters"}}`` or as the bare
-    function object."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise EnvironmentLoadError("tools must be a list of JSON-schema function specs")
+    """The class attribute ``tools`` (the rules in ``env_rules.check_tools``), with each tool's
+    parameter names and types in schema order, which is how positional calls are read."""
+    try:
+        specs = env_rules.check_tools(value)
+    except env_rules.EnvironmentFailed as exc:
+        raise EnvironmentLoadError(str(exc)) from None
     tools: list[Tool] = []
-    for i, spec in enumerate(value):
-        fn = spec.get("function", spec) if isinstance(spec, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or \
-                not fn["name"] or any(c.isspace() for c in fn["name"]):
-            raise EnvironmentLoadError(f"tool {i} has no name (one word)")
-        params = fn.get("parameters", {"type": "object", "properties": {}})
-        props = params.get("properties", {}) if isinstance(params, dict) else None
-        if not isinstance(params, dict) or params.get("type", "object") != "object" or \
-                not isinstance(props, dict):
-            raise EnvironmentLoadError(f"tool {fn['name']!r}: parameters must be a JSON schema "
-                                    "of type object with properties")
+    for original, spec in zip(value or [], specs, strict=True):
+        fn = spec["function"]
+        props = fn["parameters"].get("properties", {})
         types = tuple(str(p.get("type", "string")) if isinstance(p, dict) else "string"
                       for p in props.values())
-        tools.append(Tool(fn["name"], tuple(props), types, json.loads(json.dumps(spec))))
-    names = [t.name for t in tools]
-    if len(set(names)) != len(names):
-        raise EnvironmentLoadError(f"tool names repeat: {names}")
+        tools.append(Tool(fn["name"], tuple(props), types, json.loads(json.dumps(original))))
     return tools
 
 

@@ -57,8 +57,8 @@ def here_config() -> dict[str, Any]:
     return load_config(Path(__file__).resolve().parent)
 
 
-# -- what an environment may return (the native engine's rules) ----------------------------
-def _message_problem(msg: Any, where: str) -> str | None:
+# -- what an environment may return: the one implementation, the native engine's too ---------
+def message_problem(msg: Any, where: str) -> str | None:
     if not isinstance(msg, dict):
         return f"{where} is not a message object"
     role, content = msg.get("role"), msg.get("content")
@@ -76,7 +76,7 @@ def check_opening(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise EnvironmentFailed("reset returned no list of opening messages")
     for i, msg in enumerate(value):
-        problem = _message_problem(msg, f"opening message {i}")
+        problem = message_problem(msg, f"opening message {i}")
         if problem:
             raise EnvironmentFailed(f"reset: {problem}")
     return value
@@ -101,7 +101,7 @@ def check_step(value: Any) -> StepResult:
     if not isinstance(obs, list):
         raise EnvironmentFailed("step returned no observations list")
     for i, msg in enumerate(obs):
-        problem = _message_problem(msg, f"observation {i}")
+        problem = message_problem(msg, f"observation {i}")
         if problem:
             raise EnvironmentFailed(f"step: {problem}")
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or \
@@ -113,7 +113,9 @@ def check_step(value: Any) -> StepResult:
 
 
 def check_tools(value: Any) -> list[dict[str, Any]]:
-    """The class attribute ``tools`` as OpenAI function specs (what chat templates render)."""
+    """The class attribute ``tools``: JSON-schema function specs, in the OpenAI form
+    ``{"type": "function", "function": {"name", "description", "parameters"}}`` or as the bare
+    function object; returned in the OpenAI form (what chat templates render)."""
     if value is None:
         return []
     if not isinstance(value, list):
@@ -121,12 +123,15 @@ def check_tools(value: Any) -> list[dict[str, Any]]:
     specs: list[dict[str, Any]] = []
     for i, spec in enumerate(value):
         fn = spec.get("function", spec) if isinstance(spec, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise EnvironmentFailed(f"tool {i} has no name")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or \
+                not fn["name"] or any(c.isspace() for c in fn["name"]):
+            raise EnvironmentFailed(f"tool {i} has no name (one word)")
         params = fn.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(params, dict) or params.get("type", "object") != "object":
-            raise EnvironmentFailed(f"tool {fn['name']!r}: parameters must be a JSON schema of "
-                                    "type object")
+        props = params.get("properties", {}) if isinstance(params, dict) else None
+        if not isinstance(params, dict) or params.get("type", "object") != "object" or \
+                not isinstance(props, dict):
+            raise EnvironmentFailed(f"tool {fn['name']!r}: parameters must be a JSON schema "
+                                    "of type object with properties")
         specs.append({"type": "function", "function": {**fn, "parameters": params}})
     names = [s["function"]["name"] for s in specs]
     if len(set(names)) != len(names):
