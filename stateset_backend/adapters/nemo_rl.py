@@ -42,10 +42,11 @@ from ..plugin import (
     carried,
     conversation_rules,
     conversation_settings,
+    environment_file,
     external_rules,
     hardcoded,
     is_conversation,
-    local_path,
+    local_splits,
     only,
     overrides,
     pinned_model_path,
@@ -264,13 +265,7 @@ class NemoRLAdapter(EngineAdapter):
         native = with_owned_keys("nemo-rl", translation.native, owned)
         keys: NemoRLKeys = self.keys(ctx.dialect)
         config = f"{ENGINE_HOME}/{keys.config}"
-        splits = {}
-        for name in ("train", "validation"):
-            split = getattr(spec.data, name)
-            if split is not None:
-                splits[name] = {"source": str(local_path(split.uri, base)),
-                                "prompt_field": split.prompt_field,
-                                "answer_field": split.answer_field}
+        splits = local_splits(spec, base, "NeMo RL", "prompt_field", "answer_field")
         ds = spec.algorithm.dynamic_sampling
         rounds = 1 + (ds.max_rounds if ds is not None else 0)
         prepare = {"splits": splits, "model": pinned_model_path(spec),
@@ -286,7 +281,7 @@ class NemoRLAdapter(EngineAdapter):
             prepare["conversation"] = True
             files[launcher.CONFIG_FILE] = json.dumps(prepare, indent=2, sort_keys=True)
             files[CONVERSATION_FILE] = json.dumps(conversation_settings(
-                spec, _environment_file(spec, base), pinned_model_path(spec), splits),
+                spec, environment_file(spec, base), pinned_model_path(spec), splits),
                 indent=2, sort_keys=True)
             files.update(shim_files("nemo_rl_environment.py"))
         else:
@@ -384,13 +379,6 @@ def _environment_keys(k: NemoRLKeys, spec: ExperimentSpec) -> dict[str, Any]:
             f"{k.data_defaults}.processor": CONVERSATION_PROCESSOR,
             f"+env.{CONVERSATION_ENV}": {"entrypoint": env.entrypoint, "sha256": env.sha256}}
 
-
-def _environment_file(spec: ExperimentSpec, base: Path) -> str:
-    assert spec.environment.entrypoint is not None
-    path = local_path(spec.environment.entrypoint.rpartition(":")[0], base)
-    if path is None:
-        raise InvalidInput("environment.entrypoint: the environment file must be local")
-    return str(path.resolve())
 
 
 def _ratio_level(value: Any, spec: ExperimentSpec) -> Outcome:

@@ -38,15 +38,18 @@ from ..plugin import (
     Uncountable,
     Unsupported,
     atomic_write_bytes,
+    by_conversation,
     carried,
     conversation_rules,
     conversation_settings,
     disabled_when_none,
+    environment_file,
     even_split,
     external_rules,
     hardcoded,
     is_conversation,
     local_path,
+    local_splits,
     only,
     pinned_model_path,
     reward_shim,
@@ -700,15 +703,9 @@ def _conversation_rules(f: OpenRLHFKeys, single: dict[str, Any]) -> dict[str, An
                                                     "conversation, which stops the run"),
     }
     for path, rule in conversation.items():
-        rules[path] = _either(single[path], rule)
+        rules[path] = by_conversation(single[path], rule)
     return rules
 
-
-def _either(single: Any, conversation: Any) -> Any:
-    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
-        return (conversation if is_conversation(spec) else single)(value, spec)
-
-    return rule
 
 
 def _conversation_files(spec: ExperimentSpec, ctx: LaunchContext) -> dict[str, str]:
@@ -717,21 +714,9 @@ def _conversation_files(spec: ExperimentSpec, ctx: LaunchContext) -> dict[str, s
     import json
 
     base = Path(ctx.base_dir or ".")
-    splits = {}
-    for name in ("train", "validation"):
-        split = getattr(spec.data, name)
-        if split is not None:
-            source = local_path(split.uri, base)
-            if source is None:
-                raise InvalidInput(f"data.{name}.uri: the OpenRLHF conversation launch "
-                                   "converts local split files only")
-            splits[name] = {"source": str(source.resolve()), "prompt_field": split.prompt_field}
-    assert spec.environment.entrypoint is not None
-    env_file = local_path(spec.environment.entrypoint.rpartition(":")[0], base)
-    if env_file is None:
-        raise InvalidInput("environment.entrypoint: the environment file must be local")
-    settings = conversation_settings(spec, str(env_file.resolve()), pinned_model_path(spec),
-                                     splits)
+    settings = conversation_settings(spec, environment_file(spec, base), pinned_model_path(spec),
+                                     local_splits(spec, base, "OpenRLHF conversation",
+                                                  "prompt_field"))
     return {**shim_files("openrlhf_agent.py"),
             CONVERSATION_FILE: json.dumps(settings, indent=2, sort_keys=True)}
 

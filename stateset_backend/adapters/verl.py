@@ -26,7 +26,6 @@ from ..plugin import (
     EngineAdapter,
     ExperimentSpec,
     Hardcoded,
-    InvalidInput,
     LaunchContext,
     NativeLaunch,
     Outcome,
@@ -35,14 +34,17 @@ from ..plugin import (
     Rule,
     RuleSet,
     Translation,
+    by_conversation,
     carried,
     conversation_rules,
     conversation_settings,
+    environment_file,
     even_split,
     external_rules,
     hardcoded,
     is_conversation,
     local_path,
+    local_splits,
     only,
     overrides,
     pinned_model_path,
@@ -711,7 +713,7 @@ def _conversation_rules(k: _Keys) -> dict[str, Rule]:
         rules["environment.kind"] = kind
     single = {path: rule for path, rule in _data_rules_single(k).items()}
     for path, conversation in _data_rules_conversation().items():
-        rules[path] = _either(single[path], conversation)
+        rules[path] = by_conversation(single[path], conversation)
     return rules
 
 
@@ -753,12 +755,6 @@ def _data_rules_conversation() -> dict[str, Rule]:
                 "data.max_prompt_tokens fails its conversation, which stops the run")}
 
 
-def _either(single: Rule, conversation: Rule) -> Rule:
-    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
-        return (conversation if is_conversation(spec) else single)(value, spec)
-
-    return rule
-
 
 def _conversation_files(spec: ExperimentSpec, ctx: LaunchContext) -> dict[str, str]:
     """The shim, its settings (JSON) and the agent-loop registration verl reads (YAML of two
@@ -766,21 +762,9 @@ def _conversation_files(spec: ExperimentSpec, ctx: LaunchContext) -> dict[str, s
     import json as _json
 
     base = Path(ctx.base_dir or ".")
-    splits = {}
-    for name in ("train", "validation"):
-        split = getattr(spec.data, name)
-        if split is not None:
-            source = local_path(split.uri, base)
-            if source is None:
-                raise InvalidInput(f"data.{name}.uri: the verl conversation launch converts "
-                                   "local split files only")
-            splits[name] = {"source": str(source.resolve()), "prompt_field": split.prompt_field}
-    assert spec.environment.entrypoint is not None
-    env_file = local_path(spec.environment.entrypoint.rpartition(":")[0], base)
-    if env_file is None:
-        raise InvalidInput("environment.entrypoint: the environment file must be local")
-    settings = conversation_settings(spec, str(env_file.resolve()), pinned_model_path(spec),
-                                     splits)
+    settings = conversation_settings(spec, environment_file(spec, base), pinned_model_path(spec),
+                                     local_splits(spec, base, "verl conversation",
+                                                  "prompt_field"))
     return {**shim_files("verl_agent_loop.py"),
             CONVERSATION_FILE: _json.dumps(settings, indent=2, sort_keys=True),
             AGENT_LOOPS_FILE: f"- name: {VERL_AGENT_NAME}\n  _target_: {VERL_AGENT_TARGET}\n"}

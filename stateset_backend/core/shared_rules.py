@@ -10,9 +10,12 @@ its own keys: ``{**external_rules("verl"), ...}``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from .errors import InvalidInput
 from .hub import revision_outcome
+from .inputs import local_path
 from .rules import Hardcoded, Outcome, Pinned, Refused, Rule, carried, hardcoded, na, only, refuse
 from .spec import ExperimentSpec
 
@@ -118,6 +121,40 @@ def conversation_settings(spec: ExperimentSpec, environment_file: str, model: st
             "reward_placement": env.reward_placement, "turn_discount": env.turn_discount,
             "step_timeout_s": env.step_timeout_s, "max_failed_share": env.max_failed_share,
             "model": model, "splits": splits}
+
+
+def local_splits(spec: ExperimentSpec, base_dir: Path, engine: str,
+                 *fields: str) -> dict[str, dict[str, str]]:
+    """The train and validation files an engine's launcher converts, with the named row fields
+    (e.g. ``prompt_field``); a split that is not a local file cannot be converted."""
+    splits = {}
+    for name in ("train", "validation"):
+        split = getattr(spec.data, name)
+        if split is not None:
+            source = local_path(split.uri, base_dir)
+            if source is None:
+                raise InvalidInput(f"data.{name}.uri: the {engine} launch converts local split "
+                                   "files only")
+            splits[name] = {"source": str(source.resolve()),
+                            **{f: getattr(split, f) for f in fields}}
+    return splits
+
+
+def environment_file(spec: ExperimentSpec, base_dir: Path) -> str:
+    """The environment class's file, which the shims load by path (never as source)."""
+    assert spec.environment.entrypoint is not None
+    path = local_path(spec.environment.entrypoint.rpartition(":")[0], base_dir)
+    if path is None:
+        raise InvalidInput("environment.entrypoint: the environment file must be local")
+    return str(path.resolve())
+
+
+def by_conversation(single: Rule, conversation: Rule) -> Rule:
+    """A leaf answered one way for single-turn specs and another for conversations."""
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        return (conversation if is_conversation(spec) else single)(value, spec)
+
+    return rule
 
 
 def _conversation_refusals(spec: ExperimentSpec, engine: str) -> list[str]:
