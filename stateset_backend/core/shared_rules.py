@@ -37,6 +37,12 @@ def external_rules(engine: str) -> dict[str, Rule]:
                                  f"not translated for {engine}", carried("single-turn rollout")),
         "environment.max_turns": carried("single-turn: one response per prompt"),
         "evaluation.select_by": refuse_selection(engine),
+        "algorithm.sft": refuse(f"supervised fine-tuning (objective sft) is not translated for "
+                                f"{engine}; run it on the native engine"),
+        "model.from_run": only(lambda v: v is None, f"{engine} cannot start from a stored run's "
+                               "checkpoint (model.from_run); export its weights to a model "
+                               "directory and name that in model.path",
+                               carried("the weights are model.path's")),
     }
 
 
