@@ -46,6 +46,19 @@ def external_rules(engine: str) -> dict[str, Rule]:
     }
 
 
+def rl_objective(engine: str, rule: Rule) -> Rule:
+    """An RL engine's rule for ``algorithm.objective``: supervised fine-tuning is refused
+    before the engine's objective table is consulted."""
+
+    def guarded(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == "sft":
+            return Refused(f"{engine} is run here for RL objectives only: supervised "
+                           "fine-tuning (objective sft) runs on the native engine")
+        return rule(value, spec)
+
+    return guarded
+
+
 def refuse_selection(engine: str) -> Rule:
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
         return Refused(f"{engine} does not pick a checkpoint by a validation metric; set "
