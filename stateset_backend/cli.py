@@ -352,7 +352,7 @@ def _run_summary(result: Any, path: Path) -> str:
              f"{result.committed_updates}/{result.planned_updates} updates committed in "
              f"{result.duration_s:.1f}s"]
     summary, initial = result.metrics.summary, result.metrics.initial
-    for name in ("reward/mean", "val/reward/mean", "loss/policy", "kl"):
+    for name in ("reward/mean", "val/reward/mean", "loss/policy", "kl", "loss/sft", "val/loss"):
         if summary.get(name) is not None:
             start = initial.get(name)
             was = f"{start:.3f} -> " if start is not None and start != summary[name] else ""
@@ -383,9 +383,40 @@ def cmd_runs(args: argparse.Namespace) -> int:
         _emit(args, doc, f"run {args.run}: checkpoint of update {ver['update']} verified and "
                          f"reloaded ({ver['checkpoint']})" + (
                              "; quarantine cleared" if doc["was_quarantined"] else ""))
+    elif args.runs_command == "from-run":
+        return _from_run(args, store)
     else:
         count = store.reindex()
         _emit(args, {"indexed_attempts": count}, f"indexed {count} attempts from {store.root}")
+    return 0
+
+
+def _from_run(args: argparse.Namespace, store: Any) -> int:
+    """Print the ``model.from_run`` section naming a run's checkpoint, or write ``--spec`` with
+    it filled in to ``--output`` (beside the spec: its relative paths stay the spec folder's)."""
+    from .core import lineage
+    from .core.errors import InvalidInput
+    from .core.jsonio import atomic_write_json, read_json
+
+    ref = lineage.reference(store, _registry(), args.run, args.checkpoint).model_dump()
+    if args.spec is None:
+        if args.output is not None:
+            raise InvalidInput("--output writes the spec given with --spec")
+        _emit(args, ref, json.dumps(ref, indent=2))
+        return 0
+    if args.output is None:
+        raise InvalidInput("--spec needs --output FILE for the spec with model.from_run set")
+    doc = read_json(Path(args.spec), what="spec")
+    if not isinstance(doc.get("model"), dict):
+        raise InvalidInput(f"{args.spec}: has no model section to start from the run")
+    doc["model"]["from_run"] = ref
+    try:
+        atomic_write_json(Path(args.output), doc)
+    except OSError as exc:
+        raise InvalidInput(f"--output {args.output}: {exc.strerror or exc}") from None
+    _emit(args, {"from_run": ref, "spec": args.output},
+          f"{args.output}: model.from_run is run {ref['run_id']} checkpoint "
+          f"{ref['checkpoint']} (manifest sha256 {ref['sha256']})")
     return 0
 
 
@@ -629,6 +660,14 @@ def build_parser() -> argparse.ArgumentParser:
                             help="reload the run's newest checkpoint whole (hashes checked) and "
                                  "clear its quarantine; exit 6 if it does not")
     q.add_argument("run")
+    q = runs_sub.add_parser("from-run", parents=[common, store],
+                            help="the model.from_run section that starts another run from this "
+                                 "run's checkpoint (run id, checkpoint, manifest sha256)")
+    q.add_argument("run")
+    q.add_argument("--checkpoint", metavar="update-NNNNNN",
+                   help="this checkpoint instead of the newest complete one")
+    q.add_argument("--spec", help="a spec to fill in (with --output)")
+    q.add_argument("--output", help="where the filled-in spec is written")
     q = runs_sub.add_parser("export", parents=[common, store], help="log a run to a tracking "
                                                               "store (MLflow)")
     q.set_defaults(func=cmd_runs_export)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from stateset_backend.conformance.specs import FULL_DAPO, FULL_PPO
+from stateset_backend.conformance.specs import FULL_DAPO, FULL_PPO, FULL_SFT
 from stateset_backend.core.digest import experiment_digest, plan_checksum, sha256_of
 from stateset_backend.core.errors import InvalidInput
 from stateset_backend.core.jsonio import loads
@@ -121,7 +121,7 @@ def _other_value(draw: st.DrawFn, path: str, value: Any) -> Any:
     if isinstance(value, list):
         return [*value, draw(st.sampled_from(["k_proj", "v_proj", "o_proj"]))]
     if isinstance(value, str) and len(value) == 64 and set(value) <= set("0123456789abcdef"):
-        return draw(st.sampled_from("0123456789ef")) * 64
+        return draw(st.sampled_from([c for c in "0123456789ef" if c * 64 != value])) * 64
     if isinstance(value, str):
         return value + draw(st.text("abcxyz_", min_size=1, max_size=4))
     raise AssertionError(f"no mutation for {path}={value!r}")
@@ -144,16 +144,17 @@ def test_the_full_specs_cover_every_identity_leaf():
     sections = {p for p in paths if any(q.startswith(p + ".") for q in paths)}
     expected = {p for p in paths
                 if p.split(".")[0] not in NON_IDENTITY_FIELDS and p not in sections}
-    covered = set(_identity_leaves(FULL_DAPO)) | set(_identity_leaves(FULL_PPO))
+    covered = set(_identity_leaves(FULL_DAPO)) | set(_identity_leaves(FULL_PPO)) | \
+        set(_identity_leaves(FULL_SFT))
     assert expected <= covered, sorted(expected - covered)
 
 
-@pytest.mark.parametrize("base", ["dapo", "ppo"])
+@pytest.mark.parametrize("base", ["dapo", "ppo", "sft"])
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.filter_too_much,
                                                                  HealthCheck.too_slow])
 @given(data=st.data())
 def test_changing_any_identity_leaf_changes_the_digest(base, data):
-    full = copy.deepcopy(FULL_DAPO if base == "dapo" else FULL_PPO)
+    full = copy.deepcopy({"dapo": FULL_DAPO, "ppo": FULL_PPO, "sft": FULL_SFT}[base])
     normal = parse_spec(full).model_dump(mode="json")
     path = data.draw(st.sampled_from(_identity_leaves(full)), label="leaf")
     mutated = copy.deepcopy(normal)

@@ -164,6 +164,12 @@ class NativeAdapter(EngineAdapter):
         newest = found[-1]
         return Checkpoint(newest, int(newest.name.removeprefix(layout.CHECKPOINT_PREFIX)))
 
+    def named_checkpoint(self, attempt_dir: Path, name: str) -> Checkpoint | None:
+        found = [p for p in layout.complete_checkpoints(attempt_dir / layout.CHECKPOINTS_DIR)
+                 if p.name == name]
+        return Checkpoint(found[0], int(name.removeprefix(layout.CHECKPOINT_PREFIX))) \
+            if found else None
+
     def checkpoint_problem(self, checkpoint: Checkpoint, experiment_digest: str) -> str | None:
         return layout.manifest_problem(checkpoint.path, experiment_digest)
 

@@ -52,6 +52,7 @@ from ..plugin import (
     pinned_model_path,
     refuse,
     reward_shim,
+    rl_objective,
     split_rows,
     stage_checkpoint,
     to,
@@ -171,7 +172,7 @@ class NemoRLAdapter(EngineAdapter):
         return {
             **external_rules("NeMo RL"),
             "seed": to("grpo.seed"),
-            "algorithm.objective": objective,
+            "algorithm.objective": rl_objective("NeMo RL", objective),
             "algorithm.group_size": to("grpo.num_generations_per_prompt"),
             "algorithm.clip.low": to("loss_fn.ratio_clip_min"),
             "algorithm.clip.high": to("loss_fn.ratio_clip_max"),

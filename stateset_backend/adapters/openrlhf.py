@@ -53,6 +53,7 @@ from ..plugin import (
     only,
     pinned_model_path,
     reward_shim,
+    rl_objective,
     split_rows,
     stage_checkpoint,
     to,
@@ -349,7 +350,7 @@ def _algorithm_rules(f: OpenRLHFKeys) -> dict[str, Any]:
         return Pinned({f.value_clip: NO_VALUE_CLIP if value is None else value})
 
     return {
-        "algorithm.objective": objective,
+        "algorithm.objective": rl_objective("OpenRLHF", objective),
         "algorithm.group_size": to(f.group_size),
         "algorithm.clip.low": clip,
         "algorithm.clip.high": clip,

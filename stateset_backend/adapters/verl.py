@@ -49,6 +49,7 @@ from ..plugin import (
     overrides,
     pinned_model_path,
     reward_shim,
+    rl_objective,
     to,
     total_limit,
     with_owned_keys,
@@ -498,7 +499,7 @@ class VerlAdapter(EngineAdapter):
         return {
             **external_rules("verl"),
             "seed": to(*(k(key) for key in keys.seed)),
-            "algorithm.objective": _objective(k),
+            "algorithm.objective": rl_objective("verl", _objective(k)),
             "algorithm.group_size": to(f"{ROLLOUT}.n"),
             "algorithm.clip.low": to(f"{ACTOR}.clip_ratio_low"),
             "algorithm.clip.high": to(f"{ACTOR}.clip_ratio_high"),

@@ -32,6 +32,9 @@ from ..core.specfile import parse_spec
 NOT_A_SPEC_SETTING = frozenset({"resume:exact"})
 SAMPLED = tuple(sorted(VOCABULARY - NOT_A_SPEC_SETTING))
 
+# a stored run's checkpoint; planning never reads the store (the run resolves it)
+SAMPLE_FROM_RUN = {"run_id": "20260101T000000Z-00000000", "checkpoint": "update-000002",
+                   "sha256": "e" * 64}
 TRAIN_ROWS = 64
 VALIDATION_ROWS = 16
 REWARD_SOURCE = '''"""Conformance sample reward: 1 when the answer appears in the response."""
@@ -181,8 +184,10 @@ def _alg(doc: dict[str, Any]) -> dict[str, Any]:
 
 def _objective(name: str) -> Change:
     def change(doc: dict[str, Any], files: SampleFiles) -> None:
-        # the objective's own recipe fills the rest (spec defaults), then claimed settings
-        doc["algorithm"] = {"objective": name, "group_size": 1 if name == "ppo" else 4}
+        # the objective's own recipe fills the rest (spec defaults), then claimed settings;
+        # sft takes no RL settings at all
+        doc["algorithm"] = {"objective": name} if name == "sft" else \
+            {"objective": name, "group_size": 1 if name == "ppo" else 4}
 
     return change
 
@@ -320,6 +325,9 @@ def _candidates(capability: str) -> list[tuple[Change, frozenset[str]]]:
         "validation": [(_validation, set())],
         "checkpoint": [(_set("checkpoint", {"every": 2, "keep": 2}), set())],
         "multi_node": [(_set("resources", {"nodes": 2, "gpus_per_node": 1}), set())],
+        "sft:packed": [(_both(_objective("sft"), _set("algorithm.sft", {"layout": "packed"})),
+                        {"objective:sft"})],
+        "init:from_run": [(_set("model.from_run", SAMPLE_FROM_RUN), set())],
     }
     return [(change, keep | extra) for change, extra in standalone[capability]]
 

@@ -1,8 +1,8 @@
 """Sample specs for conformance and identity tests.
 
-A minimal spec, and two that switch every optional section on (``gae`` is PPO-only, hence
-two): together they contain every leaf the spec schema has, so a rule-coverage check over
-them covers every field.
+A minimal spec, and three that switch every optional section on (``gae`` is PPO-only and
+``algorithm.sft`` sft-only, hence three): together they contain every leaf the spec schema
+has, so a rule-coverage check over them covers every field.
 """
 
 from __future__ import annotations
@@ -76,5 +76,13 @@ FULL_PPO["algorithm"]["advantage"]["zero_variance_groups"] = "keep"
 FULL_PPO["reward"] = {"kind": "python", "entrypoint": "reward.py:score", "sha256": SHA_B}
 FULL_PPO["environment"] = {"kind": "single_turn"}
 
+# SFT from a stored run's checkpoint, packed: the leaves only sft and a warm start have.
+FULL_SFT: dict[str, Any] = copy.deepcopy(FULL_PPO)
+FULL_SFT["algorithm"] = {"objective": "sft", "loss_aggregation": "seq_mean_token_mean",
+                         "sft": {"layout": "packed"}}
+FULL_SFT["model"]["from_run"] = {"run_id": "20260101T000000Z-00000000",
+                                 "checkpoint": "update-000010", "sha256": "e" * 64}
+FULL_SFT["budget"].update({"ppo_epochs": 1, "mini_batches": 1})
+
 SAMPLES: dict[str, dict[str, Any]] = {"minimal": MINIMAL, "full_dapo": FULL_DAPO,
-                                      "full_ppo": FULL_PPO}
+                                      "full_ppo": FULL_PPO, "full_sft": FULL_SFT}

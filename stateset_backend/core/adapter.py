@@ -214,6 +214,11 @@ class EngineAdapter(abc.ABC):
         """The newest complete checkpoint an attempt left behind (None: nothing to resume)."""
         return None
 
+    def named_checkpoint(self, attempt_dir: Path, name: str) -> Checkpoint | None:
+        """The complete checkpoint folder ``name`` an attempt left, for ``model.from_run``
+        (None: no such checkpoint, or an engine whose checkpoints cannot start another run)."""
+        return None
+
     def checkpoint_problem(self, checkpoint: Checkpoint, experiment_digest: str) -> str | None:
         """What makes ``checkpoint`` unfit to resume from (a damaged, truncated or missing
         file, another experiment's state), or None. Engines without a manifest answer None."""

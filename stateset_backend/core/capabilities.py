@@ -43,6 +43,8 @@ _STANDALONE = {
     "checkpoint",
     "resume:exact",
     "multi_node",
+    "sft:packed",
+    "init:from_run",
 }
 
 VOCABULARY: frozenset[str] = frozenset(
@@ -69,12 +71,35 @@ def required_capabilities(spec: ExperimentSpec) -> frozenset[str]:
     alg = spec.algorithm
     need = {
         f"objective:{alg.objective}",
-        f"ratio:{alg.ratio_level}",
         f"loss_agg:{alg.loss_aggregation}",
-        f"rollout:{spec.rollout.backend}",
         f"reward:{spec.reward.kind}",
         f"dtype:{spec.model.dtype}",
     }
+    if alg.sft is not None:  # the RL settings of an sft spec are inert: nothing is sampled
+        if alg.sft.layout == "packed":
+            need.add("sft:packed")
+    else:
+        need |= _rl_capabilities(spec)
+    if spec.model.from_run is not None:
+        need.add("init:from_run")
+    if spec.model.lora is not None:
+        need.add("lora")
+    if spec.environment.kind != "single_turn":
+        need.add(spec.environment.kind)
+    if spec.evaluation.every is not None:
+        need.add("validation")
+    if spec.checkpoint.every is not None:
+        need.add("checkpoint")
+    if spec.resources.nodes > 1:
+        need.add("multi_node")
+    assert need <= VOCABULARY, sorted(need - VOCABULARY)
+    return frozenset(need)
+
+
+def _rl_capabilities(spec: ExperimentSpec) -> set[str]:
+    """What sampling, the ratio, the advantage and the reference need."""
+    alg = spec.algorithm
+    need = {f"ratio:{alg.ratio_level}", f"rollout:{spec.rollout.backend}"}
     if alg.clip.low != alg.clip.high:
         need.add("clip:asymmetric")
     if alg.kl is not None:
@@ -93,15 +118,4 @@ def required_capabilities(spec: ExperimentSpec) -> frozenset[str]:
         need.add("entropy_bonus")
     if alg.gae is not None:
         need.add("critic")
-    if spec.model.lora is not None:
-        need.add("lora")
-    if spec.environment.kind != "single_turn":
-        need.add(spec.environment.kind)
-    if spec.evaluation.every is not None:
-        need.add("validation")
-    if spec.checkpoint.every is not None:
-        need.add("checkpoint")
-    if spec.resources.nodes > 1:
-        need.add("multi_node")
-    assert need <= VOCABULARY, sorted(need - VOCABULARY)
-    return frozenset(need)
+    return need

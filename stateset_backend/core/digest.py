@@ -11,7 +11,7 @@ from typing import Any
 
 import rfc8785
 
-from .spec import NON_IDENTITY_FIELDS, SPEC_SCHEMA_ID, ExperimentSpec
+from .spec import ABSENT_WHEN_NULL, NON_IDENTITY_FIELDS, SPEC_SCHEMA_ID, ExperimentSpec
 
 
 def canonical_json(doc: Any) -> bytes:
@@ -30,6 +30,9 @@ def identity_document(spec: ExperimentSpec) -> dict[str, Any]:
     is included so that a future spec version can never collide with this one.
     """
     doc = spec.model_dump(mode="json", exclude=set(NON_IDENTITY_FIELDS))
+    for section, key in ABSENT_WHEN_NULL:
+        if doc[section][key] is None:
+            del doc[section][key]
     return {"schema": SPEC_SCHEMA_ID, "experiment": doc}
 
 

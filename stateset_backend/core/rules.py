@@ -24,7 +24,7 @@ from typing import Any, Literal
 from .contracts import Deviation, Dialect
 from .errors import AdapterBug, InvalidInput, Unsupported
 from .modeltree import leaves
-from .spec import NON_IDENTITY_FIELDS, ExperimentSpec
+from .spec import NON_IDENTITY_FIELDS, RL_ONLY_ALGORITHM_KEYS, SUPERVISED, ExperimentSpec
 
 
 # -- what a rule answers -------------------------------------------------------------------
@@ -150,6 +150,15 @@ CORE_HANDLED: dict[str, str] = {
 
 def inert_reason(spec: ExperimentSpec, path: str) -> str | None:
     """Why a leaf cannot change this experiment on any engine, or None when it can."""
+    supervised = spec.algorithm.objective == SUPERVISED
+    if supervised and (path.startswith("rollout.") or any(
+            path == f"algorithm.{key}" or path.startswith(f"algorithm.{key}.")
+            for key in RL_ONLY_ALGORITHM_KEYS)):
+        return "sft learns from the data's answers: nothing is sampled during training"
+    if supervised and path in ("budget.ppo_epochs", "budget.mini_batches"):
+        return "sft makes one optimizer step per update"
+    if path == "algorithm.sft" and not supervised:
+        return "only sft lays out answer rows"
     if path.startswith("data.test.") or path == "data.test":
         return "the test split is never read during training"
     if path in ("evaluation.temperature", "evaluation.top_p", "evaluation.samples") and \

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import quarantine
+from . import lineage, quarantine
 from .adapter import ENGINE_HOME, PYTHON, RUN_DIR, Checkpoint, EngineAdapter, LaunchContext
 from .contracts import parse_version
 from .errors import (
@@ -104,12 +104,15 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
         raise InvalidInput("this plan runs an engine from its source checkout: pass "
                            "--engine-home DIR")
     resume_from = find_resume_point(plan, adapter, store) if resume else None
+    start_from = lineage.resolve(spec, store, registry)  # before the attempt exists
     try:
         attempt = store.begin_attempt(plan)
     except OSError as exc:
         raise InvalidInput(f"runs directory {store.root}: cannot record the run there: "
                            f"{exc.strerror or exc}") from None
     try:
+        if start_from is not None:
+            lineage.stage(start_from, attempt.directory)
         return _run_attempt(plan, adapter, store, attempt, spec, resume_from,
                             python=python, timeout=timeout, echo_stderr=echo_stderr,
                             engine_home=engine_home, ray_address=ray_address)

@@ -16,7 +16,7 @@ from .jsonio import read_json
 from .results import Result
 from .store import RunStore
 
-HEADLINE_METRICS = ("reward/mean", "val/reward/mean", "loss/policy", "kl")
+HEADLINE_METRICS = ("reward/mean", "val/reward/mean", "loss/policy", "kl", "loss/sft", "val/loss")
 
 
 def _reason(result: Result) -> str:

@@ -40,7 +40,26 @@ def external_rules(engine: str) -> dict[str, Rule]:
                                  f"not translated for {engine}", carried("single-turn rollout")),
         "environment.max_turns": carried("single-turn: one response per prompt"),
         "evaluation.select_by": refuse_selection(engine),
+        "algorithm.sft": refuse(f"supervised fine-tuning (objective sft) is not translated for "
+                                f"{engine}; run it on the native engine"),
+        "model.from_run": only(lambda v: v is None, f"{engine} cannot start from a stored run's "
+                               "checkpoint (model.from_run); export its weights to a model "
+                               "directory and name that in model.path",
+                               carried("the weights are model.path's")),
     }
+
+
+def rl_objective(engine: str, rule: Rule) -> Rule:
+    """An RL engine's rule for ``algorithm.objective``: supervised fine-tuning is refused
+    before the engine's objective table is consulted."""
+
+    def guarded(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == "sft":
+            return Refused(f"{engine} is run here for RL objectives only: supervised "
+                           "fine-tuning (objective sft) runs on the native engine")
+        return rule(value, spec)
+
+    return guarded
 
 
 def refuse_selection(engine: str) -> Rule:

@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 SPEC_VERSION: Final = 2
 SPEC_SCHEMA_ID = f"stateset-backend/experiment-spec/v{SPEC_VERSION}"
 
-Objective = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "ppo"]
+Objective = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "ppo",
+                    "sft"]
 RatioLevel = Literal["token", "sequence"]
 LossAggregation = Literal[
     "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"
@@ -44,9 +45,16 @@ PartialBatch = Literal["drop"]
 Equivalence = Literal["declared", "strict"]
 RewardPlacement = Literal["final", "per_turn"]
 CriticModel = Literal["separate", "value_head"]
+SFTLayout = Literal["padded", "packed"]
 
 OBJECTIVES: tuple[str, ...] = Objective.__args__  # type: ignore[attr-defined]
 GROUP_OBJECTIVES = frozenset({"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"})
+SUPERVISED = "sft"
+# What supervised fine-tuning learns from is the data's answers: no sampling, no ratio, no clip,
+# no advantage, no reference. In an sft spec these algorithm keys hold the sft recipe's fixed
+# values (any other value is refused), which core.rules reports as inert on every engine.
+RL_ONLY_ALGORITHM_KEYS = ("group_size", "clip", "ratio_level", "kl", "advantage",
+                          "dynamic_sampling", "overlong", "entropy_coef", "gae")
 
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$",
                                  description="lower-case hex SHA-256 of the content")]
@@ -153,6 +161,18 @@ class GAE(_Section):
     critic: Critic = Critic()
 
 
+class SFT(_Section):
+    """Supervised fine-tuning on the data's prompt/answer rows: the loss is the answer tokens'
+    negative log-likelihood; prompt tokens are context only."""
+
+    layout: SFTLayout = Field(
+        "padded", description="padded: one row per sequence, right-padded to the longest in "
+                              "the update; packed: rows concatenated into sequences of up to "
+                              "max_prompt_tokens + max_response_tokens tokens, each row "
+                              "attending only to itself with its own positions (the same loss "
+                              "as padded, fewer pad tokens)")
+
+
 class Algorithm(_Section):
     objective: Objective
     group_size: PositiveInt = Field(description="samples per prompt")
@@ -166,6 +186,7 @@ class Algorithm(_Section):
     overlong: Overlong | None
     entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus in the loss")
     gae: GAE | None = Field(description="PPO only: critic-based advantages")
+    sft: SFT | None = Field(None, description="sft only: how answer rows are laid out")
 
     @model_validator(mode="before")
     @classmethod
@@ -197,6 +218,16 @@ class Algorithm(_Section):
             raise ValueError("ppo needs gae (its advantages come from a critic)")
         if obj != "ppo" and self.gae is not None:
             raise ValueError(f"gae applies to ppo only, not {obj}")
+        if (obj == SUPERVISED) != (self.sft is not None):
+            raise ValueError(f"algorithm.sft applies to sft only, not {obj}")
+        if obj == SUPERVISED:
+            for key in RL_ONLY_ALGORITHM_KEYS:  # the recipe's own value reads back unchanged
+                value, fixed = getattr(self, key), OBJECTIVE_DEFAULTS[obj][key]
+                if isinstance(value, BaseModel) and isinstance(fixed, dict):
+                    fixed = type(value).model_validate(fixed)
+                if value != fixed:
+                    raise ValueError(f"algorithm.{key} applies to RL objectives, not sft (sft "
+                                     "learns from the data's answers: nothing is sampled)")
         if self.dynamic_sampling is not None and \
                 self.advantage.zero_variance_groups != "exclude":
             raise ValueError("dynamic_sampling removes zero-variance groups: set "
@@ -250,6 +281,12 @@ OBJECTIVE_DEFAULTS: dict[str, dict[str, Any]] = {
             "kl": {"coef": 0.001, "estimator": "k1", "placement": "reward"},
             "advantage": {"std_normalize": True, "scope": "batch"}, "dynamic_sampling": None,
             "overlong": None, "gae": {"gamma": 1.0, "lam": 0.95}},
+    # SFT: the answer tokens' mean negative log-likelihood. The RL keys hold fixed values that
+    # no engine reads (inert); the user may not set them.
+    "sft": {"group_size": 1, "clip": _PPO_CLIP, "ratio_level": "token",
+            "loss_aggregation": "token_mean", "kl": None,
+            "advantage": {"std_normalize": False}, "dynamic_sampling": None, "overlong": None,
+            "entropy_coef": 0.0, "gae": None, "sft": {}},
 }
 
 
@@ -260,6 +297,18 @@ class LoRA(_Section):
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
 
 
+class FromRun(_Section):
+    """Start from a checkpoint another run left in the run store (an SFT warm start). The
+    checkpoint's manifest hash makes the starting weights part of this experiment."""
+
+    run_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                        description="the run whose checkpoint is the starting point")
+    checkpoint: str = Field(pattern=r"^update-[0-9]{6}$",
+                            description="the checkpoint's folder name, e.g. 'update-000040'")
+    sha256: Sha256Hex = Field(description="SHA-256 of the checkpoint's manifest.json (it lists "
+                                          "every file's sha256), as `runs from-run` prints it")
+
+
 class Model(_Section):
     path: str = Field(min_length=1, description="hub id or local directory")
     revision: str | None = Field(
@@ -268,6 +317,9 @@ class Model(_Section):
     param_dtype: ParamDType = Field("float32", description="master weights and optimizer "
                                                            "state")
     lora: LoRA | None = None
+    from_run: FromRun | None = Field(
+        None, description="start from this stored run's checkpoint instead of model.path's "
+                          "weights; model.path, revision and lora must be that run's")
 
 
 class DataSplit(_Section):
@@ -476,8 +528,19 @@ class ExperimentSpec(_Section):
                              "function")
         if self.budget.mini_batches > self.budget.prompts_per_update:
             raise ValueError("budget.mini_batches cannot exceed budget.prompts_per_update")
+        if self.algorithm.objective == SUPERVISED:
+            if conversation:
+                raise ValueError("sft learns from single-turn prompt/answer rows: "
+                                 "environment.kind must be single_turn")
+            if (self.budget.ppo_epochs, self.budget.mini_batches) != (1, 1):
+                raise ValueError("budget.ppo_epochs and budget.mini_batches apply to RL "
+                                 "objectives: sft makes one optimizer step per update")
         return self
 
 
 NON_IDENTITY_FIELDS: frozenset[str] = frozenset({"version", "name", "labels", "equivalence",
                                                  "resources", "engine_options"})
+
+# Sections added after v2 was published, left out of the experiment digest while null, so an
+# experiment written before they existed keeps its digest (and its stored runs stay resumable).
+ABSENT_WHEN_NULL: tuple[tuple[str, str], ...] = (("algorithm", "sft"), ("model", "from_run"))

@@ -17,10 +17,11 @@ def main() -> int:
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--resume-from", type=Path)
     args = parser.parse_args()
-    from .trainer import Trainer, load_settings
+    from .sft_trainer import trainer_for
+    from .trainer import load_settings
 
     try:
-        trainer = Trainer(load_settings(args.config), args.output)
+        trainer = trainer_for(load_settings(args.config), args.output)
         if args.resume_from is not None:
             trainer.resume(args.resume_from)
         trainer.train()

@@ -139,6 +139,27 @@ def load(directory: Path, *, experiment_digest: str, model: Any, optimizer: Any,
     return TrainerState(doc["update"], doc["policy_version"], doc["sampler"], doc["extra"])
 
 
+def load_weights(directory: Path, manifest_sha256: str, model: Any) -> None:
+    """Start ``model`` from another run's checkpoint (``model.from_run``): its manifest must be
+    the one the spec names and every file the one the manifest lists; only the weights load,
+    never that run's optimizer, data position or RNG."""
+    manifest = directory / MANIFEST
+    if not manifest.is_file():
+        raise CheckpointError(f"{directory}: no staged checkpoint manifest")
+    actual = sha256_file(manifest)
+    if actual != manifest_sha256:
+        raise CheckpointError(f"{manifest}: sha256 {actual}, model.from_run names "
+                              f"{manifest_sha256}")
+    problem = manifest_problem(directory, json.loads(manifest.read_text())["experiment_digest"])
+    if problem is not None:
+        raise CheckpointError(problem)
+    weights = load_file(str(directory / "weights.safetensors"))
+    if set(weights) != set(trainable_state(model)):
+        raise CheckpointError(f"{directory}: its weights do not match this model's trainable "
+                              "parameters")
+    model.load_state_dict(weights, strict=False)
+
+
 def _load_critic(directory: Path, critic: Any) -> None:
     if not (directory / CRITIC_WEIGHTS).is_file():
         raise CheckpointError(f"{directory}: has no critic, and this PPO run needs one")

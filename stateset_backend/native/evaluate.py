@@ -19,6 +19,7 @@ from typing import Any
 
 from . import layout
 from .data import load_split
+from .sft_trainer import trainer_for
 from .trainer import Trainer, load_settings
 
 # metric prefix per split: the validation split keeps the names training logs
@@ -30,7 +31,7 @@ def restored(attempt_dir: Path, checkpoint_dir: Path) -> Iterator[Trainer]:
     """A fresh trainer for the attempt with ``checkpoint_dir`` fully loaded into it."""
     settings = load_settings(attempt_dir / layout.CONFIG_FILE)
     with tempfile.TemporaryDirectory(prefix="stateset-evaluate-") as scratch:
-        trainer = Trainer(settings, Path(scratch))
+        trainer = trainer_for(settings, Path(scratch))
         with contextlib.closing(trainer):
             trainer.resume(checkpoint_dir)
             yield trainer

@@ -15,6 +15,7 @@ import torch
 
 from ..core.digest import experiment_digest
 from ..core.jsonio import atomic_write_json
+from ..core.lineage import STAGED_CHECKPOINT
 from ..core.spec import ExperimentSpec
 from ..core.specfile import parse_spec
 from . import checkpoint, conversation, layout, objectives
@@ -57,8 +58,8 @@ Decoding = conversation.Decoding
 def _refuse_unsupported(spec: ExperimentSpec) -> None:
     """Settings the native engine cannot honour stop the run before anything loads (the native
     contract refuses them earlier; this is the engine's own guard)."""
-    _, loss = objectives.RECIPES[spec.algorithm.objective]
-    if spec.algorithm.clip.dual_clip is not None and loss != "clipped":
+    if spec.algorithm.clip.dual_clip is not None and \
+            objectives.RECIPES[spec.algorithm.objective][1] != "clipped":
         raise SettingsError(f"algorithm.clip.dual_clip applies to the clipped PPO surrogate; "
                             f"{spec.algorithm.objective} has no such loss")
     for problem in conversation_refusals(spec):
@@ -130,6 +131,9 @@ class Trainer:
             self._open_environment(base)
         self.model, self.tokenizer = load_policy(spec.model, spec.seed, base, self.device,
                                                  chat_template=spec.data.chat_template)
+        if spec.model.from_run is not None:  # before the KL reference copies the weights
+            checkpoint.load_weights(output / STAGED_CHECKPOINT, spec.model.from_run.sha256,
+                                    self.model)
         if spec.data.prompt_overflow == "truncate_left":
             self.tokenizer.truncation_side = "left"
         elif spec.data.prompt_overflow == "truncate_right":

@@ -42,6 +42,7 @@ from stateset_backend.plugin import (
     pinned_model_path,
     refuse,
     reward_shim,
+    rl_objective,
     to,
     with_owned_keys,
 )
@@ -218,7 +219,7 @@ def _algorithm_rules(f: TRLKeys) -> dict[str, Any]:
         return Hardcoded("kept, centred by a float32 group mean", "zero_variance_float_mean")
 
     return {
-        "algorithm.objective": objective,
+        "algorithm.objective": rl_objective("TRL", objective),
         "algorithm.group_size": only(lambda v: v >= 2, "TRL needs at least 2 samples per "
                                      "prompt", to(f.num_generations)),
         "algorithm.clip.low": clip_low,
