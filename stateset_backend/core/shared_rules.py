@@ -13,7 +13,19 @@ from collections.abc import Callable
 from typing import Any
 
 from .hub import revision_outcome
-from .rules import Hardcoded, Outcome, Pinned, Refused, Rule, carried, hardcoded, na, only, refuse
+from .rules import (
+    Hardcoded,
+    NotApplicable,
+    Outcome,
+    Pinned,
+    Refused,
+    Rule,
+    carried,
+    hardcoded,
+    na,
+    only,
+    refuse,
+)
 from .spec import ExperimentSpec
 
 VERIFIED = "checked against the file's sha256 by stateset-backend before launch"
@@ -37,7 +49,23 @@ def external_rules(engine: str) -> dict[str, Rule]:
                                  f"not translated for {engine}", carried("single-turn rollout")),
         "environment.max_turns": carried("single-turn: one response per prompt"),
         "evaluation.select_by": refuse_selection(engine),
+        "resources.processes_per_node": one_process_per_gpu(engine),
     }
+
+
+def one_process_per_gpu(engine: str) -> Rule:
+    """External engines start one training process per GPU themselves; a different count is
+    not something their launchers take."""
+
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        gpus = spec.resources.gpus_per_node
+        if value is None or value == gpus:
+            return NotApplicable(f"{engine} starts one process per GPU "
+                                 "(resources.gpus_per_node)")
+        return Refused(f"{engine} starts one process per GPU: set resources.gpus_per_node "
+                       "instead of processes_per_node")
+
+    return rule
 
 
 def refuse_selection(engine: str) -> Rule:
