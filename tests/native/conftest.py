@@ -30,7 +30,7 @@ def tiny_spec(**changes: Any) -> dict[str, Any]:
         *parents, last = path.split(".")
         node = doc
         for part in parents:
-            node = node[part]
+            node = node.setdefault(part, {})
         node[last] = copy.deepcopy(value)
     return doc
 
