@@ -5,12 +5,13 @@ what several processes refuse, and how the launch is rendered."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from stateset_backend.native import objectives
-from stateset_backend.native.distributed import shard
+from stateset_backend.native.distributed import World, shard
 from stateset_backend.native.learner import split_groups
 from stateset_backend.native.rollout import group_generators, sample
 
@@ -145,3 +146,66 @@ def test_external_engines_refuse_a_process_count_of_their_own(tiny):
     spec = parse_spec(tiny(**{"resources.processes_per_node": 2}))
     assert type(rule(2, spec)).__name__ == "Refused"
     assert type(rule(None, spec)).__name__ == "NotApplicable"
+
+
+def test_the_example_plans_two_processes(cli, tmp_path):
+    example = Path(__file__).resolve().parents[2] / "examples" / "support-routing-ddp.json"
+    out = tmp_path / "plan.json"
+    proc = cli("plan", "--engine", "native", example, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "--nproc_per_node=2" in json.loads(out.read_text())["argv"]
+
+
+# -- the runtime a resume must match -------------------------------------------------------
+RUNTIME = {"world_size": 2, "model": {"path": "builtin:tiny", "revision": None},
+           "versions": {"torch": "2.1", "transformers": "4.0", "stateset-backend": "0.1.0"}}
+
+
+def test_the_same_runtime_resumes_without_warnings():
+    from stateset_backend.core.runtime import check_resume
+
+    assert check_resume(RUNTIME, json.loads(json.dumps(RUNTIME)), allow_change=False,
+                        where="run r") == []
+    assert check_resume(None, RUNTIME, allow_change=False, where="run r") == []
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_another_world_size_or_model_is_never_resumed(allow):
+    from stateset_backend.core.errors import ResumeImpossible
+    from stateset_backend.core.runtime import check_resume
+
+    with pytest.raises(ResumeImpossible, match="world_size: the checkpoint has 2, this launch 4"):
+        check_resume(RUNTIME, {**RUNTIME, "world_size": 4}, allow_change=allow, where="run r")
+    with pytest.raises(ResumeImpossible, match="model:"):
+        check_resume(RUNTIME, {**RUNTIME, "model": {"path": "other", "revision": None}},
+                     allow_change=allow, where="run r")
+
+
+def test_changed_versions_need_the_users_leave_and_then_warn():
+    from stateset_backend.core.errors import ResumeImpossible
+    from stateset_backend.core.runtime import check_resume
+
+    newer = {**RUNTIME, "versions": {**RUNTIME["versions"], "torch": "2.2"}}
+    with pytest.raises(ResumeImpossible, match=r"torch 2.1 -> 2.2 .*--allow-runtime-change"):
+        check_resume(RUNTIME, newer, allow_change=False, where="run r")
+    assert check_resume(RUNTIME, newer, allow_change=True, where="run r") == [
+        "resumed under changed package versions: torch 2.1 -> 2.2"]
+
+
+def test_the_engine_refuses_a_checkpoint_of_another_world_size(tiny, make_trainer):
+    from stateset_backend.native.checkpoint import CheckpointError
+
+    trainer = make_trainer(tiny(**{"budget.total_updates": 2, "evaluation.every": None}))
+    trainer.train()
+    newest = sorted(trainer.out.checkpoints.iterdir())[-1]
+    runtime = json.loads((newest / "runtime.json").read_text())
+    assert runtime["world_size"] == 1 and [r["rank"] for r in runtime["ranks"]] == [0]
+    other = make_trainer(tiny(), "other")
+    other.world = World(0, 2, 0)  # as a rank of two would be
+    with pytest.raises(CheckpointError, match="written by 1 process"):
+        other.resume(newest)
+
+
+def test_allow_runtime_change_needs_resume(cli, tiny, spec_file):
+    proc = cli("run", "--engine", "native", "--allow-runtime-change", spec_file(tiny()))
+    assert proc.returncode == 2 and "applies to --resume only" in proc.stderr
