@@ -28,6 +28,8 @@ class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    # where collectives run: NCCL reduces only CUDA tensors, gloo CPU ones
+    device: str = "cpu"
 
     @property
     def is_main(self) -> bool:
@@ -48,7 +50,11 @@ class World:
         if self.parallel:
             import torch.distributed as dist
 
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            here = tensor if tensor.device == torch.device(self.device) else \
+                tensor.to(self.device)
+            dist.all_reduce(here, op=dist.ReduceOp.SUM)
+            if here is not tensor:
+                tensor.copy_(here)
         return tensor
 
     def all_gather(self, obj: Any) -> list[Any]:
@@ -95,13 +101,13 @@ def join(expected_size: int) -> World:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
-        backend = "nccl"
+        backend, device = "nccl", f"cuda:{local_rank}"
     else:
-        backend = "gloo"
+        backend, device = "gloo", "cpu"
     # a rank that dies leaves the others blocked in a collective: torchrun ends them; this
     # timeout is only the backstop when nothing else does
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
-    return World(rank, size, local_rank)
+    return World(rank, size, local_rank, device)
 
 
 def all_reduce_gradients(params: list[torch.nn.Parameter], world: World) -> None:
@@ -113,7 +119,8 @@ def all_reduce_gradients(params: list[torch.nn.Parameter], world: World) -> None
     if not world.parallel:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    present = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype)
+    present = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype,
+                           device=grads[0].device)
     flat = world.all_reduce(torch.cat([*(g.reshape(-1) for g in grads), present]))
     offset = 0
     for i, (p, g) in enumerate(zip(params, grads, strict=True)):
