@@ -210,6 +210,11 @@ class Trainer:
         if not self.world.is_main:
             return None
         with quarantine_on_failure(self.out.root, "checkpoint_write", update=self.update_count):
+            shared = [(p["sampler"], p["generator_sha256"]) for p in positions]
+            if any(s != shared[0] for s in shared):
+                raise checkpoint.CheckpointError(
+                    f"update {self.update_count}: the ranks' data positions or generator states "
+                    "differ, so they no longer train one model: nothing is saved")
             path = self._write_checkpoint(positions)
         return path
 

@@ -209,3 +209,17 @@ def test_the_engine_refuses_a_checkpoint_of_another_world_size(tiny, make_traine
 def test_allow_runtime_change_needs_resume(cli, tiny, spec_file):
     proc = cli("run", "--engine", "native", "--allow-runtime-change", spec_file(tiny()))
     assert proc.returncode == 2 and "applies to --resume only" in proc.stderr
+
+
+def test_ranks_whose_positions_differ_save_no_checkpoint(tiny, make_trainer):
+    from stateset_backend.native.checkpoint import CheckpointError
+
+    class Diverged(World):
+        def all_gather(self, obj):
+            return [obj, {**obj, "rank": 1, "generator_sha256": "0" * 64}]
+
+    trainer = make_trainer(tiny(**{"evaluation.every": None}))
+    trainer.world = Diverged()
+    with pytest.raises(CheckpointError, match="no longer train one model"):
+        trainer.save_checkpoint()
+    assert not trainer.out.checkpoints.exists() or not any(trainer.out.checkpoints.iterdir())
