@@ -338,9 +338,12 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{result.planned_updates} updates, attempt {result.attempt}); nothing to resume "
               f"(result: {path})")
         return 0
+    if args.allow_runtime_change and not args.resume:
+        raise InvalidInput("--allow-runtime-change applies to --resume only")
     result, path = run_plan(plan, registry, store, python=args.python, timeout=args.timeout,
                             echo_stderr=not args.quiet, resume=args.resume,
-                            engine_home=args.engine_home, ray_address=args.ray_address)
+                            engine_home=args.engine_home, ray_address=args.ray_address,
+                            allow_runtime_change=args.allow_runtime_change)
     raise_for_status(result, path)
     _emit(args, result.to_json(), _run_summary(result, path))
     return 0
@@ -357,6 +360,7 @@ def _run_summary(result: Any, path: Path) -> str:
             start = initial.get(name)
             was = f"{start:.3f} -> " if start is not None and start != summary[name] else ""
             lines.append(f"  {name:16} {was}{summary[name]:.3f}")
+    lines.extend(f"  warning: {w}" for w in result.warnings)
     lines.append(f"  result: {path}")
     return "\n".join(lines)
 
@@ -637,6 +641,10 @@ def build_parser() -> argparse.ArgumentParser:
                                          "$RAY_ADDRESS), e.g. http://127.0.0.1:8265")
     p.add_argument("--resume", action="store_true",
                    help="continue the plan's run from its newest complete checkpoint")
+    p.add_argument("--allow-runtime-change", action="store_true",
+                   help="with --resume: continue although torch, transformers or "
+                        "stateset-backend changed version since the checkpoint (recorded as "
+                        "a warning in the result); a world-size change is always refused")
     p.add_argument("document", metavar="PLAN|SPEC")
     p = command("runs", cmd_runs, "find, inspect and compare runs in the run store")
     store = _Parser(add_help=False)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..native import layout
 from ..native.critic_settings import ppo_refusals
+from ..native.distributed_settings import data_parallel_refusals
 from ..native.environment import conversation_refusals
 from ..plugin import (
     BUILTIN_PREFIX,
@@ -35,6 +36,7 @@ from ..plugin import (
     Translation,
     all_leaf_paths,
     builtin_dir,
+    distribution_version,
     leaves,
     only,
     to,
@@ -83,6 +85,29 @@ def _dual_clip(value: Any, spec: ExperimentSpec) -> Outcome:
     return Pinned({"algorithm.clip.dual_clip": value})
 
 
+def _processes(value: Any, spec: ExperimentSpec) -> Outcome:
+    """Several processes split each update's groups; settings with no exact data-parallel
+    meaning are refused here, before anything launches."""
+    problems = data_parallel_refusals(spec)
+    if problems:
+        return Refused("; ".join(problems))
+    return Pinned({"resources.processes_per_node": value})
+
+
+def launcher_argv(spec: ExperimentSpec) -> list[str]:
+    """How the engine process starts: directly, or under torchrun with one process per rank
+    (``--standalone``: a rendezvous on this machine at a free port; nodes above 1 are refused by
+    the contract, since the local provider starts processes on one machine only). Every value
+    is its own argv item, never shell text."""
+    engine = ["-m", "stateset_backend.native", "--config", f"{RUN_DIR}/{layout.CONFIG_FILE}",
+              "--output", RUN_DIR]
+    processes = spec.resources.processes
+    if spec.resources.world_size == 1:
+        return [PYTHON, *engine]
+    return [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            f"--nproc_per_node={processes}", "--max_restarts=0", *engine]
+
+
 def _update_of(path: Path, root: Path) -> int | None:
     """The update a checkpoint file belongs to, from its ``update-NNNNNN`` folder."""
     folder = path.relative_to(root).parts[0]
@@ -105,6 +130,7 @@ class NativeAdapter(EngineAdapter):
             "name": to("name"),
             "resources.nodes": only(lambda v: v == 1, "the native engine runs on one node",
                                     to("resources.nodes")),
+            "resources.processes_per_node": _processes,
             "reward.kind": _reward_kind,
             "data.chat_template": _chat_template,
             "model.param_dtype": _param_dtype,
@@ -128,8 +154,7 @@ class NativeAdapter(EngineAdapter):
         config = {"run_id": ctx.run_id, "experiment_digest": ctx.experiment_digest,
                   "base_dir": ctx.base_dir, "settings": settings}
         return NativeLaunch(
-            argv=[PYTHON, "-m", "stateset_backend.native", "--config",
-                  f"{RUN_DIR}/{layout.CONFIG_FILE}", "--output", RUN_DIR],
+            argv=launcher_argv(spec),
             files={layout.CONFIG_FILE: json.dumps(config, indent=2, sort_keys=True) + "\n"},
             env=["CUDA_VISIBLE_DEVICES", "STATESET_BACKEND_PROGRESS"],
         )
@@ -172,6 +197,15 @@ class NativeAdapter(EngineAdapter):
 
     def checkpoint_problem(self, checkpoint: Checkpoint, experiment_digest: str) -> str | None:
         return layout.manifest_problem(checkpoint.path, experiment_digest)
+
+    def checkpoint_runtime(self, checkpoint: Checkpoint) -> dict[str, Any] | None:
+        return layout.read_runtime(checkpoint.path)
+
+    def current_runtime(self, spec: ExperimentSpec, python: str | None = None) -> \
+            dict[str, Any] | None:
+        versions = {name: distribution_version(name, python)
+                    for name in layout.RUNTIME_PACKAGES}
+        return layout.runtime_identity(spec, spec.resources.world_size, versions)
 
     def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
                     attempt_dir: Path) -> list[str]:

@@ -224,6 +224,17 @@ class EngineAdapter(abc.ABC):
         file, another experiment's state), or None. Engines without a manifest answer None."""
         return None
 
+    def checkpoint_runtime(self, checkpoint: Checkpoint) -> dict[str, Any] | None:
+        """The runtime identity ``checkpoint`` recorded (core.runtime: world_size, model,
+        versions), or None when the engine records none."""
+        return None
+
+    def current_runtime(self, spec: ExperimentSpec, python: str | None = None) -> \
+            dict[str, Any] | None:
+        """The runtime identity a launch of ``spec`` would have now, comparable with
+        checkpoint_runtime; None when the engine records none."""
+        return None
+
     def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
                     attempt_dir: Path) -> list[str]:
         """The plan's argv changed to continue from ``checkpoint`` (an earlier attempt's) in

@@ -80,6 +80,10 @@ class Result(_Doc):
     metrics: Metrics
     artifacts: list[ArtifactRecord]
     checks: list[Check]
+    warnings: list[str] = Field(
+        default_factory=list, description="what the user allowed that a plain run would have "
+                                          "refused, e.g. a resume under changed package "
+                                          "versions (run --resume --allow-runtime-change)")
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)

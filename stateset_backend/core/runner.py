@@ -28,6 +28,7 @@ from .plan import LaunchPlan, verify_engine_version
 from .providers import LocalProvider, PreparedLaunch, Provider, RayProvider
 from .registry import Registry
 from .results import Check, Metrics, Result, evaluate, select_checkpoint, summarize
+from .runtime import check_resume
 from .spec import ExperimentSpec
 from .store import Attempt, RunStore
 
@@ -85,9 +86,11 @@ def completed(plan: LaunchPlan, store: RunStore) -> tuple[Result, Path] | None:
 def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
              python: str | None = None, timeout: float | None = None,
              echo_stderr: bool = True, resume: bool = False,
-             engine_home: str | None = None,
-             ray_address: str | None = None) -> tuple[Result, Path]:
-    """Run one attempt of a plan; raises the error whose exit code matches the outcome."""
+             engine_home: str | None = None, ray_address: str | None = None,
+             allow_runtime_change: bool = False) -> tuple[Result, Path]:
+    """Run one attempt of a plan; raises the error whose exit code matches the outcome.
+    A resume first compares the checkpoint's recorded runtime with this launch's
+    (core.runtime): ``allow_runtime_change`` lets package versions differ, with a warning."""
     entry = registry.get(plan.engine)
     adapter = entry.adapter
     if (entry.distribution, entry.version) != (plan.adapter.distribution,
@@ -105,6 +108,11 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
                            "--engine-home DIR")
     resume_from = find_resume_point(plan, adapter, store) if resume else None
     start_from = lineage.resolve(spec, store, registry)  # before the attempt exists
+    warnings = check_resume(adapter.checkpoint_runtime(resume_from),
+                            adapter.current_runtime(spec, python),
+                            allow_change=allow_runtime_change,
+                            where=f"run {plan.run_id} update {resume_from.update}") \
+        if resume_from is not None else []
     try:
         attempt = store.begin_attempt(plan)
     except OSError as exc:
@@ -115,7 +123,8 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
             lineage.stage(start_from, attempt.directory)
         return _run_attempt(plan, adapter, store, attempt, spec, resume_from,
                             python=python, timeout=timeout, echo_stderr=echo_stderr,
-                            engine_home=engine_home, ray_address=ray_address)
+                            engine_home=engine_home, ray_address=ray_address,
+                            warnings=warnings)
     except OSError as exc:
         reason = f"could not write into the runs directory: {exc.strerror or exc}"
         path = _record_failure(plan, spec, store, attempt, reason)
@@ -147,7 +156,7 @@ def _record_failure(plan: LaunchPlan, spec: ExperimentSpec, store: RunStore, att
 def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, attempt: Attempt,
                  spec: ExperimentSpec, resume_from: Checkpoint | None, *, python: str | None,
                  timeout: float | None, echo_stderr: bool, engine_home: str | None,
-                 ray_address: str | None) -> tuple[Result, Path]:
+                 ray_address: str | None, warnings: list[str]) -> tuple[Result, Path]:
     """Prepare the attempt, launch it where the plan says, collect and validate what the
     engine left: the data path of one attempt, in that order."""
     prepared = prepare_attempt(plan, adapter, attempt, resume_from, python=python,
@@ -158,7 +167,7 @@ def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, atte
     exit_ = provider.launch(prepared, timeout)
     duration = time.monotonic() - t0
     result = collect_and_validate(plan, adapter, attempt, spec, exit_, resume_from,
-                                  started=started, duration=duration)
+                                  started=started, duration=duration, warnings=warnings)
     return result, store.finish(attempt, result)
 
 
@@ -184,7 +193,8 @@ def prepare_attempt(plan: LaunchPlan, adapter: EngineAdapter, attempt: Attempt,
 
 def collect_and_validate(plan: LaunchPlan, adapter: EngineAdapter, attempt: Attempt,
                          spec: ExperimentSpec, exit_: Exit, resume_from: Checkpoint | None, *,
-                         started: str, duration: float) -> Result:
+                         started: str, duration: float,
+                         warnings: list[str] | None = None) -> Result:
     """Read the engine's outputs back and run every result check; nothing is `succeeded`
     unless the engine exited 0 and every check passed."""
     run_dir = attempt.directory.resolve()
@@ -215,7 +225,8 @@ def collect_and_validate(plan: LaunchPlan, adapter: EngineAdapter, attempt: Atte
                         raw_names=collected.raw_metric_names if collected else {}),
         selection=select_checkpoint(spec.evaluation.select_by,
                                     collected.metrics if collected else [], artifacts),
-        deviations=plan.deviations, artifacts=artifacts, checks=checks)
+        deviations=plan.deviations, artifacts=artifacts, checks=checks,
+        warnings=warnings or [])
 
 
 def raise_for_status(result: Result, path: Path) -> None:

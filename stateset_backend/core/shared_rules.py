@@ -16,7 +16,19 @@ from typing import Any
 from .errors import InvalidInput
 from .hub import revision_outcome
 from .inputs import local_path
-from .rules import Hardcoded, Outcome, Pinned, Refused, Rule, carried, hardcoded, na, only, refuse
+from .rules import (
+    Hardcoded,
+    NotApplicable,
+    Outcome,
+    Pinned,
+    Refused,
+    Rule,
+    carried,
+    hardcoded,
+    na,
+    only,
+    refuse,
+)
 from .spec import ExperimentSpec
 
 VERIFIED = "checked against the file's sha256 by stateset-backend before launch"
@@ -46,6 +58,7 @@ def external_rules(engine: str) -> dict[str, Rule]:
                                "checkpoint (model.from_run); export its weights to a model "
                                "directory and name that in model.path",
                                carried("the weights are model.path's")),
+        "resources.processes_per_node": one_process_per_gpu(engine),
     }
 
 
@@ -60,6 +73,21 @@ def rl_objective(engine: str, rule: Rule) -> Rule:
         return rule(value, spec)
 
     return guarded
+
+
+def one_process_per_gpu(engine: str) -> Rule:
+    """External engines start one training process per GPU themselves; a different count is
+    not something their launchers take."""
+
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        gpus = spec.resources.gpus_per_node
+        if value is None or value == gpus:
+            return NotApplicable(f"{engine} starts one process per GPU "
+                                 "(resources.gpus_per_node)")
+        return Refused(f"{engine} starts one process per GPU: set resources.gpus_per_node "
+                       "instead of processes_per_node")
+
+    return rule
 
 
 def refuse_selection(engine: str) -> Rule:

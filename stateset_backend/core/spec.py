@@ -480,8 +480,33 @@ class Evaluation(_Section):
 
 
 class Resources(_Section):
+    """Where a run executes. None of it is identity: every engine must compute the same
+    experiment whatever the world size (the native engine proves it in its tests)."""
+
     nodes: PositiveInt = 1
     gpus_per_node: int = Field(0, ge=0)
+    processes_per_node: PositiveInt | None = Field(
+        None, description="training processes per node (data-parallel ranks); default: "
+                          "gpus_per_node, or 1 without GPUs. Set it to run several CPU "
+                          "processes; with GPUs it may not exceed gpus_per_node (one GPU per "
+                          "process)")
+
+    @model_validator(mode="after")
+    def _one_gpu_per_process(self) -> Resources:
+        if self.gpus_per_node and self.processes_per_node is not None and \
+                self.processes_per_node > self.gpus_per_node:
+            raise ValueError(f"processes_per_node {self.processes_per_node} exceeds "
+                             f"gpus_per_node {self.gpus_per_node}: each process drives one GPU")
+        return self
+
+    @property
+    def processes(self) -> int:
+        """Processes on each node: processes_per_node, else one per GPU, else one."""
+        return self.processes_per_node or self.gpus_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.processes
 
 
 class ExperimentSpec(_Section):

@@ -1,7 +1,9 @@
 """``python -m stateset_backend.native --config CONFIG --output DIR [--resume-from CKPT]``.
 
-The engine process the core launches. Any failure is one line on stderr and exit status 1;
-the core records the run as failed and never as a success.
+The engine process the core launches, alone or as one rank of a torchrun group (data
+parallel: ``resources.processes_per_node`` above 1). Any failure is one line on stderr and exit
+status 1; the core records the run as failed and never as a success. When one rank fails or is
+killed, torchrun ends the others, so the group fails as a whole.
 """
 
 from __future__ import annotations
@@ -17,18 +19,26 @@ def main() -> int:
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--resume-from", type=Path)
     args = parser.parse_args()
+    from .distributed import World, join
     from .sft_trainer import trainer_for
     from .trainer import load_settings
 
+    world = World()
     try:
-        trainer = trainer_for(load_settings(args.config), args.output)
+        settings = load_settings(args.config)
+        world = join(settings.spec.resources.world_size)
+        trainer = trainer_for(settings, args.output, world)
         if args.resume_from is not None:
             trainer.resume(args.resume_from)
         trainer.train()
     except Exception as exc:  # the process boundary: one line, non-zero exit
-        print(f"native engine: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        rank = f" (rank {world.rank})" if world.parallel else ""
+        print(f"native engine{rank}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(f"native engine: {trainer.update_count} updates committed", file=sys.stderr)
+    finally:
+        world.close()
+    if world.is_main:
+        print(f"native engine: {trainer.update_count} updates committed", file=sys.stderr)
     return 0
 
 

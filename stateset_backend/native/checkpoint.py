@@ -1,10 +1,12 @@
 """Complete checkpoints, written so that an interrupted write never looks complete.
 
 A checkpoint holds everything exact continuation needs: trainable weights (safetensors),
-optimizer and scheduler state, every RNG state, the data position, the update count and the
-experiment digest. It is written into a temporary directory with a manifest of each file's
-sha256, fsynced, and renamed into place; a directory without a valid manifest is not a
-checkpoint. Resuming verifies every hash and the experiment digest first.
+optimizer and scheduler state, every RNG state, the data position, the update count, the
+experiment digest, and the runtime it was computed under (world size, model, package
+versions, each rank's data position: ``runtime.json``). It is written into a temporary
+directory with a manifest of each file's sha256, fsynced, and renamed into place; a directory
+without a valid manifest is not a checkpoint. Resuming verifies every hash and the experiment
+digest first.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..core.content import sha256_file
-from .layout import MANIFEST, checkpoint_name, complete_checkpoints, manifest_problem
+from .layout import (
+    MANIFEST,
+    RUNTIME_FILE,
+    RUNTIME_PACKAGES,
+    checkpoint_name,
+    complete_checkpoints,
+    manifest_problem,
+    read_runtime,
+)
 
 
 class CheckpointError(RuntimeError):
@@ -65,7 +75,7 @@ def _fsync_write(path: Path, data: bytes) -> None:
 
 def save(root: Path, *, model: Any, optimizer: Any, scheduler: Any, generator: torch.Generator,
          state: TrainerState, experiment_digest: str, keep: int | None,
-         critic: Any = None) -> Path:
+         critic: Any = None, runtime: dict[str, Any] | None = None) -> Path:
     """Write ``root/update-NNNNNN`` atomically; prune to the newest ``keep``. A PPO critic
     (``native.critic.Critic``) is saved beside the policy: weights, optimizer, scheduler."""
     root.mkdir(parents=True, exist_ok=True)
@@ -87,6 +97,9 @@ def save(root: Path, *, model: Any, optimizer: Any, scheduler: Any, generator: t
             "update": state.update, "policy_version": state.policy_version,
             "sampler": state.sampler, "extra": state.extra,
             "experiment_digest": experiment_digest}, indent=2, sort_keys=True).encode())
+        if runtime is not None:
+            _fsync_write(tmp / RUNTIME_FILE, json.dumps(runtime, indent=2,
+                                                        sort_keys=True).encode())
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir())}
         _fsync_write(tmp / MANIFEST, json.dumps({
             "experiment_digest": experiment_digest, "update": state.update,
@@ -172,3 +185,40 @@ def _load_critic(directory: Path, critic: Any) -> None:
                                                 weights_only=False))
     critic.scheduler.load_state_dict(torch.load(directory / CRITIC_SCHEDULER,
                                                 weights_only=False))
+
+
+def package_versions() -> dict[str, str | None]:
+    """The installed versions of the packages that compute a native run."""
+    from importlib import metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {name: version(name) for name in RUNTIME_PACKAGES}
+
+
+def runtime_identity(spec: Any, world_size: int,
+                     ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    from .layout import runtime_identity as build
+
+    return build(spec, world_size, package_versions(), ranks)
+
+
+def generator_digest(generator: torch.Generator) -> str:
+    """A short fingerprint of a generator's state: ranks that agree on it drew alike."""
+    import hashlib
+
+    return hashlib.sha256(generator.get_state().numpy().tobytes()).hexdigest()
+
+
+def refuse_other_world(directory: Path, world_size: int) -> None:
+    """The engine's own guard: a checkpoint continues only in the world size it was written
+    in (the core refuses earlier, with exit 6; this holds for a direct engine launch too)."""
+    runtime = read_runtime(directory)
+    recorded = 1 if runtime is None else int(runtime.get("world_size", 1))
+    if recorded != world_size:
+        raise CheckpointError(f"{directory}: written by {recorded} process(es), resumed with "
+                              f"{world_size}: exact continuation needs the same world size")

@@ -7,6 +7,7 @@ checkpoints) without importing the engine.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 CONFIG_FILE = "native_config.json"
 RUN_INFO_FILE = "run_info.json"
@@ -62,3 +63,32 @@ def manifest_problem(directory: Path, experiment_digest: str) -> str | None:
         if h.hexdigest() != digest:
             return f"{path}: its content does not match the manifest (damaged or truncated)"
     return None
+
+
+RUNTIME_FILE = "runtime.json"  # inside each checkpoint, listed in its manifest
+RUNTIME_PACKAGES = ("torch", "transformers", "stateset-backend")
+
+
+def runtime_identity(spec: Any, world_size: int, versions: dict[str, str | None],
+                     ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """What a checkpoint records about how it was computed (core.runtime compares it on
+    resume): the world size, the model it started from, the package versions, and each rank's
+    data position (the shared sampler's state and the block of groups the rank held)."""
+    doc: dict[str, Any] = {
+        "world_size": world_size,
+        "model": {"path": spec.model.path, "revision": spec.model.revision},
+        "versions": versions}
+    if ranks is not None:
+        doc["ranks"] = ranks
+    return doc
+
+
+def read_runtime(directory: Path) -> dict[str, Any] | None:
+    """A checkpoint's recorded runtime, or None for one written before runtimes were."""
+    import json
+
+    path = directory / RUNTIME_FILE
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    return doc if isinstance(doc, dict) else None

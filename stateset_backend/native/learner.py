@@ -21,6 +21,7 @@ from ..core.spec import Algorithm, Environment, Optim
 from . import objectives
 from .batch import ConversationBatch, RolloutBatch
 from .conversation import conversation_logprobs
+from .distributed import World, all_reduce_gradients
 from .rollout import response_logprobs
 
 Batch = RolloutBatch | ConversationBatch
@@ -145,24 +146,43 @@ def reference_logprobs(model: Any, reference: Any, batch: Batch, temperature: fl
     return logp
 
 
-def split_groups(batch: Batch, group_size: int, parts: int,
-           generator: torch.Generator) -> list[Tensor]:
+def split_groups(batch: Batch, group_size: int, parts: int, generator: torch.Generator, *,
+                 n_groups: int | None = None, owned: range | None = None) -> list[Tensor]:
     """Mini-batches of whole groups (row indices), so each keeps its shared prompt prefill.
-    Conversation groups may have lost failed members, so they are found by id."""
-    n_groups = int(batch.group_ids.max().item()) + 1
+    Conversation groups may have lost failed members, so they are found by id.
+
+    Data parallel: ``n_groups`` is the update's global group count and ``owned`` this rank's
+    block of it. Every rank draws the same permutation, so each mini-batch is the 1-process
+    mini-batch and a rank gets its own groups of it (possibly none: it still takes part in
+    the step)."""
+    if n_groups is None:
+        n_groups = int(batch.group_ids.max().item()) + 1
     order = torch.randperm(n_groups, generator=generator)
     if isinstance(batch, ConversationBatch):
         return [torch.isin(batch.group_ids, chunk).nonzero().squeeze(-1)
                 for chunk in order.chunk(parts) if chunk.numel()]
     offsets = torch.arange(group_size)
-    return [(chunk[:, None] * group_size + offsets).flatten()
-            for chunk in order.chunk(parts) if chunk.numel()]
+    out = []
+    for chunk in order.chunk(parts):
+        if not chunk.numel():
+            continue
+        if owned is not None:
+            chunk = chunk[(chunk >= owned.start) & (chunk < owned.stop)] - owned.start
+        out.append((chunk[:, None] * group_size + offsets).flatten())
+    return out
 
 
 def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: Batch,
            advantages: Tensor, ref_logp: Tensor | None, cfg: LearnerConfig,
-           generator: torch.Generator) -> dict[str, float]:
-    """One learner update over a checked batch; returns canonical metrics."""
+           generator: torch.Generator, *, world: World | None = None,
+           n_groups: int | None = None, owned: range | None = None) -> dict[str, float]:
+    """One learner update over a checked batch; returns canonical metrics.
+
+    Data parallel (``world``, with the update's global ``n_groups`` and this rank's ``owned``
+    block): each rank weights its local aggregates by its share of the global token or
+    sequence count (objectives.AGGREGATION_UNITS), the weighted losses and gradients are summed
+    over ranks, and clipping and the step then see the 1-process gradient on every rank."""
+    world = world or World()
     alg = cfg.algorithm
     _, loss_name = objectives.RECIPES[alg.objective]
     loss_fn = objectives.POLICY_LOSSES[loss_name]
@@ -175,30 +195,48 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
     steps = 0
     params = [p for p in model.parameters() if p.requires_grad]
     group_size = alg.group_size
+    agg = alg.loss_aggregation
     for _ in range(cfg.ppo_epochs):
-        for idx in split_groups(batch, group_size, cfg.mini_batches, generator):
+        for idx in split_groups(batch, group_size, cfg.mini_batches, generator,
+                                n_groups=n_groups, owned=owned):
             mask = batch.response_mask[idx]
-            with cfg.compute():
-                logp, entropy = policy_logprobs(model, batch, idx, cfg.temperature, group_size)
-            pl = loss_fn(logp, old_logp[idx], advantages[idx], mask, clip_low=alg.clip.low,
-                         clip_high=alg.clip.high, **loss_knobs)
-            agg = alg.loss_aggregation
-            policy_loss = objectives.aggregate(pl.loss, mask, agg, cfg.max_response_tokens)
-            loss = policy_loss
-            kl_value = torch.zeros(())
-            if ref_logp is not None and alg.kl is not None:
-                kl_tokens = objectives.kl_estimate(logp, ref_logp[idx], alg.kl.estimator,
-                                                    alg.kl.clamp)
-                kl_value = objectives.aggregate(kl_tokens, mask, agg, cfg.max_response_tokens)
-                if kl_in_loss:
-                    loss = loss + alg.kl.coef * kl_value
-            mean_entropy = objectives.aggregate(entropy, mask, "token_mean", 1)
-            if alg.entropy_coef > 0:
-                loss = loss - alg.entropy_coef * mean_entropy
-            if not torch.isfinite(loss):
-                raise NonFiniteUpdate(f"loss is {loss.item()}; the step was not applied")
+            local_units = objectives.aggregation_units(mask)
+            units = world.all_reduce(local_units.clone())
+            share = objectives.local_share(local_units, units, agg)
+            token_share = objectives.local_share(local_units, units, "token_mean")
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss: Tensor = torch.zeros(())
+            # [loss, policy, kl, entropy, clip fraction], each this rank's share of the global
+            stats = torch.zeros(5, dtype=torch.float64)
+            if idx.numel():
+                with cfg.compute():
+                    logp, entropy = policy_logprobs(model, batch, idx, cfg.temperature,
+                                                    group_size)
+                pl = loss_fn(logp, old_logp[idx], advantages[idx], mask,
+                             clip_low=alg.clip.low, clip_high=alg.clip.high, **loss_knobs)
+                policy_loss = objectives.aggregate(pl.loss, mask, agg,
+                                                   cfg.max_response_tokens) * share
+                loss = policy_loss
+                kl_value = torch.zeros(())
+                if ref_logp is not None and alg.kl is not None:
+                    kl_tokens = objectives.kl_estimate(logp, ref_logp[idx], alg.kl.estimator,
+                                                       alg.kl.clamp)
+                    kl_value = objectives.aggregate(kl_tokens, mask, agg,
+                                                    cfg.max_response_tokens) * share
+                    if kl_in_loss:
+                        loss = loss + alg.kl.coef * kl_value
+                mean_entropy = objectives.aggregate(entropy, mask, "token_mean", 1) * token_share
+                if alg.entropy_coef > 0:
+                    loss = loss - alg.entropy_coef * mean_entropy
+                clipped = objectives.aggregate(pl.clipped, mask, "token_mean", 1) * token_share
+                stats = torch.stack([loss.detach(), policy_loss.detach(), kl_value.detach(),
+                                     mean_entropy.detach(), clipped.detach()]).double()
+            world.all_reduce(stats)
+            if not torch.isfinite(stats[0]):
+                raise NonFiniteUpdate(f"loss is {stats[0].item()}; the step was not applied")
+            if idx.numel():
+                loss.backward()
+            all_reduce_gradients(params, world)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=True)
@@ -206,11 +244,9 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
                                       "applied")
             optimizer.step()
             steps += 1
-            totals["loss/policy"] += float(policy_loss.detach())
-            totals["kl"] += float(kl_value.detach())
-            totals["entropy"] += float(mean_entropy.detach())
-            totals["clip_fraction"] += float(objectives.aggregate(pl.clipped, mask,
-                                                                  "token_mean", 1))
+            for name, value in zip(("loss/policy", "kl", "entropy", "clip_fraction"),
+                                   stats[1:].tolist(), strict=True):
+                totals[name] += value
             totals["grad_norm"] += float(grad_norm)
     metrics = {k: v / max(steps, 1) for k, v in totals.items()}
     metrics["lr"] = float(scheduler.get_last_lr()[0])

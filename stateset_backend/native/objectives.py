@@ -240,6 +240,29 @@ def aggregate(values: Tensor, mask: Tensor, mode: str, max_tokens: int) -> Tenso
     return AGGREGATIONS[mode](values, mask, max_tokens)
 
 
+# What each aggregation divides by. Data-parallel ranks each hold part of a mini-batch; a rank
+# that scales its local aggregate by (its units / the global units) contributes exactly its
+# share of the global aggregate, so the ranks' summed gradients equal one process's.
+AGGREGATION_UNITS: dict[str, str] = {
+    "token_mean": "tokens",
+    "seq_mean_token_mean": "sequences",
+    "seq_mean_token_sum": "sequences",
+    "seq_mean_token_sum_norm": "sequences",
+}
+UNIT_ORDER = ("tokens", "sequences")
+
+
+def aggregation_units(mask: Tensor) -> Tensor:
+    """[tokens, sequences with at least one token] of a mask, as float64 (summed over ranks)."""
+    return torch.stack([mask.sum(), (mask.sum(-1) > 0).sum()]).double()
+
+
+def local_share(local: Tensor, total: Tensor, mode: str) -> float:
+    """This rank's weight on its local aggregate under ``mode``: 1.0 exactly in one process."""
+    i = UNIT_ORDER.index(AGGREGATION_UNITS[mode])
+    return float(local[i]) / float(total[i]) if float(total[i]) > 0 else 0.0
+
+
 # -- policy losses (per token) -------------------------------------------------------------
 def _per_token(adv: Tensor) -> Tensor:
     """[B] sample advantages broadcast over tokens; [B, T] token advantages as they are."""

@@ -14,9 +14,11 @@ from typing import Any
 
 
 class Progress:
-    def __init__(self, total: int, start: int = 0) -> None:
+    def __init__(self, total: int, start: int = 0, quiet: bool = False) -> None:
         self.total, self.done, self.t0, self.start = total, start, time.monotonic(), start
-        self.live = os.environ.get("STATESET_BACKEND_PROGRESS") == "tty" or sys.stderr.isatty()
+        self.quiet = quiet  # data parallel: only rank 0 reports
+        self.live = not quiet and (os.environ.get("STATESET_BACKEND_PROGRESS") == "tty" or
+                                   sys.stderr.isatty())
         self._bar: Any = None
         self._task: Any = None
 
@@ -50,6 +52,8 @@ class Progress:
 
     def advance(self, metrics: dict[str, Any]) -> None:
         self.done += 1
+        if self.quiet:
+            return
         stats = self._stats(metrics)
         if self._bar is not None:
             self._bar.update(self._task, completed=self.done, stats=stats)

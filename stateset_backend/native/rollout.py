@@ -8,7 +8,9 @@ away from 1 instead of being hidden.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -29,6 +31,32 @@ def _cache_name(model: Any) -> str:
 def _cache_name_of(forward: Any) -> str:
     params = inspect.signature(forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+def group_generators(seed: int, update: int, groups: range) -> list[torch.Generator]:
+    """One generator per group, seeded from (seed, update, the group's place in the update).
+
+    What a group samples then depends on nothing else in the batch: a rank that samples only
+    its own groups draws exactly what one process draws for them, and a resumed run draws what
+    the uninterrupted one did without restoring any sampling state.
+    """
+    def seeded(group: int) -> torch.Generator:
+        digest = hashlib.sha256(f"rollout:{seed}:{update}:{group}".encode()).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+    return [seeded(g) for g in groups]
+
+
+def _draw(probs: Tensor, generator: torch.Generator | Sequence[torch.Generator] | None,
+          group_size: int) -> Tensor:
+    """One token per row: from one generator for the batch, or each group from its own."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1)
+    rows = probs.cpu().split(group_size)
+    if len(rows) != len(generator):
+        raise ValueError(f"{len(rows)} groups but {len(generator)} generators")
+    return torch.cat([torch.multinomial(r, 1, generator=g) for r, g in
+                      zip(rows, generator, strict=True)]).squeeze(-1)
 
 
 def _top_p_filter(probs: Tensor, top_p: float) -> Tensor:
@@ -75,12 +103,14 @@ def _prefill(model: Any, prompt_ids: Tensor, prompt_mask: Tensor,
 @torch.no_grad()
 def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int,
            temperature: float, top_p: float, eos_id: int, pad_id: int,
-           generator: torch.Generator | None, greedy: bool = False,
+           generator: torch.Generator | Sequence[torch.Generator] | None,
+           greedy: bool = False,
            group_size: int = 1, top_k: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(response_ids, response_mask, sample_logprobs), each [N, T]; NaN log-prob after EOS.
 
     Top-k, then top-p, filter the temperature-scaled distribution (vLLM's order); the recorded
     log-prob is the token's under the unfiltered distribution. ``greedy`` takes the argmax.
+    ``generator`` is one generator for the whole batch, or one per group (group_generators).
     """
     was_training = model.training
     model.eval()
@@ -97,8 +127,7 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
             token = log_probs.argmax(-1)
         else:
             probs = _top_p_filter(_top_k_filter(log_probs.exp(), top_k), top_p)
-            token = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1)
-            token = token.to(device)
+            token = _draw(probs, generator, group_size).to(device)
         lp = log_probs.gather(-1, token[:, None]).squeeze(-1)
         live = ~finished
         ids.append(torch.where(live, token, torch.full_like(token, pad_id)))

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .data import DataError, Example
+from .distributed import World
 from .sft import SFTBatch, SFTExample, check_sft_batch, lay_out, sft_evaluate, sft_update
 from .trainer import RunSettings, Trainer
 
@@ -23,8 +24,8 @@ VALIDATION_CHUNK = 64  # validation rows per teacher-forced forward pass
 
 
 class SFTTrainer(Trainer):
-    def __init__(self, settings: RunSettings, output: Path) -> None:
-        super().__init__(settings, output)
+    def __init__(self, settings: RunSettings, output: Path, world: World | None = None) -> None:
+        super().__init__(settings, output, world)
         sft = self.spec.algorithm.sft
         assert sft is not None
         self.layout = sft.layout
@@ -104,8 +105,8 @@ class SFTTrainer(Trainer):
         return metrics
 
 
-def trainer_for(settings: RunSettings, output: Path) -> Trainer:
-    """The trainer that runs the spec: SFT or RL."""
+def trainer_for(settings: RunSettings, output: Path, world: World | None = None) -> Trainer:
+    """The trainer that runs the spec: SFT (one process) or RL (one or several)."""
     if settings.spec.algorithm.objective == "sft":
-        return SFTTrainer(settings, output)
-    return Trainer(settings, output)
+        return SFTTrainer(settings, output, world)
+    return Trainer(settings, output, world)

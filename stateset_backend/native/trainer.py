@@ -23,6 +23,8 @@ from .batch import ConversationBatch, RolloutBatch, check_batch, check_conversat
 from .critic import learn_ppo, load_critic, rollout_values
 from .critic_settings import ppo_refusals
 from .data import DataError, Example, PromptSampler, load_split, resolve
+from .distributed import World
+from .distributed_settings import data_parallel_refusals
 from .environment import (
     EnvironmentLoadError,
     EnvironmentRef,
@@ -41,7 +43,7 @@ from .model import compute_context, frozen_reference, load_policy, pick_device
 from .progress import Progress
 from .quarantine_guard import StepCounter, learner_update_guard, quarantine_on_failure
 from .reward import RewardFn, load_reward
-from .rollout import sample
+from .rollout import group_generators, sample
 from .tensorboard_log import ScalarLog
 
 Batch = RolloutBatch | ConversationBatch
@@ -55,7 +57,7 @@ class SettingsError(ValueError):
 Decoding = conversation.Decoding
 
 
-def _refuse_unsupported(spec: ExperimentSpec) -> None:
+def _refuse_unsupported(spec: ExperimentSpec, world: World) -> None:
     """Settings the native engine cannot honour stop the run before anything loads (the native
     contract refuses them earlier; this is the engine's own guard)."""
     if spec.algorithm.clip.dual_clip is not None and \
@@ -65,6 +67,8 @@ def _refuse_unsupported(spec: ExperimentSpec) -> None:
     for problem in conversation_refusals(spec):
         raise SettingsError(problem)
     for problem in ppo_refusals(spec):
+        raise SettingsError(problem)
+    for problem in (data_parallel_refusals(spec) if world.parallel else []):
         raise SettingsError(problem)
 
 
@@ -118,12 +122,13 @@ class Outputs:
 
 
 class Trainer:
-    def __init__(self, settings: RunSettings, output: Path) -> None:
+    def __init__(self, settings: RunSettings, output: Path, world: World | None = None) -> None:
         self.settings = spec_settings = settings
         self.spec = spec = spec_settings.spec
         self.out = Outputs(output)
+        self.world = world or World()  # data parallel: this rank (distributed.join)
         self.device = pick_device()
-        _refuse_unsupported(spec)
+        _refuse_unsupported(spec, self.world)
         self.compute = compute_context(spec.model, self.device)
         base = settings.base_dir
         self.conversations = spec.environment.kind != "single_turn"
@@ -163,6 +168,8 @@ class Trainer:
         self.critic = load_critic(spec, base, self.device) if spec.algorithm.gae else None
         self.update_count = 0
         self.resumed_from: int | None = None
+        # this update's global group count and this rank's block of it (data parallel)
+        self.n_groups, self.owned = 0, range(0)
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
 
     def _open_environment(self, base: Path) -> None:
@@ -189,6 +196,7 @@ class Trainer:
             self._restore(directory)
 
     def _restore(self, directory: Path) -> None:
+        checkpoint.refuse_other_world(directory, self.world.size)
         state = checkpoint.load(directory, experiment_digest=self.settings.experiment_digest,
                                 model=self.model, optimizer=self.optimizer,
                                 scheduler=self.scheduler, generator=self.generator,
@@ -196,28 +204,47 @@ class Trainer:
         self.sampler.load_state_dict(state.sampler)
         self.update_count = self.resumed_from = state.update
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self) -> Path | None:
+        """Every rank reports its data position; rank 0 alone writes (the ranks hold the same
+        weights, optimizer and sampler: a position that differs means they diverged)."""
+        positions = self.world.all_gather(
+            {"rank": self.world.rank, "sampler": self.sampler.state_dict(),
+             "groups": [self.owned.start, self.owned.stop],
+             "generator_sha256": checkpoint.generator_digest(self.generator)})
+        if not self.world.is_main:
+            return None
         with quarantine_on_failure(self.out.root, "checkpoint_write", update=self.update_count):
-            path = self._write_checkpoint()
+            shared = [(p["sampler"], p["generator_sha256"]) for p in positions]
+            if any(s != shared[0] for s in shared):
+                raise checkpoint.CheckpointError(
+                    f"update {self.update_count}: the ranks' data positions or generator states "
+                    "differ, so they no longer train one model: nothing is saved")
+            path = self._write_checkpoint(positions)
         return path
 
-    def _write_checkpoint(self) -> Path:
+    def _write_checkpoint(self, positions: list[dict[str, Any]]) -> Path:
         state = checkpoint.TrainerState(self.update_count, self.update_count,
                                         self.sampler.state_dict(), {})
+        runtime = checkpoint.runtime_identity(self.spec, self.world.size, positions)
         return checkpoint.save(self.out.checkpoints, model=self.model,
                                optimizer=self.optimizer, scheduler=self.scheduler,
                                generator=self.generator, state=state,
                                experiment_digest=self.settings.experiment_digest,
-                               keep=self.spec.checkpoint.keep, critic=self.critic)
+                               keep=self.spec.checkpoint.keep, critic=self.critic,
+                               runtime=runtime)
 
     def log_metrics(self, row: dict[str, Any]) -> None:
         """One row to metrics.jsonl (the record) and to TensorBoard (a view of it)."""
+        if not self.world.is_main:
+            return
         self.out.append(self.out.metrics, row)
         if self.scalars is None:
             self.scalars = ScalarLog(self.out.root / layout.TENSORBOARD_DIR)
         self.scalars.write(row)
 
     def commit(self) -> None:
+        if not self.world.is_main:
+            return
         atomic_write_json(self.out.root / layout.RUN_INFO_FILE, {
             "engine": "native", "run_id": self.settings.run_id,
             "experiment_digest": self.settings.experiment_digest,
@@ -265,7 +292,8 @@ class Trainer:
         return enc["input_ids"].to(self.device), enc["attention_mask"].float().to(self.device)
 
     def _rollout(self, indices: list[int], group_size: int, *, rows_source: list[Example],
-                 decoding: Decoding, generator: torch.Generator) -> RolloutBatch:
+                 decoding: Decoding,
+                 generator: torch.Generator | list[torch.Generator]) -> RolloutBatch:
         rows = [rows_source[i] for i in indices for _ in range(group_size)]
         prompt_ids, prompt_mask = self._encode([rows_source[i] for i in indices])
         prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0)
@@ -328,7 +356,11 @@ class Trainer:
         return batch, 0, returns
 
     def collect_batch(self) -> tuple[Batch | None, int, torch.Tensor]:
-        """Sample one update's batch; with dynamic sampling, refill excluded groups."""
+        """Sample one update's batch; with dynamic sampling, refill excluded groups.
+
+        Every group samples from its own generator (rollout.group_generators), keyed by its
+        place among the update's groups, so a data-parallel rank that samples only its block
+        draws what one process draws for those groups."""
         if self.conversations:
             return self.collect_conversations()
         alg, want = self.spec.algorithm, self.spec.budget.prompts_per_update
@@ -336,12 +368,18 @@ class Trainer:
         max_rounds = alg.dynamic_sampling.max_rounds if alg.dynamic_sampling else 0
         parts: list[RolloutBatch] = []
         sampled: list[torch.Tensor] = []
-        have, rounds = 0, 0
+        have, rounds, drawn = 0, 0, 0
         while True:
-            part = self._rollout(self.sampler.take(want - have), alg.group_size,
-                                 rows_source=self.train_rows, decoding=Decoding(
-                                     self.spec.rollout.temperature, self.spec.rollout.top_p,
-                                     self.spec.rollout.top_k), generator=self.generator)
+            indices = self.sampler.take(want - have)  # the same global draw on every rank
+            owned = self.world.groups(len(indices))
+            self.n_groups, self.owned = len(indices), owned
+            part = self._rollout(
+                indices[owned.start:owned.stop], alg.group_size, rows_source=self.train_rows,
+                decoding=Decoding(self.spec.rollout.temperature, self.spec.rollout.top_p,
+                                  self.spec.rollout.top_k),
+                generator=group_generators(self.spec.seed, self.update_count,
+                                           range(drawn + owned.start, drawn + owned.stop)))
+            drawn += len(indices)
             if self.critic is not None:  # recorded now, for exactly these completions
                 with self.compute():
                     part.values = rollout_values(self.critic, part)
@@ -406,9 +444,10 @@ class Trainer:
         stop = total if until is None else min(until, total)
         out.trajectories.mkdir(parents=True, exist_ok=True)
         self.commit()
-        progress = Progress(total, start=self.update_count)
+        main = self.world.is_main  # validation, like every output, is rank 0's alone
+        progress = Progress(total, start=self.update_count, quiet=not main)
         every_eval = spec.evaluation.every
-        if every_eval and self.val_rows and self.update_count == 0:
+        if every_eval and self.val_rows and self.update_count == 0 and main:
             self.log_metrics({"step": 0, **self.validate()})
         with progress, contextlib.closing(self):
             while self.update_count < stop:
@@ -416,16 +455,20 @@ class Trainer:
                 batch, rounds, sampled_rewards = self.collect_batch()
                 with learner_update_guard(out.root, self.steps, self.update_count + 1):
                     metrics = self.learn(batch)
+                if self.world.parallel:
+                    sampled_rewards = torch.cat(self.world.all_gather(sampled_rewards))
                 if sampled_rewards.numel():  # none when every conversation failed
                     metrics.update({"reward/mean": float(sampled_rewards.mean()),
                                     "reward/std": float(sampled_rewards.std())
                                     if sampled_rewards.numel() > 1 else 0.0})
                 self.update_count += 1
                 self.write_receipt(batch, rounds)
-                if every_eval and self.val_rows and self.update_count % every_eval == 0:
+                if every_eval and self.val_rows and self.update_count % every_eval == 0 and main:
                     metrics.update(self.validate())
                 elapsed = time.perf_counter() - t0
                 tokens = float(batch.response_mask.sum()) if batch is not None else 0.0
+                if self.world.parallel:
+                    tokens = sum(self.world.all_gather(tokens))
                 metrics.update({"step": self.update_count, "tokens_per_second":
                                 tokens / elapsed if elapsed > 0 else 0.0,
                                 "time/update_s": elapsed})
@@ -435,7 +478,7 @@ class Trainer:
                     self.save_checkpoint()
                 self.commit()
                 progress.advance(metrics)
-        if self.update_count == total:
+        if self.update_count == total and main:
             self.save_final()
 
     def close(self) -> None:
@@ -482,11 +525,21 @@ class Trainer:
                 update_policy=self.update_count >= spec.algorithm.gae.critic.warmup_updates)
         else:
             advantages = advantages_for(batch, spec.algorithm, spec.environment)
+            parallel = self.world.parallel  # one process keeps the batch's own group count
             metrics = update(self.model, self.optimizer, self.scheduler, batch, advantages,
-                             ref_logp, self.learner_cfg, self.generator)
-        metrics.update({
-            "response_length/mean": float(batch.response_mask.sum(-1).mean()),
-            "groups/kept": float(int(batch.group_ids.max()) + 1), **extra})
+                             ref_logp, self.learner_cfg, self.generator, world=self.world,
+                             n_groups=self.n_groups if parallel else None,
+                             owned=self.owned if parallel else None)
+        lengths = batch.response_mask.sum(-1)
+        counts = torch.tensor([float(lengths.sum()), float(lengths.numel()),
+                               float(int(batch.group_ids.max()) + 1)], dtype=torch.float64)
+        if self.world.parallel:
+            self.world.all_reduce(counts)
+            mean_length = float(counts[0] / counts[1])
+        else:  # as it always was: the float32 mean
+            mean_length = float(lengths.mean())
+        metrics.update({"response_length/mean": mean_length,
+                        "groups/kept": float(counts[2]), **extra})
         if isinstance(batch, ConversationBatch):
             self._write_conversations()
         else:
@@ -512,13 +565,20 @@ class Trainer:
         elif batch is None:
             receipt.update(groups=[], samples=0, prompt_tokens=0, response_tokens=0)
         else:
-            groups = sorted({(int(g), int(i)) for g, i in zip(batch.group_ids.tolist(),
-                                                              batch.prompt_index.tolist(),
-                                                              strict=True)})
-            receipt.update(groups=[{"group": g, "prompt_index": i} for g, i in groups],
-                           samples=batch.size, prompt_tokens=int(batch.prompt_mask.sum()),
-                           response_tokens=int(batch.response_mask.sum()))
-        self.out.append(self.out.receipts, receipt)
+            first = self.owned.start if self.world.parallel else 0  # global group ids
+            groups = sorted({(int(g) + first, int(i)) for g, i in
+                             zip(batch.group_ids.tolist(), batch.prompt_index.tolist(),
+                                 strict=True)})
+            local = {"groups": groups, "samples": batch.size,
+                     "prompt_tokens": int(batch.prompt_mask.sum()),
+                     "response_tokens": int(batch.response_mask.sum())}
+            ranks = self.world.all_gather(local)
+            receipt.update(groups=[{"group": g, "prompt_index": i}
+                                   for r in ranks for g, i in r["groups"]],
+                           **{k: sum(r[k] for r in ranks)
+                              for k in ("samples", "prompt_tokens", "response_tokens")})
+        if self.world.is_main:
+            self.out.append(self.out.receipts, receipt)
 
     def _conversation_receipt(self, batch: ConversationBatch | None) -> dict[str, Any]:
         """Per update: every conversation, the turns it learned from (none when excluded, with
@@ -555,15 +615,22 @@ class Trainer:
                     "excluded": got.excluded.get(n)}) + "\n")
 
     def _write_trajectories(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
+        """Rank 0 writes every rank's samples, in global group order (ranks hold contiguous
+        blocks), so the file is the one a single process writes."""
         texts = self.tokenizer.batch_decode(
             torch.where(batch.response_mask.bool(), batch.response_ids,
                         self.tokenizer.pad_token_id), skip_special_tokens=True)
+        first = self.owned.start if self.world.parallel else 0
+        rows = [{"group": int(batch.group_ids[i]) + first,
+                 "prompt_index": int(batch.prompt_index[i]),
+                 "response": text, "reward": float(rewards[i])} for i, text in enumerate(texts)]
+        every = [row for part in self.world.all_gather(rows) for row in part]
+        if not self.world.is_main:
+            return
         path = self.out.trajectories / f"update-{self.update_count + 1:06d}.jsonl"
         with open(path, "w", encoding="utf-8") as fh:
-            for i, text in enumerate(texts):
-                fh.write(json.dumps({"group": int(batch.group_ids[i]),
-                                     "prompt_index": int(batch.prompt_index[i]),
-                                     "response": text, "reward": float(rewards[i])}) + "\n")
+            for row in every:
+                fh.write(json.dumps(row) + "\n")
 
     def save_final(self) -> None:
         """The trained model (adapters only under LoRA), renamed into place when complete."""

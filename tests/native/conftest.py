@@ -30,7 +30,7 @@ def tiny_spec(**changes: Any) -> dict[str, Any]:
         *parents, last = path.split(".")
         node = doc
         for part in parents:
-            node = node[part]
+            node = node.setdefault(part, {})
         node[last] = copy.deepcopy(value)
     return doc
 
@@ -66,3 +66,16 @@ def make_trainer(tmp_path):
         return Trainer(settings, tmp_path / out)
 
     return make
+
+
+def signal_reward(directory: Path) -> dict[str, Any]:
+    """A reward section whose score differs between the samples of a group (the parity of the
+    response's characters), for tests that need every update to have a learning signal whatever
+    the tiny random model samples: the task reward is 0 for nearly every sample, so whether an
+    early update moves the weights would otherwise depend on the luck of the draw."""
+    from stateset_backend.core.content import sha256_file
+
+    path = directory / "parity_reward.py"
+    path.write_text("def score(prompt, response, answer):\n"
+                    "    return float(sum(map(ord, response)) % 2)\n")
+    return {"kind": "python", "entrypoint": f"{path}:score", "sha256": sha256_file(path)}

@@ -15,7 +15,7 @@ from stateset_backend.native import checkpoint
 from stateset_backend.native import objectives as O
 from stateset_backend.native.batch import BatchIntegrityError, check_batch, check_returns
 
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, signal_reward
 
 
 def ppo_spec(tiny, **critic):
@@ -119,9 +119,10 @@ def test_the_integrity_check_covers_values_and_returns(tiny, make_trainer):
         check_returns(batch)
 
 
-def test_critic_warmup_leaves_the_policy_untouched(tiny, make_trainer):
+def test_critic_warmup_leaves_the_policy_untouched(tiny, make_trainer, tmp_path):
     doc = ppo_spec(tiny, warmup_updates=2)
     doc["optim"]["warmup_steps"] = 0  # the policy's first update then moves it
+    doc["reward"] = signal_reward(tmp_path)  # ... given something to learn from
     trainer = make_trainer(doc, "warmup")
     policy = _policy(trainer)
     trainer.train(until=2)

@@ -23,13 +23,17 @@ from stateset_backend.cli import main
 pytestmark = pytest.mark.slow
 
 
-def _tiny_spec(**changes):
+def _conftest():
     where = importlib.util.spec_from_file_location("native_conftest",
                                                    Path(__file__).with_name("conftest.py"))
     assert where is not None and where.loader is not None
     conftest = importlib.util.module_from_spec(where)
     where.loader.exec_module(conftest)
-    return conftest.tiny_spec(**changes)
+    return conftest
+
+
+def _tiny_spec(**changes):
+    return _conftest().tiny_spec(**changes)
 
 
 def _plan(tmp: Path, doc: dict) -> tuple[Path, str]:
@@ -69,6 +73,7 @@ def test_a_learner_update_that_fails_part_way(capsys, tmp_path):
     doc = _tiny_spec(**{"optim.lr": 1e10, "budget.total_updates": 4,
                         "checkpoint.every": 1, "evaluation.every": None,
                         "evaluation.select_by": None})
+    doc["reward"] = _conftest().signal_reward(tmp_path)  # so update 2's first step moves
     plan, run_id = _plan(tmp_path, doc)
     runs = tmp_path / "runs"
     code, _, err = _cli(capsys, "run", "--runs-dir", runs, "--quiet", plan)
@@ -110,6 +115,7 @@ def test_a_learner_failure_before_any_step_is_a_plain_failure(capsys, tmp_path):
     doc = _tiny_spec(**{"optim.lr": 1e30, "optim.warmup_steps": 0, "budget.total_updates": 2,
                         "budget.mini_batches": 1, "budget.ppo_epochs": 1,
                         "evaluation.every": None, "evaluation.select_by": None})
+    doc["reward"] = _conftest().signal_reward(tmp_path)  # so update 1's step moves
     plan, run_id = _plan(tmp_path, doc)
     runs = tmp_path / "runs"
     code, _, err = _cli(capsys, "run", "--runs-dir", runs, "--quiet", plan)
