@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -48,7 +49,14 @@ def _emit(args: argparse.Namespace, doc: Any, text: str | Callable[[], None]) ->
 def _console() -> Any:
     from rich.console import Console
 
-    return Console(soft_wrap=False)
+    class PipeConsole(Console):
+        """rich exits 1 on a closed pipe; hand it to main, which treats it as a normal end."""
+
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return PipeConsole(soft_wrap=False)
 
 
 # -- shared steps --------------------------------------------------------------------------
@@ -315,21 +323,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .core.errors import InvalidInput
-    from .core.plan import load_plan
-    from .core.runner import completed, raise_for_status, run_plan
+    from .core.runner import completed, newest_checkpoint, raise_for_status, run_plan
     from .core.store import RunStore, runs_dir_from
 
     registry = _registry()
+    store = RunStore(runs_dir_from(args.runs_dir))
+    if args.resume and args.engine is not None:
+        raise InvalidInput(_resume_needs_plan(args.document, args.engine, store))
     if args.engine is not None:
         args.spec = args.document
         plan = _make_plan(args, registry)
     elif args.engine_version is not None:
         raise InvalidInput("--engine-version needs --engine (a plan already fixes the version)")
     else:
-        plan = load_plan(args.document)
-    store = RunStore(runs_dir_from(args.runs_dir))
-    if args.resume and args.engine is not None:
-        raise InvalidInput("--resume continues an earlier run: pass its PLAN, not --engine SPEC")
+        plan = _load_run_document(args.document)
     done = completed(plan, store) if args.resume else None
     if done is not None:
         result, path = done
@@ -344,9 +351,46 @@ def cmd_run(args: argparse.Namespace) -> int:
                             echo_stderr=not args.quiet, resume=args.resume,
                             engine_home=args.engine_home, ray_address=args.ray_address,
                             allow_runtime_change=args.allow_runtime_change)
-    raise_for_status(result, path)
+    if result.status != "succeeded":
+        newest = newest_checkpoint(registry.get(plan.engine).adapter, store, plan.run_id)
+        raise_for_status(result, path, None if newest is None else newest[1].update)
     _emit(args, result.to_json(), _run_summary(result, path))
     return 0
+
+
+def _load_run_document(path: str) -> Any:
+    """A plan; a spec given without ``--engine`` is named as such, not as a broken plan."""
+    from .core.errors import InvalidInput
+    from .core.jsonio import read_json
+    from .core.plan import load_plan
+
+    try:
+        return load_plan(path)
+    except InvalidInput:
+        doc = read_json(path, what="plan")
+        if isinstance(doc, dict) and "schema" not in doc and "run_id" not in doc and \
+                {"model", "data", "algorithm", "reward"} & set(doc):
+            raise InvalidInput(f"{path}: a spec, not a plan: run it with --engine ENGINE "
+                               f"(`run --engine native {path}`), or run a plan made by "
+                               "`plan`") from None
+        raise
+
+
+def _resume_needs_plan(spec_path: str, engine: str, store: Any) -> str:
+    """--resume continues one run, which a spec cannot name: point at the plan of the newest
+    run of this spec on this engine in the run store, or say that there is none."""
+    from .core.digest import experiment_digest
+
+    digest = experiment_digest(_spec(spec_path))
+    rows = store.query(digest=digest, engine=engine)
+    head = "--resume continues an earlier run: pass its PLAN, not --engine SPEC"
+    if not rows:
+        return (f"{head}; {store.root} holds no run of this spec on {engine} (`runs list` "
+                "shows the runs there, --runs-dir picks another store)")
+    plan = store.run_dir(rows[0]["run_id"]) / "plan.json"
+    return (f"{head}: the newest run of this spec on {engine} is {rows[0]['run_id']} "
+            f"({rows[0]['status']}): stateset-backend run {shlex.quote(str(plan))} --resume"
+            f" --runs-dir {shlex.quote(str(store.root))}")
 
 
 def _run_summary(result: Any, path: Path) -> str:

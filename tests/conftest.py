@@ -5,14 +5,62 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stateset_backend.conformance.specs import FULL_DAPO, FULL_PPO, MINIMAL
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "plugins"
+# Plugins that exist to be tested (one of them is broken on purpose): the suite loads them as
+# real distributions through entry points, but never installs them where users work.
+TEST_PLUGINS = ("stateset-echo-engine", "stateset-broken-plugin")
+_session_site: Path | None = None
+
+
+def _distribution_site(root: Path, projects: list[Path]) -> None:
+    """A folder that Python's import system and importlib.metadata read like site-packages.
+
+    Each project's packages are linked in beside a dist-info holding its name, version and
+    entry points, all taken from its pyproject.toml, so discovery runs exactly as it does
+    after `pip install`.
+    """
+    for project in projects:
+        meta = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
+        info = meta["project"]
+        for package in meta["tool"]["setuptools"]["packages"]:
+            (root / package).symlink_to(project / package, target_is_directory=True)
+        dist_info = root / f"{info['name'].replace('-', '_')}-{info['version']}.dist-info"
+        dist_info.mkdir()
+        (dist_info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {info['name']}\nVersion: {info['version']}\n",
+            encoding="utf-8")
+        lines = []
+        for group, points in info.get("entry-points", {}).items():
+            lines.append(f"[{group}]")
+            lines += [f"{name} = {target}" for name, target in points.items()]
+        (dist_info / "entry_points.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Put the test plugins on the path of this process and of every CLI it starts."""
+    global _session_site
+    _session_site = Path(tempfile.mkdtemp(prefix="stateset-test-plugins-"))
+    _distribution_site(_session_site, [EXAMPLES / name for name in TEST_PLUGINS])
+    sys.path.insert(0, str(_session_site))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(_session_site), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _session_site is not None:
+        shutil.rmtree(_session_site, ignore_errors=True)
 
 
 @pytest.fixture

@@ -137,12 +137,14 @@ def test_values_no_engine_can_carry_are_invalid_input(capsys, write_json, minima
         assert json.loads(out)["error"]["exit_code"] == 2
 
 
-def test_a_closed_pipe_ends_quietly():
+@pytest.mark.parametrize("command", [("schema", "spec"), ("engines",)])
+def test_a_closed_pipe_ends_quietly(command):
     import subprocess
     import sys
 
-    # The reader is gone before the first write: every write fails with EPIPE.
-    proc = subprocess.Popen([sys.executable, "-m", "stateset_backend", "schema", "spec"],
+    # The reader is gone before the first write: every write fails with EPIPE (a JSON print,
+    # and a rich table, whose console would otherwise exit 1).
+    proc = subprocess.Popen([sys.executable, "-m", "stateset_backend", *command],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()
@@ -195,3 +197,13 @@ def test_an_unknown_builtin_model_is_invalid_at_plan_time(capsys, write_json, mi
     minimal["data"]["chat_template"] = False
     code, _, err = _in_process(capsys, "plan", "--engine", "native", str(write_json(minimal)))
     assert code == 2 and "model.path: no built-in model 'nope'" in err, err
+
+
+@pytest.mark.parametrize("objective", ["bogus", {"x": 1}, None])
+def test_a_bad_objective_is_the_one_problem_reported(capsys, write_json, minimal, objective):
+    from stateset_backend.cli import main
+
+    minimal["algorithm"] = {"objective": objective} if objective is not None else {}
+    assert main(["validate", str(write_json(minimal))]) == 2
+    expected = "Field required" if objective is None else "Input should be 'grpo'"
+    assert f"1 problem(s): algorithm.objective: {expected}" in capsys.readouterr().err

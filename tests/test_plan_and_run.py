@@ -154,6 +154,10 @@ def test_timeout_kills_the_engine(cli, echo_spec, tmp_path):
     result = _result(runs)
     assert result["status"] == "failed"
     assert any(c["detail"] == "timed out" for c in result["checks"])
+    plan = runs / result["run_id"] / "plan.json"  # echo writes no checkpoint: a plain rerun
+    assert proc.stderr.rstrip().endswith(
+        f"no checkpoint to resume from, run it again with: stateset-backend run {plan} "
+        f"--runs-dir {runs}"), proc.stderr
 
 
 def test_ctrl_c_kills_the_whole_process_group(echo_spec, tmp_path):

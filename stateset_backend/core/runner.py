@@ -52,21 +52,37 @@ def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore)
         raise Unsupported(f"{plan.engine} {plan.engine_version} cannot resume exactly "
                           "(no resume:exact in its contract)")
     quarantine.refuse_if_quarantined(store.run_dir(plan.run_id), plan.run_id, "resume it")
-    attempts = store.run_dir(plan.run_id) / "attempts"
-    numbered = sorted((p for p in attempts.glob("*") if p.name.isdigit()),
-                      key=lambda p: int(p.name), reverse=True) if attempts.is_dir() else []
-    for attempt_dir in numbered:
+    newest = newest_checkpoint(adapter, store, plan.run_id)
+    if newest is None:
+        attempts = store.run_dir(plan.run_id) / "attempts"
+        count = len(_attempt_dirs(store, plan.run_id))
+        raise ResumeImpossible(f"run {plan.run_id} has no complete checkpoint to resume from "
+                               f"in {attempts} ({count} earlier attempt(s))")
+    attempt, found = newest
+    problem = adapter.checkpoint_problem(found, plan.experiment_digest)
+    if problem is not None:  # never fall back silently to older state
+        quarantine.mark(store.run_dir(plan.run_id), fault="restore", reason=problem,
+                        update=found.update, attempt=attempt)
+        raise ResumeImpossible(f"run {plan.run_id}: the newest checkpoint (update "
+                               f"{found.update}) cannot be resumed: {problem}")
+    return found
+
+
+def _attempt_dirs(store: RunStore, run_id: str) -> list[Path]:
+    """A run's attempt folders, newest first."""
+    attempts = store.run_dir(run_id) / "attempts"
+    return sorted((p for p in attempts.glob("*") if p.name.isdigit()),
+                  key=lambda p: int(p.name), reverse=True) if attempts.is_dir() else []
+
+
+def newest_checkpoint(adapter: EngineAdapter, store: RunStore,
+                      run_id: str) -> tuple[int, Checkpoint] | None:
+    """(attempt, checkpoint) of the newest complete checkpoint of any attempt, unchecked."""
+    for attempt_dir in _attempt_dirs(store, run_id):
         found = adapter.latest_checkpoint(attempt_dir)
         if found is not None:
-            problem = adapter.checkpoint_problem(found, plan.experiment_digest)
-            if problem is not None:  # never fall back silently to older state
-                quarantine.mark(store.run_dir(plan.run_id), fault="restore", reason=problem,
-                                update=found.update, attempt=int(attempt_dir.name))
-                raise ResumeImpossible(f"run {plan.run_id}: the newest checkpoint (update "
-                                       f"{found.update}) cannot be resumed: {problem}")
-            return found
-    raise ResumeImpossible(f"run {plan.run_id} has no complete checkpoint to resume from in "
-                           f"{attempts} ({len(numbered)} earlier attempt(s))")
+            return int(attempt_dir.name), found
+    return None
 
 
 def completed(plan: LaunchPlan, store: RunStore) -> tuple[Result, Path] | None:
@@ -229,8 +245,9 @@ def collect_and_validate(plan: LaunchPlan, adapter: EngineAdapter, attempt: Atte
         warnings=warnings or [])
 
 
-def raise_for_status(result: Result, path: Path) -> None:
-    """Map a non-successful result onto the error (and exit code) the CLI reports."""
+def raise_for_status(result: Result, path: Path, resume_from: int | None = None) -> None:
+    """Map a non-successful result onto the error (and exit code) the CLI reports;
+    ``resume_from`` is the update of the newest checkpoint a resume would start from."""
     failed = [f"{c.name}: {c.detail}" for c in result.checks if not c.ok]
     detail = "; ".join(failed)
     errors: dict[str, type[StatesetError]] = {
@@ -238,5 +255,26 @@ def raise_for_status(result: Result, path: Path) -> None:
         "quarantined": EngineFailed}
     if result.status in errors:
         raise errors[result.status](f"run {result.run_id} attempt {result.attempt} "
-                                    f"{result.status}: {detail} (result: {path})",
+                                    f"{result.status}: {detail} (result: {path})"
+                                    f"{next_step(result, path, resume_from)}",
                                     details=result.to_json())
+
+
+def next_step(result: Result, path: Path, resume_from: int | None) -> str:
+    """The exact command that continues a stopped run, so that nobody starts it afresh by
+    hand: resume from its newest checkpoint, or retry when there is none; a quarantined run
+    needs ``runs verify`` first. Nothing for an invalid one, whose outputs are suspect."""
+    import shlex
+
+    if result.status not in ("interrupted", "failed", "quarantined"):
+        return ""
+    plan = path.parent / "plan.json"
+    root = shlex.quote(str(plan.parent.parent))
+    command = f"stateset-backend run {shlex.quote(str(plan))} --runs-dir {root}"
+    if resume_from is None:
+        return f"; no checkpoint to resume from, run it again with: {command}"
+    resume = f"{command} --resume"
+    if result.status == "quarantined":
+        return (f"; verify it, then resume: stateset-backend runs verify {result.run_id} "
+                f"--runs-dir {root} && {resume}")
+    return f"; resume from the checkpoint of update {resume_from} with: {resume}"

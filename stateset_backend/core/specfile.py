@@ -39,8 +39,14 @@ def format_errors(exc: ValidationError, model: type[BaseModel] = ExperimentSpec)
     """One ``path: message`` line per problem, with 'did you mean' for near-miss keys."""
     lines: list[str] = []
     seen: set[str] = set()
-    for err in exc.errors(include_url=False):
+    errors = exc.errors(include_url=False)
+    # A missing or unknown objective leaves its recipe unfilled: every key the recipe would
+    # have given is then "Field required", noise that hides the one problem to fix.
+    no_recipe = {tuple(e["loc"][:-1]) for e in errors if e["loc"] and e["loc"][-1] == "objective"}
+    for err in errors:
         loc = tuple(err["loc"])
+        if err["type"] == "missing" and loc[:-1] in no_recipe and loc[-1] != "objective":
+            continue
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             known = _fields_at(model, loc[:-1])

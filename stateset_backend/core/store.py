@@ -160,8 +160,8 @@ class RunStore:
             try:
                 if not self.index_path.is_file():
                     raise sqlite3.DatabaseError("no index")
-                with closing(sqlite3.connect(f"file:{self.index_path}?mode=ro",
-                                             uri=True)) as conn:
+                with closing(sqlite3.connect(
+                        f"{self.index_path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
                     where, args = [], []
                     for column, value in (("experiment_digest", digest), ("engine", engine),
                                           ("status", status)):

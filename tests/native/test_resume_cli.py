@@ -23,12 +23,16 @@ def test_interrupt_then_resume(cli, tiny, spec_file, tmp_path):
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
     first = json.loads((runs / run_id / "result.json").read_text())
     assert first["status"] == "interrupted" and first["committed_updates"] < 40
+    # The message names the exact command that continues the run, and that command works.
+    stored = runs / run_id / "plan.json"
+    hint = f"stateset-backend run {stored} --runs-dir {runs} --resume"
+    assert "resume from the checkpoint of update " in err and err.rstrip().endswith(hint), err
 
-    resumed = cli("run", "--runs-dir", runs, "--resume", "--quiet", plan)
+    resumed = cli(*hint.split()[1:], "--quiet")
     assert resumed.returncode == 0, resumed.stderr
     result = json.loads((runs / run_id / "result.json").read_text())
     assert result["attempt"] == 2 and result["status"] == "succeeded"
@@ -49,6 +53,28 @@ def test_resume_without_a_checkpoint_is_exit_6(cli, tiny, spec_file, tmp_path):
     assert "has no complete checkpoint to resume from" in proc.stderr
 
 
-def test_resume_needs_a_plan(cli, tiny, spec_file, tmp_path):
-    proc = cli("run", "--engine", "native", "--resume", spec_file(tiny()))
-    assert proc.returncode == 2 and "pass its PLAN" in proc.stderr
+def test_resume_needs_a_plan_and_names_the_runs_one(capsys, tiny, spec_file, tmp_path):
+    from stateset_backend.cli import main
+
+    spec, runs = spec_file(tiny(**{"budget.total_updates": 2})), tmp_path / "runs"
+    assert main(["run", "--engine", "native", "--resume", "--runs-dir", str(runs), str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "pass its PLAN" in err and f"{runs} holds no run of this spec on native" in err
+    assert main(["run", "--engine", "native", "--quiet", "--runs-dir", str(runs), str(spec)]) == 0
+    capsys.readouterr()
+    assert main(["run", "--engine", "native", "--resume", "--runs-dir", str(runs), str(spec)]) == 2
+    err = capsys.readouterr().err
+    (run_id,) = [p.name for p in runs.iterdir() if p.is_dir()]
+    assert err.rstrip().endswith(f"the newest run of this spec on native is {run_id} (succeeded): "
+                                 f"stateset-backend run {runs / run_id / 'plan.json'} --resume "
+                                 f"--runs-dir {runs}"), err
+
+
+def test_a_spec_without_engine_is_named_a_spec(capsys, tiny, spec_file):
+    from stateset_backend.cli import main
+
+    spec = spec_file(tiny())
+    assert main(["run", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}: a spec, not a plan: run it with --engine ENGINE" in err, err
+    assert "Field required" not in err
