@@ -33,7 +33,8 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         from .core.errors import InvalidInput
 
-        raise InvalidInput(f"{self.prog}: {message}")
+        command = self.prog.removeprefix(PROG).strip()  # main adds the program's name
+        raise InvalidInput(f"{command}: {message}" if command else message)
 
 
 def _emit(args: argparse.Namespace, doc: Any, text: str | Callable[[], None]) -> None:
@@ -559,7 +560,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     if len(args.engine) != 1:
         raise InvalidInput("conformance: name one ENGINE (or pass --matrix)")
     report = runner.run_conformance(registry.get(args.engine[0]), args.engine_version)
-    if args.json == "-":
+    if args.json in ("-", True):  # True: the top-level --json
         print(json.dumps(report, indent=2))
     else:
         if args.json:
@@ -624,11 +625,18 @@ def cmd_runs_export(args: argparse.Namespace) -> int:
 
 # -- parser --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    # The flags work before or after the subcommand. A subcommand's copy leaves the
+    # namespace alone unless given (SUPPRESS), so it never resets what the top level read.
+    top = _Parser(add_help=False)
+    top.add_argument("--json", action="store_true", help="print data as JSON")
+    top.add_argument("--debug", action="store_true", help="show tracebacks")
     common = _Parser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print data as JSON")
-    common.add_argument("--debug", action="store_true", help="show tracebacks")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print data as JSON")
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks")
 
-    parser = _Parser(prog=PROG, parents=[common],
+    parser = _Parser(prog=PROG, parents=[top],
                      description="Run one backend-neutral RL post-training experiment on any "
                                  "engine, and keep its identity.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
@@ -756,11 +764,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("engine", nargs="*", metavar="ENGINE")
     p.add_argument("--engine-version", action="append", metavar="V",
                    help="check this version (repeatable; default: every dialect's first)")
-    p.add_argument("--json", nargs="?", const="-", metavar="REPORT",
+    p.add_argument("--json", nargs="?", const="-", metavar="REPORT", default=argparse.SUPPRESS,
                    help="write the report as JSON to REPORT (stdout without a path)")
     p.add_argument("--matrix", action="store_true",
                    help="print the compatibility matrix (Markdown) of the built-in engines")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show tracebacks")
     return parser
 
 

@@ -88,6 +88,29 @@ def test_unknown_command(cli):
     _one_line_error(cli("launch"), 2, "invalid choice")
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["launch"], "stateset-backend: error: argument command: invalid choice: 'launch'"),
+    (["validate"], "stateset-backend: error: validate: the following arguments are required"),
+    (["runs", "show"], "stateset-backend: error: runs show: the following arguments are "
+                       "required: run"),
+])
+def test_argument_errors_name_the_program_once(capsys, argv, line):
+    from stateset_backend.cli import main
+
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(line)
+
+
+@pytest.mark.parametrize("argv", [["validate", "SPEC"], ["engines"], ["digest", "SPEC"],
+                                  ["conformance", "native", "--engine-version", "0.1.0"]])
+def test_json_before_the_subcommand_is_honoured(capsys, write_json, minimal, argv):
+    from stateset_backend.cli import main
+
+    spec = str(write_json(minimal))
+    main(["--json", *[spec if a == "SPEC" else a for a in argv]])
+    assert isinstance(json.loads(capsys.readouterr().out), dict)
+
+
 def test_failed_plan_writes_nothing(cli, write_json, minimal, tmp_path):
     minimal["algorithm"] = {"objective": "cispo"}
     out = tmp_path / "plan.json"
