@@ -44,8 +44,9 @@ def weird_value(rng: random.Random) -> Any:
     return rng.choice(["grpo", "dapo", "ppo", "token_mean", "k3", "hf", "vllm", "float32"])
 
 
-def same_kind(value: Any, rng: random.Random) -> Any:
-    """A hostile value of the same JSON type, so validation often accepts it."""
+def same_kind(value: Any, rng: random.Random, depth: int = 0) -> Any:
+    """A hostile value of the same JSON type, so validation often accepts it. Deep nesting
+    (a mutation of its own) is kept as it is below 32 levels, where the spec refuses it."""
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):
@@ -55,8 +56,8 @@ def same_kind(value: Any, rng: random.Random) -> Any:
     if isinstance(value, str):
         return value + rng.choice(["${oc.env:HOME}", " --help", "{run_dir}", "'\"", ",x=1",
                                    "é", "\\", " ", "--x=y"])
-    if isinstance(value, list):
-        return [same_kind(v, rng) for v in value]
+    if isinstance(value, list) and depth < 32:
+        return [same_kind(v, rng, depth + 1) for v in value]
     return value
 
 

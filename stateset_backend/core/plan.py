@@ -26,7 +26,7 @@ from .jsonio import atomic_write_json, read_json
 from .registry import AdapterEntry
 from .rules import Translation, option_conflict, translate
 from .spec import ExperimentSpec
-from .specfile import parse_spec
+from .specfile import SAFE_INTEGER, parse_spec
 
 PLAN_SCHEMA_ID = "stateset-backend/plan/v2"
 Provider = Literal["local", "ray"]
@@ -108,6 +108,7 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
         launch = adapter.render(translation, spec, ctx)
     native = launch.native if launch.native is not None else translation.native
     check_all_pinned(adapter.name, dialect, native)
+    _refuse_inexact_integers(adapter.name, {"native": native, **launch.to_json()})
     options = spec.engine_options.get(adapter.name, {})
     if options:
         # What the launch sets on its own (identity, outputs, fixed switches, memory knobs) is
@@ -147,6 +148,22 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     }
     doc["checksum"] = plan_checksum(doc)
     return LaunchPlan.model_validate(doc)
+
+
+def _refuse_inexact_integers(engine: str, doc: Any, path: str = "") -> None:
+    """A launch value the adapter derived (a sum or product of spec counts) that canonical
+    JSON cannot carry exactly would make the plan unhashable: the spec's counts are too large
+    for this engine, which is the user's to change."""
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            _refuse_inexact_integers(engine, value, f"{path}.{key}" if path else str(key))
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            _refuse_inexact_integers(engine, value, f"{path}.{i}")
+    elif isinstance(doc, int) and not isinstance(doc, bool) and abs(doc) > SAFE_INTEGER:
+        raise InvalidInput(f"{engine} launch value {path} = {doc} is derived from the spec's "
+                           "counts and exceeds 2^53 - 1, which a plan cannot carry exactly; "
+                           "lower the budget or token limits")
 
 
 def guard_engine_options(engine: str, options: dict[str, Any], native: dict[str, Any]) -> None:

@@ -58,7 +58,11 @@ RL_ONLY_ALGORITHM_KEYS = ("group_size", "clip", "ratio_level", "kl", "advantage"
 
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$",
                                  description="lower-case hex SHA-256 of the content")]
-PositiveInt = Annotated[int, Field(ge=1)]
+# Counts (tokens, samples, updates, processes) beyond 2^24 describe no real experiment, and
+# the sums and products engines derive from them must stay inside canonical JSON's 2^53.
+MAX_COUNT = 2**24
+PositiveInt = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
@@ -148,7 +152,7 @@ class Critic(_Section):
         0.5, gt=0.0, description="value loss 0.5 * max((V - R)^2, (V_clip - R)^2) with V_clip "
                                  "= V_old + clamp(V - V_old, -value_clip, value_clip), V_old the "
                                  "value recorded at rollout; null = unclipped (V - R)^2 / 2")
-    warmup_updates: int = Field(0, ge=0, description="the first N updates train the critic "
+    warmup_updates: Count = Field(0, description="the first N updates train the critic "
                                 "only: the policy is not updated until update N + 1")
 
 
@@ -440,7 +444,7 @@ class Optim(_Section):
     grad_clip: float = Field(1.0, gt=0.0, description="max global grad norm")
     schedule: Schedule = Field("constant", description="LR after warmup: constant, or a "
                                "cosine / linear decay to min_lr_ratio * lr at total_updates")
-    warmup_steps: int = Field(0, ge=0, description="updates of linear warmup: update u < W "
+    warmup_steps: Count = Field(0, description="updates of linear warmup: update u < W "
                               "runs at lr * u / W; the schedule advances once per update")
     min_lr_ratio: Probability = Field(0.0, description="floor of the decay, as a fraction "
                                                        "of lr")
@@ -484,7 +488,7 @@ class Resources(_Section):
     experiment whatever the world size (the native engine proves it in its tests)."""
 
     nodes: PositiveInt = 1
-    gpus_per_node: int = Field(0, ge=0)
+    gpus_per_node: Count = 0
     processes_per_node: PositiveInt | None = Field(
         None, description="training processes per node (data-parallel ranks); default: "
                           "gpus_per_node, or 1 without GPUs. Set it to run several CPU "
@@ -522,7 +526,8 @@ class ExperimentSpec(_Section):
         "declared", description="declared: an engine may run with a deviation its contract "
                                 "names and quantifies (shown by explain, recorded in plan and "
                                 "result); strict: any declared deviation is refused")
-    seed: int = Field(ge=0)
+    seed: int = Field(ge=0, le=2**32 - 1,
+                      description="engines seed numpy with it, which takes 32 bits")
     algorithm: Algorithm
     model: Model
     data: Data
