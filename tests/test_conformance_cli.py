@@ -61,3 +61,11 @@ def test_dialect_versions_cover_every_dialect():
         versions = runner.dialect_versions(contract)
         assert {contract.dialect(Version(v)).name for v in versions} == \
             {d.name for d in contract.dialects}, name
+
+
+def test_the_kit_runs_twice_in_one_process():
+    from stateset_backend.core.registry import build_registry
+
+    entry = build_registry().get("native")
+    counts = [runner.run_conformance(entry, ["0.1.0"])["counts"] for _ in range(2)]
+    assert counts[0] == counts[1] and counts[0]["failed"] == 0 and counts[0]["passed"] > 40

@@ -87,6 +87,9 @@ def run_module(path: Path, node: str = "", extra: list[str] | None = None) -> di
     ini.write_text("[pytest]\n", encoding="utf-8")
     args = [f"{path}{node}", "-q", "--no-header", "--tb=no", "-p", "no:cacheprovider",
             "-c", str(ini), "--rootdir", str(path.parent), "-W", "ignore::DeprecationWarning",
+            # importlib: a second kit run in one process must not collide with the first's
+            # generated module of the same name
+            "--import-mode=importlib",
             *(extra or [])]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
