@@ -487,7 +487,8 @@ def _show_run(doc: dict[str, Any]) -> None:
     console = _console()
     console.print(f"run {doc['run_id']}: {doc['engine']} {doc['engine_version']}, seed "
                   f"{doc['seed']}\n  experiment {doc['experiment_digest']}\n  binding    "
-                  f"{doc['binding_digest']}\n  plan       {doc['plan_checksum']}", markup=False)
+                  f"{doc['binding_digest']}\n  plan       {doc['plan_checksum']}", markup=False,
+                  soft_wrap=True)  # a digest is copied whole, never broken over lines
     for d in doc["deviations"]:
         console.print(f"  declared {d['setting']}: {d['description']}", markup=False)
     for a in doc["attempts"]:
@@ -517,30 +518,46 @@ def _show_run(doc: dict[str, Any]) -> None:
 
 
 def _compare_table(doc: dict[str, Any]) -> None:
+    """One row per attempt, two lines each (run and engine; status and updates), so that the
+    full run id, which users copy, fits an 80-column terminal beside the numbers; declared
+    deviations, which can be long, are listed under the table."""
+    from rich import box
     from rich.table import Table
 
     same = "one experiment" if doc["same_experiment"] else "DIFFERENT experiments"
-    t = Table(title=f"{same}: {', '.join(d[7:19] for d in doc['experiment_digests'])}")
-    for col in ("run", "engine", "status", "updates", "reward", "val reward",
-                "recommended", "test metrics", "deviations"):
-        t.add_column(col, overflow="fold")
+    t = Table(title=f"{same}: {', '.join(d[7:19] for d in doc['experiment_digests'])}",
+              box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    t.add_column("run / engine", no_wrap=True)
+    t.add_column("status", no_wrap=True)
+    for col in ("reward", "val", "rec.", "test", "dev."):
+        t.add_column(col, overflow="fold", min_width=len(col))
 
     def num(value: Any) -> str:
         return f"{value:.3f}" if isinstance(value, int | float) else "-"
 
+    notes: list[str] = []
     for r in doc["attempts"]:
         final, rec = r.get("final", {}), r.get("recommended") or {}
-        t.add_row(f"{r['run_id']}#{r['attempt']}",
-                  f"{r.get('engine', '?')} {r.get('engine_version', '')}", r["status"],
-                  f"{r.get('committed_updates', '-')}/{r.get('planned_updates', '-')}",
+        deviations = [d for d in r.get("deviations", []) if d]
+        notes += [f"{r['run_id']}#{r['attempt']} declares {d}" for d in deviations]
+        t.add_row(f"{r['run_id']}#{r['attempt']}\n"
+                  f"{r.get('engine', '?')} {r.get('engine_version', '')}",
+                  f"{r['status']}\n{r.get('committed_updates', '-')}/"
+                  f"{r.get('planned_updates', '-')}",
                   num(final.get("reward/mean")), num(final.get("val/reward/mean")),
-                  f"update {rec['update']}" if rec.get("update") else "-",
+                  f"@{rec['update']}" if rec.get("update") else "-",
                   "\n".join(f"{e['split']}@{e['update']}: " + ", ".join(
                       f"{k.partition('/')[2] or k} {num(v)}"
                       for k, v in sorted(e["metrics"].items()))
                       for e in r.get("test", [])) or "-",
-                  ", ".join(filter(None, r.get("deviations", []))) or "none")
-    _console().print(t)
+                  str(len(deviations)))
+    console = _console()
+    console.print(t)
+    console.print("status: committed/planned updates; reward, val: final training and "
+                  "validation reward; rec.: the update evaluation.select_by recommends; "
+                  "dev.: declared deviations", markup=False)
+    for note in notes:
+        console.print(note, markup=False)
 
 
 def cmd_conformance(args: argparse.Namespace) -> int:

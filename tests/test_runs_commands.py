@@ -69,6 +69,20 @@ def test_compare_puts_one_experiment_side_by_side(store, capsys):
     assert main(["runs", "compare", "--runs-dir", str(store), "no-such-run"]) == 2
 
 
+def test_the_human_tables_keep_ids_and_digests_whole_in_80_columns(store, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    runs = _json(capsys, "runs", "list", "--runs-dir", str(store))["runs"]
+    assert main(["runs", "compare", "--runs-dir", str(store),
+                 *[r["run_id"] for r in runs]]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 80
+    for r in runs:  # each run id is on one line, to copy it whole
+        assert any(f"{r['run_id']}#{r['attempt']}" in line for line in lines), lines
+    assert main(["runs", "show", "--runs-dir", str(store), runs[0]["run_id"]]) == 0
+    out = capsys.readouterr().out
+    assert f"  experiment {runs[0]['experiment_digest']}\n" in out
+
+
 @pytest.mark.parametrize("damage", ["delete", "corrupt"])
 def test_a_lost_index_loses_nothing(store, capsys, damage):
     index = Path(store) / "index.sqlite"
