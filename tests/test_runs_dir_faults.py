@@ -79,3 +79,20 @@ def test_a_runs_directory_that_cannot_be_created_is_invalid_input(planned, tmp_p
     monkeypatch.setattr(Path, "mkdir", read_only)
     with pytest.raises(InvalidInput, match="cannot record the run there: Read-only"):
         runner.run_plan(plan, registry, RunStore(tmp_path / "runs"))
+
+
+def test_atomic_writes_get_the_mode_of_a_plain_write(tmp_path):
+    """A shared run store must stay readable to the team: not mkstemp's 0600."""
+    import os
+
+    from stateset_backend.core.jsonio import atomic_write_json
+
+    previous = os.umask(0o022)
+    try:
+        atomic_write_json(tmp_path / "plan.json", {"a": 1})
+        plain = tmp_path / "plain.json"
+        plain.write_text("{}")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "plan.json").stat().st_mode & 0o777 == plain.stat().st_mode & 0o777 \
+        == 0o644

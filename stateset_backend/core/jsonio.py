@@ -70,12 +70,21 @@ def dumps(doc: Any) -> str:
     return json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n"
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write via temp file in the same directory, fsync, rename: readers see all or nothing."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        # mkstemp's 0600 would make plans, results and reports unreadable to the team that
+        # shares a run store: give the file the mode a plain open() would (umask applies).
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
