@@ -105,7 +105,7 @@ BROKEN: dict[str, tuple[type[NativeAdapter], str]] = {
 
 MODULE = '''
 import pytest
-from test_conformance_kit import TestNativeConformance, write_native
+from test_conformance_kit import TestNativeConformance
 from test_conformance_kit_fails import {cls}
 
 

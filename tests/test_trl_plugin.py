@@ -48,38 +48,13 @@ def grpo_defaults() -> dict[str, Any]:
     return out
 
 
-def write_trl(attempt: Path, ctx: Any, *, metrics: list[dict[str, Any]], identity: bool,
-              artifacts: bool, checkpoint_step: int | None) -> None:
-    """TRL's outputs as the generated launch leaves them, from canonical rows."""
-    name = ctx.run_name if identity else "other-run." + "0" * 64
-    (attempt / plugin.IDENTITY_FILE).write_text(json.dumps({"run_name": name,
-                                                            "steps_per_update": 1}))
-    with (attempt / plugin.METRICS_FILE).open("w") as out:
-        for row in metrics:
-            logs = {raw: row[name] for name, raw in plugin.METRICS.items() if name in row}
-            out.write(json.dumps({"update": row["step"], "step": row["step"], "logs": logs})
-                      + "\n")
-    if artifacts and checkpoint_step is not None:
-        step_dir = attempt / plugin.CHECKPOINTS / f"checkpoint-{checkpoint_step}"
-        step_dir.mkdir(parents=True)
-        (step_dir / "model.safetensors").write_bytes(b"weights")
-        (attempt / plugin.FINAL).mkdir()
-        (attempt / plugin.FINAL / "model.safetensors").write_bytes(b"final")
-
-
 class TestTRLConformance(AdapterConformance):
     engine_versions = ["1.15.0", VERSION]
     base = {"model": {"path": "builtin:tiny-llama-support"}, "data": {"chat_template": False}}
-    unsupported = {"loss_agg:seq_mean_token_sum": "TRL sums tokens per sequence (luspo) only "
-                   "with GSPO's sequence ratios; the kit's sample uses token ratios"}
 
     @pytest.fixture
     def adapter(self):
         return plugin.TRLAdapter()
-
-    @pytest.fixture
-    def write_outputs(self):
-        return write_trl
 
 
 def test_recorded_defaults_are_grpo_configs_own():

@@ -27,6 +27,7 @@ from ..plugin import (
     EngineAdapter,
     ExperimentSpec,
     InvalidInput,
+    KitSupport,
     LaunchContext,
     NativeLaunch,
     Outcome,
@@ -140,6 +141,11 @@ class NativeAdapter(EngineAdapter):
             rules.pop(core_handled, None)
         rules["environment.kind"] = _environment_kind
         return rules
+
+    def kit_support(self) -> KitSupport:
+        from . import kit_outputs
+
+        return KitSupport(write_outputs=kit_outputs.write_native)
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:

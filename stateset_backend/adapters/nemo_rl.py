@@ -30,6 +30,7 @@ from ..plugin import (
     ExperimentSpec,
     Hardcoded,
     InvalidInput,
+    KitSupport,
     LaunchContext,
     NativeLaunch,
     Outcome,
@@ -253,6 +254,13 @@ class NemoRLAdapter(EngineAdapter):
             "resources.nodes": to("cluster.num_nodes"),
             "resources.gpus_per_node": to("cluster.gpus_per_node"),
         }
+
+    def kit_support(self) -> KitSupport:
+        from . import kit_outputs
+
+        return KitSupport(write_outputs=kit_outputs.write_nemo_rl,
+                          parse_launch=kit_outputs.hydra_overrides,
+                          option_key=lambda plan: "logger.wandb.project")
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:

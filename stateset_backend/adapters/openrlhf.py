@@ -28,6 +28,7 @@ from ..plugin import (
     ExperimentSpec,
     Hardcoded,
     InvalidInput,
+    KitSupport,
     LaunchContext,
     NativeLaunch,
     Outcome,
@@ -591,6 +592,12 @@ class OpenRLHFAdapter(EngineAdapter):
             "resources.gpus_per_node": to(f.gpus_per_node),
             **_conversation_rules(f, rules),
         }
+
+    def kit_support(self) -> KitSupport:
+        from . import kit_outputs
+
+        return KitSupport(write_outputs=kit_outputs.write_openrlhf,
+                          option_key=kit_outputs.openrlhf_option_key)
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:

@@ -26,6 +26,7 @@ from ..plugin import (
     EngineAdapter,
     ExperimentSpec,
     Hardcoded,
+    KitSupport,
     LaunchContext,
     NativeLaunch,
     Outcome,
@@ -591,6 +592,13 @@ class VerlAdapter(EngineAdapter):
             "resources.gpus_per_node": to("trainer.n_gpus_per_node"),
             **_conversation_rules(k),
         }
+
+    def kit_support(self) -> KitSupport:
+        from . import kit_outputs
+
+        return KitSupport(write_outputs=kit_outputs.write_verl,
+                          parse_launch=kit_outputs.hydra_overrides,
+                          option_key=lambda plan: "trainer.validation_data_dir")
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:

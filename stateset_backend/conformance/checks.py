@@ -19,7 +19,12 @@ from typing import Any, Protocol
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-from ..core.adapter import RUN_DIR, EngineAdapter, LaunchContext, unpinned_defaults
+from ..core.adapter import (
+    RUN_DIR,
+    EngineAdapter,
+    LaunchContext,
+    unpinned_defaults,
+)
 from ..core.contracts import parse_version
 from ..core.errors import AdapterBug, InvalidInput, Unsupported
 from ..core.jsonio import flatten
@@ -34,11 +39,6 @@ from .samples import Sample, SampleFiles, base_doc, deep_merge, samples_for
 
 class CheckFailed(AssertionError):
     """The adapter does not conform; the message says where and why."""
-
-
-class CannotWrite(Exception):
-    """Raised by a ``write_outputs`` writer for a case its engine's output format cannot hold
-    (a string metric in TensorBoard): the case is reported ``unsupported`` for that adapter."""
 
 
 class Writer(Protocol):
@@ -70,7 +70,7 @@ def declared_unsupported(unsupported: Iterable[str] | Mapping[str, str], capabil
         except InvalidSpecifier:
             raise CheckFailed(f"unsupported entry {entry!r}: {where!r} is not a PEP 440 "
                               "specifier") from None
-        return reason or "declared unsupported by the adapter's test class"
+        return reason or "declared unsupported by the adapter"
     return None
 
 

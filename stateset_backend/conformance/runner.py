@@ -64,14 +64,11 @@ from stateset_backend.core.registry import build_registry
 class TestConformance(AdapterConformance):
     engine_versions = {versions!r}
     data_format = {data_format!r}
+    chosen_versions = {chosen!r}
 
     @pytest.fixture
     def adapter(self):
         return build_registry().get({engine!r}).adapter
-
-    @pytest.fixture
-    def write_outputs(self):
-        return None
 '''
 
 
@@ -111,7 +108,8 @@ def run_conformance(entry: AdapterEntry, versions: list[str] | None = None) -> d
         fmt = data_format_for(entry, chosen[0], root / "probe")
         module = root / "test_generated_conformance.py"
         module.write_text(_MODULE.format(versions=chosen, data_format=fmt,
-                                         engine=adapter.name), encoding="utf-8")
+                                         engine=adapter.name, chosen=bool(versions)),
+                          encoding="utf-8")
         report = run_module(module)
     return {"engine": adapter.name, "distribution": entry.distribution,
             "adapter_version": entry.version, "engine_versions": chosen, **report}

@@ -96,6 +96,32 @@ class Collected:
     notes: list[str] = field(default_factory=list)
 
 
+class CannotWrite(Exception):
+    """Raised by a ``KitSupport.write_outputs`` writer for a case its engine's output format
+    cannot hold (a string metric in TensorBoard): the kit reports that case ``unsupported``."""
+
+
+@dataclass(frozen=True)
+class KitSupport:
+    """What the conformance kit needs from an adapter besides its contract, so that every
+    place the kit runs (an author's test class, ``stateset-backend conformance``, CI) checks
+    the same things.
+
+    ``write_outputs(attempt_dir, ctx, *, metrics, identity, artifacts, checkpoint_step)``
+    writes the engine's native output files for canonical metric rows; without it collection
+    and resume are reported ``unsupported``. ``parse_launch(plan)`` reads a launch back with
+    the engine's own parser (nested or flat values); ``option_key(plan)`` names a free-text
+    ``engine_options`` key the engine's parser accepts. ``unsupported`` declares gaps the
+    kit reports ``unsupported`` instead of failing: capability or case names, optionally
+    limited by a PEP 440 specifier after a space, each with its reason.
+    """
+
+    write_outputs: Any = None
+    parse_launch: Any = None
+    option_key: Any = None
+    unsupported: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     path: Path
@@ -257,6 +283,11 @@ class EngineAdapter(abc.ABC):
         model, as a resume would, and say what was loaded. ``runs verify`` needs it to lift a
         quarantine; without it the engine cannot prove a checkpoint loads (exit 3)."""
         raise NotImplementedError(f"{self.name}: reloading a checkpoint is not declared")
+
+    def kit_support(self) -> KitSupport:
+        """The writer of the engine's outputs and the launch reader the conformance kit uses
+        (``KitSupport``); the default supplies neither."""
+        return KitSupport()
 
     def declares(self, method: str) -> bool:
         """Whether this adapter overrides an optional engine capability (``evaluate_checkpoint``,

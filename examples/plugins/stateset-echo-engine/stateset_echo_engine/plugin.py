@@ -14,6 +14,7 @@ from stateset_backend.plugin import (
     Dialect,
     EngineAdapter,
     ExperimentSpec,
+    KitSupport,
     LaunchContext,
     NativeLaunch,
     RuleSet,
@@ -38,6 +39,9 @@ class EchoAdapter(EngineAdapter):
         return rules | {"name": na("the echo engine names nothing"),
                         "resources": na("one local process"),
                         "budget.total_updates": to(dialect.keys["updates"])}
+
+    def kit_support(self) -> KitSupport:
+        return KitSupport(write_outputs=write_outputs)
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
@@ -66,6 +70,19 @@ class EchoAdapter(EngineAdapter):
         if (attempt_dir / "weights.bin").is_file():
             out.artifacts.append(Artifact("weights.bin", "model", out.committed_updates))
         return out
+
+
+def write_outputs(attempt: Path, ctx: LaunchContext, *, metrics: list[dict], identity: bool,
+                  artifacts: bool, checkpoint_step: int | None) -> None:
+    """What the echo engine leaves in an attempt folder, from canonical values, for the
+    conformance kit: identity.json, log.jsonl and weights.bin."""
+    if identity:
+        (attempt / "identity.json").write_text(json.dumps(
+            {"run_id": ctx.run_id, "digest": ctx.experiment_digest}))
+    (attempt / "log.jsonl").write_text("".join(
+        json.dumps({"update": r["step"], "score": r["reward/mean"]}) + "\n" for r in metrics))
+    if artifacts:
+        (attempt / "weights.bin").write_bytes(b"\0" * 64)
 
 
 @hookimpl

@@ -26,6 +26,7 @@ from stateset_backend.plugin import (
     ExperimentSpec,
     Hardcoded,
     InvalidInput,
+    KitSupport,
     LaunchContext,
     NativeLaunch,
     Outcome,
@@ -446,6 +447,25 @@ def _run_rules(f: TRLKeys) -> dict[str, Any]:
     }
 
 
+def write_outputs(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
+                  identity: bool, artifacts: bool, checkpoint_step: int | None) -> None:
+    """TRL's outputs as the generated launch leaves them, from canonical rows, for the
+    conformance kit: the identity file, the metrics log, checkpoints and final weights."""
+    name = ctx.run_name if identity else "other-run." + "0" * 64
+    (attempt / IDENTITY_FILE).write_text(json.dumps({"run_name": name, "steps_per_update": 1}))
+    with (attempt / METRICS_FILE).open("w") as out:
+        for row in metrics:
+            logs = {raw: row[key] for key, raw in METRICS.items() if key in row}
+            out.write(json.dumps({"update": row["step"], "step": row["step"], "logs": logs})
+                      + "\n")
+    if artifacts and checkpoint_step is not None:
+        step_dir = attempt / CHECKPOINTS / f"checkpoint-{checkpoint_step}"
+        step_dir.mkdir(parents=True)
+        (step_dir / "model.safetensors").write_bytes(b"weights")
+        (attempt / FINAL).mkdir()
+        (attempt / FINAL / "model.safetensors").write_bytes(b"final")
+
+
 class TRLAdapter(EngineAdapter):
     name = "trl"
     contract_package = "stateset_trl_engine"
@@ -456,6 +476,12 @@ class TRLAdapter(EngineAdapter):
         f: TRLKeys = self.keys(dialect)
         return {**external_rules("TRL"), **_algorithm_rules(f), **_optim_rules(f),
                 **_budget_rules(f), **_data_rules(f), **_model_rules(f), **_run_rules(f)}
+
+    def kit_support(self) -> KitSupport:
+        return KitSupport(write_outputs=write_outputs, unsupported={
+            "loss_agg:seq_mean_token_sum": "TRL sums tokens per sequence (luspo) only with "
+                                           "GSPO's sequence ratios; the kit's sample uses "
+                                           "token ratios"})
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
