@@ -280,17 +280,26 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 "fields": [r.to_json() for r in c.rows]} for c in columns]
 
     def table_() -> None:
+        """Side by side where the terminal is wide enough to read prose in every column (about
+        30 characters each), else one table per engine; --effective compares at any width."""
         from rich.table import Table
 
-        t = Table(title=", ".join(f"{e['engine']} {e['engine_version']}" for e in engines))
-        t.add_column("field", overflow="fold")
-        t.add_column("value", overflow="fold")
-        for e in engines:
-            t.add_column(f"{e['engine']} {e['engine_version']}", overflow="fold")
-        for i, row in enumerate(engines[0]["fields"]):
-            t.add_row(row["field"], json.dumps(row["value"]),
-                      *(_outcome_text(e["fields"][i]) for e in engines))
-        _console().print(t)
+        console = _console()
+        groups = [engines] if console.width >= 30 * (2 + len(engines)) else \
+            [[e] for e in engines]
+        if len(groups) > 1:
+            console.print("one table per engine at this width (--effective compares them "
+                          "in one)", markup=False)
+        for group in groups:
+            t = Table(title=", ".join(f"{e['engine']} {e['engine_version']}" for e in group))
+            t.add_column("field", overflow="fold")
+            t.add_column("value", overflow="fold")
+            for e in group:
+                t.add_column(f"{e['engine']} {e['engine_version']}", overflow="fold")
+            for i, row in enumerate(group[0]["fields"]):
+                t.add_row(row["field"], json.dumps(row["value"]),
+                          *(_outcome_text(e["fields"][i]) for e in group))
+            console.print(t)
 
     doc: dict[str, Any] = {"engines": engines} if args.all_engines else engines[0]
     _emit(args, doc, table_)
