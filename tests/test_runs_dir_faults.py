@@ -96,3 +96,10 @@ def test_atomic_writes_get_the_mode_of_a_plain_write(tmp_path):
         os.umask(previous)
     assert (tmp_path / "plan.json").stat().st_mode & 0o777 == plain.stat().st_mode & 0o777 \
         == 0o644
+
+
+def test_a_relative_runs_dir_is_made_absolute(tmp_path, monkeypatch):
+    """Engines run in their attempt folder: a relative store path would make every resume
+    point at a checkpoint that is not there."""
+    monkeypatch.chdir(tmp_path)
+    assert store.RunStore(Path("runs")).root == tmp_path.resolve() / "runs"

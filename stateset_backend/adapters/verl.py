@@ -265,8 +265,12 @@ def _scope(value: Any, spec: ExperimentSpec) -> Outcome:
 
 def _zero_variance(k: _Keys) -> Rule:
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == "keep" and spec.algorithm.objective in WHITENED:
+            return Pinned({}, f"verl whitens {spec.algorithm.objective} advantages over the "
+                              "batch: no group is centred on its own")
         if value == "keep":
-            return Pinned({}, "verl keeps zero-variance groups (their advantages are 0)")
+            return Hardcoded("kept, centred by a float32 group mean", "zero_variance_float_mean",
+                             {})
         if spec.algorithm.dynamic_sampling is None or k.keys.filter_groups is None:
             return Refused("verl excludes zero-variance groups only with dynamic sampling "
                            "(verl >= 0.9)")

@@ -49,7 +49,9 @@ class RunStore:
         for parent in (root, *root.parents):
             if parent.exists() and not parent.is_dir():
                 raise InvalidInput(f"--runs-dir {root}: {parent} exists and is not a directory")
-        self.root = root
+        # absolute: engines run in their attempt folder, where a relative path to an earlier
+        # attempt's checkpoint would name nothing
+        self.root = root.resolve()
 
     def run_dir(self, run_id: str) -> Path:
         return self.root / run_id

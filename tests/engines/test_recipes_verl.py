@@ -128,6 +128,6 @@ def test_recipes_record_their_declared_deviations():
         path = RECIPES / file
         entry = AdapterEntry(VerlAdapter(), "builtin", "stateset-backend", "0.1.0")
         plan = make_plan(load_spec(path), entry, version, base_dir=path.parent)
-        expected = {"grpo": {"micro_batch_token_mean"},
+        expected = {"grpo": {"micro_batch_token_mean", "zero_variance_float_mean"},
                     "dapo": {"unbounded_refill", "filter_on_score"}}[name]
         assert {d["deviation"] for d in plan.deviations} == expected

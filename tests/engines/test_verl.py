@@ -377,12 +377,13 @@ DECLARED = [
     ("0.9.0", "dapo", GOLDEN["dapo"], {"unbounded_refill", "filter_on_score"}),
     ("0.9.1", "reinforce_pp", GOLDEN["reinforce_pp"], {"whitening_epsilon"}),
     ("0.9.1", "ppo", GOLDEN["ppo_critic"], {"whitening_epsilon"}),
-    ("0.7.1", "token_mean", golden({"objective": "rloo"}), {"micro_batch_token_mean"}),
+    ("0.7.1", "token_mean", golden({"objective": "rloo"}),
+     {"micro_batch_token_mean", "zero_variance_float_mean"}),
     ("0.5.0", "cosine_floor", _with(golden({"objective": "grpo"}),
                                     optim={"schedule": "cosine", "min_lr_ratio": 0.1}),
-     {"cosine_warmup_from_floor"}),
+     {"cosine_warmup_from_floor", "zero_variance_float_mean"}),
     ("0.9.1", "k3_unclamped", golden({"objective": "grpo", "kl": {"coef": 0.01, "clamp": None}}),
-     {"k3_clamp"}),
+     {"k3_clamp", "zero_variance_float_mean"}),
 ]
 
 
