@@ -84,3 +84,26 @@ def test_a_path_climbing_out_is_refused(plan, tmp_path):
     collected.artifacts.append(Artifact("../escape.bin", "checkpoint", 3))
     status, checks, _ = _checks(plan, tmp_path, collected)
     assert status == "invalid" and "outside the attempt" in checks["artifacts"].detail
+
+
+def test_a_failed_engine_is_reported_with_its_own_last_error_line(plan, tmp_path):
+    (tmp_path / "stderr.log").write_text(
+        "loading\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+        "RuntimeError: CUDA out of memory\n[rank0]: done\n")
+    status, checks, _ = evaluate(plan, Exit(code=1), _collected(plan, tmp_path), tmp_path)
+    assert status == "failed"
+    assert {c.name: c for c in checks}["exit_code"].detail == \
+        "engine exited 1: RuntimeError: CUDA out of memory"
+
+
+def test_a_resume_with_no_update_left_needs_no_new_metrics(plan, tmp_path):
+    planned = plan.validated_spec().budget.total_updates
+    collected = _collected(plan, tmp_path, metrics=[])
+    collected = Collected(**{**collected.__dict__, "committed_updates": planned,
+                             "resumed_from": planned})
+    status, checks, _ = evaluate(plan, Exit(code=0), collected, tmp_path,
+                                 resumed_from=planned)
+    assert status == "succeeded", checks
+    # anywhere else, an attempt without metrics is invalid
+    status, checks, _ = _checks(plan, tmp_path, _collected(plan, tmp_path, metrics=[]))
+    assert status == "invalid" and checks["metrics_finite"].detail == "no metrics were reported"

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from stateset_backend.cli import main
-from stateset_backend.core.results import ArtifactRecord, select_checkpoint
+from stateset_backend.core.results import (
+    ArtifactRecord,
+    SavedCheckpoint,
+    saved_checkpoints,
+    select_checkpoint,
+)
 
 
 @pytest.fixture
@@ -100,16 +105,38 @@ def _ckpt(step: int) -> ArtifactRecord:
                           kind="checkpoint", step=step, bytes=1, sha256="0" * 64)
 
 
+def _saved(*steps: int, attempt: int = 1) -> dict[int, SavedCheckpoint]:
+    return saved_checkpoints(attempt, [_ckpt(s) for s in steps])
+
+
 def test_selection_prefers_the_best_validated_checkpoint_and_the_earlier_on_a_tie():
     rows = [{"step": 2, "val/reward/mean": 0.5}, {"step": 4, "val/reward/mean": 0.9},
             {"step": 6, "val/reward/mean": 0.9}, {"step": 8, "val/reward/mean": 1.0}]
-    chosen = select_checkpoint("val/reward/mean", rows, [_ckpt(2), _ckpt(4), _ckpt(6)])
+    chosen = select_checkpoint("val/reward/mean", rows, _saved(2, 4, 6))
     assert chosen is not None
     assert (chosen["update"], chosen["value"]) == (4, 0.9)  # 8 has no checkpoint
-    assert chosen["checkpoint"] == "checkpoints/update-000004"
+    assert chosen["checkpoint"] == "checkpoints/update-000004" and chosen["attempt"] == 1
     loss = select_checkpoint("val/loss", [{"step": 2, "val/loss": 0.3},
-                                          {"step": 4, "val/loss": 0.1}], [_ckpt(2), _ckpt(4)])
+                                          {"step": 4, "val/loss": 0.1}], _saved(2, 4))
     assert loss is not None and loss["update"] == 4 and loss["direction"] == "min"
-    none = select_checkpoint("val/reward/mean", rows, [_ckpt(3)])
+    failed = select_checkpoint("val/conversations/failed_share",
+                               [{"step": 2, "val/conversations/failed_share": 0.5},
+                                {"step": 4, "val/conversations/failed_share": 0.0}],
+                               _saved(2, 4))
+    assert failed is not None and failed["update"] == 4 and failed["direction"] == "min"
+    none = select_checkpoint("val/reward/mean", rows, _saved(3))
     assert none is not None and none["update"] is None
-    assert select_checkpoint(None, rows, [_ckpt(2)]) is None
+    assert "validated: 2, 4, 6, 8; checkpoints: 3" in none["reason"]
+    never = select_checkpoint("val/loss", rows, _saved(2))
+    assert never is not None and never["reason"] == "no row reported val/loss"
+    assert select_checkpoint(None, rows, _saved(2)) is None
+
+
+def test_a_misspelt_selection_metric_is_refused_when_the_spec_is_read(minimal):
+    from stateset_backend.core.errors import InvalidInput
+    from stateset_backend.core.specfile import parse_spec
+
+    doc = minimal
+    doc.setdefault("evaluation", {})["select_by"] = "val/reward/maen"
+    with pytest.raises(InvalidInput, match="'val/reward/maen' is not a validation metric"):
+        parse_spec(doc)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import history
 from .adapter import Checkpoint, EngineAdapter
 from .content import sha256_file
 from .errors import EngineFailed, InvalidInput, ResumeImpossible, StatesetError, Unsupported
@@ -40,27 +41,19 @@ _UPDATE = re.compile(r"update-(\d{1,9})")
 class ChosenCheckpoint:
     requested: str  # recommended | final | update-N
     update: int
-    folder: str  # relative to the attempt directory
-    files: dict[str, str]  # path relative to the attempt directory -> recorded sha256
+    attempt: int  # whose folder holds it: a resumed attempt continues its predecessors'
+    folder: str  # relative to that attempt's directory
+    files: dict[str, str]  # path relative to that attempt's directory -> recorded sha256
 
     @property
     def label(self) -> str:
         return f"update-{self.update:06d}"
 
 
-def _recorded(record: AttemptRecord) -> dict[int, tuple[str, dict[str, str]]]:
-    """update -> (folder, {file: sha256}) of every checkpoint the attempt's result hashed."""
-    found: dict[int, tuple[str, dict[str, str]]] = {}
-    for art in record.result.artifacts:
-        if art.kind == "checkpoint" and art.step is not None and "/" in art.path:
-            folder = art.path.rsplit("/", 1)[0]
-            found.setdefault(art.step, (folder, {}))[1][art.path] = art.sha256
-    return found
-
-
 def choose_checkpoint(record: AttemptRecord, which: str) -> ChosenCheckpoint:
-    """The named checkpoint of the attempt, or exit 6 saying why there is none."""
-    saved = _recorded(record)
+    """The named checkpoint of the attempt (or of one it continued), or exit 6 saying why
+    there is none."""
+    saved = history.checkpoints(record.directory.parent, record.result)
     result = record.result
     where = f"run {result.run_id} attempt {result.attempt}"
     have = ", ".join(str(u) for u in sorted(saved)) or "none"
@@ -86,23 +79,24 @@ def choose_checkpoint(record: AttemptRecord, which: str) -> ChosenCheckpoint:
     if update not in saved:
         raise ResumeImpossible(f"{where} has no checkpoint at update {update} (checkpoints "
                                f"at updates: {have})")
-    folder, files = saved[update]
-    return ChosenCheckpoint(which, update, folder, files)
+    found = saved[update]
+    return ChosenCheckpoint(which, update, found.attempt, found.folder, found.files)
 
 
 def verify_recorded(record: AttemptRecord, chosen: ChosenCheckpoint, adapter: EngineAdapter,
                     experiment_digest: str) -> Checkpoint:
     """Exit 6 naming the file unless every file is the one the result hashed and the engine's
     own manifest holds; nothing is loaded before this passes."""
+    home = record.directory.parent / str(chosen.attempt)
     for rel, digest in sorted(chosen.files.items()):
-        path = record.directory / rel
+        path = home / rel
         if path.is_symlink() or not path.is_file():
             raise ResumeImpossible(f"{path}: missing (the checkpoint of update {chosen.update} "
                                    "is incomplete)")
         if sha256_file(path) != digest:
             raise ResumeImpossible(f"{path}: its content does not match the sha256 the run's "
                                    "result recorded (damaged or replaced)")
-    checkpoint = Checkpoint(record.directory / chosen.folder, chosen.update)
+    checkpoint = Checkpoint(home / chosen.folder, chosen.update)
     problem = adapter.checkpoint_problem(checkpoint, experiment_digest)
     if problem is not None:
         raise ResumeImpossible(problem)
@@ -149,7 +143,8 @@ def evaluate_run(store: RunStore, registry: Registry, run_id: str, *, split: str
         "experiment_digest": plan.experiment_digest, "engine": plan.engine,
         "engine_version": plan.engine_version, "split": split,
         "data": {"uri": data.uri, "sha256": data.sha256},
-        "checkpoint": {"requested": which, "update": chosen.update, "path": chosen.folder,
+        "checkpoint": {"requested": which, "update": chosen.update,
+                       "attempt": chosen.attempt, "path": chosen.folder,
                        "files": chosen.files,
                        "manifest_sha256": sha256_file(manifest) if manifest.is_file()
                        else None},

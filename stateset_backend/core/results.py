@@ -8,6 +8,7 @@ as ``invalid`` so nobody compares or ships it by mistake.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +20,7 @@ from .launch import Exit
 from .plan import LaunchPlan
 from .quarantine import MARKER, describe
 from .quarantine import read as read_marker
+from .spec import LOWER_IS_BETTER
 
 RESULT_SCHEMA_ID = "stateset-backend/result/v1"
 Status = Literal["succeeded", "failed", "invalid", "interrupted", "quarantined"]
@@ -42,9 +44,15 @@ class ArtifactRecord(_Doc):
     sha256: str
 
 
+class ResumeLink(_Doc):
+    attempt: int = Field(ge=1, description="the attempt whose checkpoint this one continued")
+    update: int = Field(ge=0, description="the update of that checkpoint")
+
+
 class Metrics(_Doc):
     series: str | None = Field(description="canonical per-update series, relative to the "
-                                           "attempt directory")
+                                           "attempt directory; a resumed attempt's begins "
+                                           "with the rows of the attempts it continued")
     summary: dict[str, float | None] = Field(description="last value of each canonical metric")
     initial: dict[str, float | None] = Field(
         default_factory=dict, description="first value of each canonical metric (for "
@@ -70,10 +78,13 @@ class Result(_Doc):
     duration_s: float
     planned_updates: int
     committed_updates: int
+    resumed_from: ResumeLink | None = Field(
+        default=None, description="the checkpoint this attempt continued, if it resumed")
     selection: dict[str, Any] | None = Field(
         default=None, description="the recommended checkpoint by evaluation.select_by: the "
-                                  "best validated update that has a checkpoint (ties: the "
-                                  "earlier update); never assumed to be the final one")
+                                  "best validated update that has a checkpoint in this or an "
+                                  "earlier attempt it continued (ties: the earlier update); "
+                                  "never assumed to be the final one")
     deviations: list[dict[str, Any]] = Field(
         description="the declared deviations the engine ran with (from the plan): a run with "
                     "deviations is the same experiment only up to these")
@@ -107,6 +118,26 @@ def _non_finite(rows: list[dict[str, Any]]) -> list[str]:
     return bad
 
 
+ERROR_LINE_LIMIT = 300
+
+
+def last_error(attempt_dir: Path) -> str | None:
+    """The engine's own last word on a failure: the last line of its stderr that says error
+    (engines print a traceback's last line, or their own one-line error, last)."""
+    try:
+        with (attempt_dir / "stderr.log").open("rb") as log:
+            log.seek(0, 2)
+            log.seek(max(0, log.tell() - 65536))
+            tail = log.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        line = line.strip()
+        if "error" in line.lower() or "exception" in line.lower():
+            return line if len(line) <= ERROR_LINE_LIMIT else line[:ERROR_LINE_LIMIT] + "..."
+    return None
+
+
 def _escapes(path: Path, attempt_dir: Path) -> str | None:
     """Why an artifact may not be hashed: a symlink anywhere on its path may point outside the
     attempt (a planted link would make another file this run's artifact); it is never
@@ -133,7 +164,8 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
 
     add("exit_code", exit_.code == 0 and not exit_.interrupted,
         "interrupted" if exit_.interrupted else
-        ("timed out" if exit_.timed_out else f"engine exited {exit_.code}"))
+        ("timed out" if exit_.timed_out else f"engine exited {exit_.code}"
+         + (f": {why}" if exit_.code != 0 and (why := last_error(attempt_dir)) else "")))
     artifacts: list[ArtifactRecord] = []
     if collected is None:
         add("collect", False, collect_error or "outputs could not be read")
@@ -153,8 +185,13 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
         add("committed_updates", 0 < collected.committed_updates <= planned,
             f"{collected.committed_updates} of {planned} planned updates committed")
         bad = _non_finite(collected.metrics)
-        add("metrics_finite", bool(collected.metrics) and not bad,
-            "no metrics were reported" if not collected.metrics else
+        # a resume from the last update's checkpoint has no update left to report: it only
+        # writes the final model; the earlier attempts reported every row
+        nothing_left = resumed_from is not None and resumed_from >= planned
+        add("metrics_finite", (bool(collected.metrics) or nothing_left) and not bad,
+            (f"nothing left to train after the checkpoint of update {resumed_from}; the "
+             "earlier attempts reported the metrics" if nothing_left else
+             "no metrics were reported") if not collected.metrics else
             (f"non-finite: {', '.join(bad[:5])}" if bad else
              f"{len(collected.metrics)} rows, all finite"))
         missing, escaping = [], []
@@ -205,19 +242,34 @@ def summarize(rows: list[dict[str, Any]], *, first: bool = False) -> dict[str, f
     return summary
 
 
-def select_checkpoint(select_by: str | None, rows: list[dict[str, Any]],
-                      artifacts: list[ArtifactRecord]) -> dict[str, Any] | None:
-    """The recommended checkpoint: among updates that were validated and have a checkpoint,
-    the best value of ``select_by`` (lowest for a loss, highest otherwise), the earlier update
-    on a tie. "recommended" is the strongest word: nothing here approves a model."""
-    if select_by is None:
-        return None
-    lower = "loss" in select_by
-    saved: dict[int, str] = {}
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    attempt: int
+    folder: str  # relative to that attempt's directory
+    files: dict[str, str] = field(default_factory=dict)  # path there -> recorded sha256
+
+
+def saved_checkpoints(attempt: int, artifacts: list[ArtifactRecord],
+                      ) -> dict[int, SavedCheckpoint]:
+    """update -> checkpoint, with its hashed files, of the checkpoints one attempt hashed."""
+    found: dict[int, SavedCheckpoint] = {}
     for art in artifacts:
         if art.kind == "checkpoint" and art.step is not None:
             folder = art.path.rsplit("/", 1)[0] if "/" in art.path else art.path
-            saved.setdefault(art.step, folder)
+            found.setdefault(art.step, SavedCheckpoint(attempt, folder)).files[art.path] = \
+                art.sha256
+    return found
+
+
+def select_checkpoint(select_by: str | None, rows: list[dict[str, Any]],
+                      saved: dict[int, SavedCheckpoint]) -> dict[str, Any] | None:
+    """The recommended checkpoint: among updates that were validated and have a checkpoint,
+    the best value of ``select_by`` (lowest for a loss or a failure share, highest otherwise),
+    the earlier update on a tie. "recommended" is the strongest word: nothing here approves
+    a model."""
+    if select_by is None:
+        return None
+    lower = select_by in LOWER_IS_BETTER
     candidates = []
     for row in rows:
         value, step = row.get(select_by), row.get("step")
@@ -227,7 +279,13 @@ def select_checkpoint(select_by: str | None, rows: list[dict[str, Any]],
     doc: dict[str, Any] = {"select_by": select_by, "direction": "min" if lower else "max",
                            "candidates": len(candidates)}
     if not candidates:
-        return {**doc, "update": None, "reason": "no checkpoint was written at an update "
-                                                 "that was validated"}
+        validated = sorted({r["step"] for r in rows if isinstance(r.get("step"), int) and
+                            select_by in r})
+        return {**doc, "update": None, "reason": (
+            f"no row reported {select_by}" if not validated else
+            f"no checkpoint was kept at a validated update (validated: "
+            f"{', '.join(map(str, validated[:8]))}; checkpoints: "
+            f"{', '.join(map(str, sorted(saved)[:8])) or 'none'})")}
     value, step = min(candidates, key=lambda c: (c[0] if lower else -c[0], c[1]))
-    return {**doc, "update": step, "value": value, "checkpoint": saved[step]}
+    return {**doc, "update": step, "value": value, "checkpoint": saved[step].folder,
+            "attempt": saved[step].attempt}

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import lineage, quarantine
+from . import history, lineage, quarantine
 from .adapter import ENGINE_HOME, PYTHON, RUN_DIR, Checkpoint, EngineAdapter, LaunchContext
 from .contracts import parse_version
 from .errors import (
@@ -27,7 +27,16 @@ from .launch import Exit
 from .plan import LaunchPlan, verify_engine_version
 from .providers import LocalProvider, PreparedLaunch, Provider, RayProvider
 from .registry import Registry
-from .results import Check, Metrics, Result, evaluate, select_checkpoint, summarize
+from .results import (
+    Check,
+    Metrics,
+    Result,
+    ResumeLink,
+    evaluate,
+    saved_checkpoints,
+    select_checkpoint,
+    summarize,
+)
 from .runtime import check_resume
 from .spec import ExperimentSpec
 from .store import Attempt, RunStore
@@ -221,13 +230,22 @@ def collect_and_validate(plan: LaunchPlan, adapter: EngineAdapter, attempt: Atte
         collected = adapter.collect(run_dir, ctx)
     except Exception as exc:  # whatever the adapter raises, the attempt gets its result
         collect_error = f"{type(exc).__name__}: {exc}"
+    link, earlier = None, history.History()
+    if resume_from is not None:
+        source = history.source_attempt(run_dir.parent, resume_from.path)
+        if source is not None:
+            link = ResumeLink(attempt=source, update=resume_from.update)
+            earlier = history.before(run_dir.parent, source, resume_from.update)
     status, checks, artifacts = evaluate(plan, exit_, collected, run_dir, collect_error,
                                          resume_from.update if resume_from else None)
+    own = collected.metrics if collected is not None else []
+    rows = [*earlier.rows, *own]  # the run's series, not only this attempt's part of it
     series = None
-    if collected is not None and collected.metrics:
-        lines = "".join(json.dumps(row) + "\n" for row in collected.metrics)
+    if rows:
+        lines = "".join(json.dumps(row) + "\n" for row in rows)
         atomic_write_bytes(run_dir / CANONICAL_SERIES, lines.encode("utf-8"))
         series = CANONICAL_SERIES
+    saved = {**earlier.checkpoints, **saved_checkpoints(attempt.number, artifacts)}
     return Result(
         run_id=plan.run_id, attempt=attempt.number, experiment_digest=plan.experiment_digest,
         binding_digest=plan.binding_digest, plan_checksum=plan.checksum, engine=plan.engine,
@@ -235,12 +253,11 @@ def collect_and_validate(plan: LaunchPlan, adapter: EngineAdapter, attempt: Atte
         exit_code=exit_.code, started_at=started, ended_at=_now(), duration_s=round(duration, 3),
         planned_updates=spec.budget.total_updates,
         committed_updates=collected.committed_updates if collected else 0,
-        metrics=Metrics(series=series,
-                        summary=summarize(collected.metrics) if collected else {},
-                        initial=summarize(collected.metrics, first=True) if collected else {},
+        resumed_from=link,
+        metrics=Metrics(series=series, summary=summarize(rows),
+                        initial=summarize(rows, first=True),
                         raw_names=collected.raw_metric_names if collected else {}),
-        selection=select_checkpoint(spec.evaluation.select_by,
-                                    collected.metrics if collected else [], artifacts),
+        selection=select_checkpoint(spec.evaluation.select_by, rows, saved),
         deviations=plan.deviations, artifacts=artifacts, checks=checks,
         warnings=warnings or [])
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SPEC_VERSION: Final = 2
 SPEC_SCHEMA_ID = f"stateset-backend/experiment-spec/v{SPEC_VERSION}"
@@ -467,6 +467,12 @@ class Checkpoint(_Section):
     keep: PositiveInt | None = Field(None, description="newest checkpoints kept; null = all")
 
 
+# the canonical validation metrics engines report: the only names select_by can rank by
+VALIDATION_METRICS = ("val/reward/mean", "val/conversations/failed_share", "val/loss",
+                      "val/token_accuracy")
+LOWER_IS_BETTER = frozenset({"val/conversations/failed_share", "val/loss"})
+
+
 class Evaluation(_Section):
     every: PositiveInt | None = Field(None, description="updates between validation runs")
     temperature: float = Field(0.0, ge=0.0, description="validation decoding; 0 = greedy")
@@ -480,7 +486,17 @@ class Evaluation(_Section):
                              "set samples to 1 or a temperature above 0")
         return self
     select_by: str | None = Field(None, description="validation metric that picks the best "
-                                                    "checkpoint, e.g. 'val/reward/mean'")
+                                                    "checkpoint: one of "
+                                                    + ", ".join(VALIDATION_METRICS))
+
+    @field_validator("select_by")
+    @classmethod
+    def _known_metric(cls, value: str | None) -> str | None:
+        # a misspelt name would validate, never match a row, and recommend nothing
+        if value is not None and value not in VALIDATION_METRICS:
+            raise ValueError(f"{value!r} is not a validation metric; one of "
+                             + ", ".join(VALIDATION_METRICS))
+        return value
 
 
 class Resources(_Section):

@@ -75,9 +75,12 @@ def _fsync_write(path: Path, data: bytes) -> None:
 
 def save(root: Path, *, model: Any, optimizer: Any, scheduler: Any, generator: torch.Generator,
          state: TrainerState, experiment_digest: str, keep: int | None,
-         critic: Any = None, runtime: dict[str, Any] | None = None) -> Path:
-    """Write ``root/update-NNNNNN`` atomically; prune to the newest ``keep``. A PPO critic
-    (``native.critic.Critic``) is saved beside the policy: weights, optimizer, scheduler."""
+         critic: Any = None, runtime: dict[str, Any] | None = None,
+         protect: int | None = None) -> Path:
+    """Write ``root/update-NNNNNN`` atomically; prune to the newest ``keep``, never the
+    checkpoint of update ``protect`` (the one selection recommends so far: retention must not
+    delete the model the run would recommend). A PPO critic (``native.critic.Critic``) is
+    saved beside the policy: weights, optimizer, scheduler."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(state.update)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
@@ -116,8 +119,10 @@ def save(root: Path, *, model: Any, optimizer: Any, scheduler: Any, generator: t
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if keep is not None:
+        kept = root / checkpoint_name(protect) if protect is not None else None
         for old in complete_checkpoints(root)[:-keep]:
-            shutil.rmtree(old)
+            if old != kept:
+                shutil.rmtree(old)
     return final
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from ..core.digest import experiment_digest
 from ..core.jsonio import atomic_write_json
 from ..core.lineage import STAGED_CHECKPOINT
-from ..core.spec import ExperimentSpec
+from ..core.spec import LOWER_IS_BETTER, ExperimentSpec
 from ..core.specfile import parse_spec
 from . import checkpoint, conversation, layout, objectives
 from .batch import ConversationBatch, RolloutBatch, check_batch, check_conversation_batch
@@ -168,6 +169,7 @@ class Trainer:
         self.critic = load_critic(spec, base, self.device) if spec.algorithm.gae else None
         self.update_count = 0
         self.resumed_from: int | None = None
+        self.best: tuple[float, int] | None = None  # (select_by value, update) checkpointed
         # this update's global group count and this rank's block of it (data parallel)
         self.n_groups, self.owned = 0, range(0)
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
@@ -231,7 +233,19 @@ class Trainer:
                                generator=self.generator, state=state,
                                experiment_digest=self.settings.experiment_digest,
                                keep=self.spec.checkpoint.keep, critic=self.critic,
-                               runtime=runtime)
+                               runtime=runtime,
+                               protect=self.best[1] if self.best is not None else None)
+
+    def _track_best(self, metrics: dict[str, Any]) -> None:
+        """The best checkpointed update by evaluation.select_by so far (ties: the earlier), as
+        the core's selection ranks them, so that retention keeps it."""
+        name = self.spec.evaluation.select_by
+        value = metrics.get(name) if name is not None else None
+        if not isinstance(value, float) or not math.isfinite(value):
+            return
+        lower = name in LOWER_IS_BETTER
+        if self.best is None or (value < self.best[0] if lower else value > self.best[0]):
+            self.best = (value, self.update_count)
 
     def log_metrics(self, row: dict[str, Any]) -> None:
         """One row to metrics.jsonl (the record) and to TensorBoard (a view of it)."""
@@ -476,6 +490,7 @@ class Trainer:
                 every_ckpt = spec.checkpoint.every
                 if every_ckpt and self.update_count % every_ckpt == 0:
                     self.save_checkpoint()
+                    self._track_best(metrics)
                 self.commit()
                 progress.advance(metrics)
         if self.update_count == total and main:

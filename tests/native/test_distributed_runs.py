@@ -140,12 +140,15 @@ def killed(tmp_path_factory):
                              str(runs), "--quiet", str(plan)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    deadline = time.monotonic() + 180
-    while not (attempt / "checkpoints" / "update-000004" / "manifest.json").exists():
+    deadline, pid = time.monotonic() + 180, None
+    # find the rank first (a /proc scan is slow on a busy machine), then kill it the moment
+    # the checkpoint is complete, well before the last update
+    while pid is None or not (attempt / "checkpoints" / "update-000004" /
+                              "manifest.json").exists():
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+        if pid is None and attempt.exists():
+            pid = _rank_pid(attempt.resolve(), 1)
         time.sleep(0.02)
-    pid = _rank_pid(attempt.resolve(), 1)
-    assert pid is not None
     os.kill(pid, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=120)
     return {"plan": plan, "runs": runs, "run_id": run_id, "returncode": proc.returncode,

@@ -1,0 +1,85 @@
+"""A resumed run's history: what its earlier attempts did up to the checkpoint it continues.
+
+An attempt that resumes from update R did not run updates 1..R; the attempts before it did.
+The run is one experiment all the same, so its result reads as one: the metric series
+(curves, the first and last values, the validation rows selection ranks) are the earlier
+attempts' rows up to R followed by this attempt's own, and the checkpoints selection may
+recommend include the ones earlier attempts wrote up to R, each named with its attempt.
+Each attempt's series is stored already joined, so one step back is enough for the rows;
+checkpoints follow the chain of ``resumed_from`` links, since each attempt hashed only its own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import InvalidInput
+from .jsonio import read_json
+from .results import Result, SavedCheckpoint, saved_checkpoints
+
+
+@dataclass
+class History:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: dict[int, SavedCheckpoint] = field(default_factory=dict)
+
+
+def source_attempt(attempts_dir: Path, checkpoint_path: Path) -> int | None:
+    """The number of the attempt whose folder holds ``checkpoint_path``."""
+    try:
+        rel = checkpoint_path.resolve().relative_to(attempts_dir.resolve())
+    except ValueError:
+        return None
+    return int(rel.parts[0]) if rel.parts and rel.parts[0].isdigit() else None
+
+
+def _result(attempt_dir: Path) -> Result | None:
+    try:
+        return Result.model_validate(read_json(attempt_dir / "result.json", what="result"))
+    except (InvalidInput, ValueError):
+        return None
+
+
+def _series(attempt_dir: Path, result: Result) -> list[dict[str, Any]]:
+    if result.metrics.series is None:
+        return []
+    try:
+        text = (attempt_dir / result.metrics.series).read_text(encoding="utf-8")
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+    return [r for r in rows if isinstance(r, dict)]
+
+
+def checkpoints(attempts_dir: Path, result: Result,
+                limit: int | None = None) -> dict[int, SavedCheckpoint]:
+    """update -> checkpoint of every checkpoint ``result``'s attempt hashed, and of those the
+    attempts it continued hashed up to where it continued them (the newer attempt wins)."""
+    found: dict[int, SavedCheckpoint] = {}
+    current: Result | None = result
+    seen: set[int] = set()
+    while current is not None and current.attempt not in seen:
+        seen.add(current.attempt)
+        for step, saved in saved_checkpoints(current.attempt, current.artifacts).items():
+            if limit is None or step <= limit:
+                found.setdefault(step, saved)
+        link = current.resumed_from
+        if link is None:
+            break
+        limit = link.update if limit is None else min(limit, link.update)
+        current = _result(attempts_dir / str(link.attempt))
+    return found
+
+
+def before(attempts_dir: Path, attempt: int, update: int) -> History:
+    """What attempt ``attempt`` and the attempts it continued did up to ``update``."""
+    attempt_dir = attempts_dir / str(attempt)
+    result = _result(attempt_dir)
+    if result is None:  # no record of that attempt: nothing of it can be vouched for
+        return History()
+    rows = [r for r in _series(attempt_dir, result)
+            if isinstance(r.get("step"), int) and r["step"] <= update]
+    return History(rows, checkpoints(attempts_dir, result, update))
