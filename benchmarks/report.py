@@ -95,7 +95,7 @@ def main_() -> int:
             copy_run(store, overlay, run_id, n)
         overlay.reindex()
         t0 = time.perf_counter()
-        _, records = report(overlay, digest, out)
+        _, records, _ = report(overlay, digest, out)
         overlay_s = time.perf_counter() - t0
         result = {"updates": updates, "train_s": round(train_s, 1) if train_s else None,
                   "report_run_cli_s": round(cli_s, 2), "report_run_in_process_s":

@@ -424,8 +424,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from .core.store import RunStore, runs_dir_from
 
     store = RunStore(runs_dir_from(args.runs_dir))
+    if getattr(args, "run", None) is not None:  # an id, or the unique prefix a listing shows
+        args.run = store.resolve_run(args.run)
     if args.runs_command == "list":
-        rows = store.query(digest=args.digest, engine=args.engine, status=args.status)
+        digest = None if args.digest is None else _digest_of(store, args.digest)
+        rows = store.query(digest=digest, engine=args.engine, status=args.status)
         _emit(args, {"runs": rows}, lambda: _runs_table(rows))
     elif args.runs_command == "show":
         doc = runs.show(store, args.run)
@@ -444,9 +447,20 @@ def cmd_runs(args: argparse.Namespace) -> int:
     elif args.runs_command == "from-run":
         return _from_run(args, store)
     else:
-        count = store.reindex()
-        _emit(args, {"indexed_attempts": count}, f"indexed {count} attempts from {store.root}")
+        count, unreadable = store.reindex()
+        _emit(args, {"indexed_attempts": count, "unreadable": unreadable},
+              f"indexed {count} attempts from {store.root}" + "".join(
+                  f"\n  unreadable (listed as such): {why}" for why in unreadable))
     return 0
+
+
+def _digest_of(store: Any, target: str) -> str:
+    kind, name = store.resolve(target)
+    if kind != "digest":
+        from .core.errors import InvalidInput
+
+        raise InvalidInput(f"--digest {target}: names run {name}, not an experiment digest")
+    return str(name)
 
 
 def _from_run(args: argparse.Namespace, store: Any) -> int:
@@ -479,16 +493,22 @@ def _from_run(args: argparse.Namespace, store: Any) -> int:
 
 
 def _runs_table(rows: list[dict[str, Any]]) -> None:
+    """Run ids and digests are copied whole, so they never wrap; the digest shows its first
+    12 hex digits, which every command taking a digest accepts as a prefix."""
+    from rich import box
     from rich.table import Table
 
-    t = Table(title=f"{len(rows)} runs")
-    for col in ("run", "engine", "status", "updates", "digest"):
-        t.add_column(col, overflow="fold")
+    t = Table(title=f"{len(rows)} runs", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    t.add_column("run", no_wrap=True)
+    t.add_column("engine", overflow="fold")
+    t.add_column("status", overflow="fold")
+    t.add_column("updates", no_wrap=True)
+    t.add_column("digest", no_wrap=True)
     for r in rows:
         t.add_row(r["run_id"], f"{r['engine']} {r['engine_version']}",
-                  f"{r['status']} (attempt {r['attempt']})",
+                  f"{r['status']} #{r['attempt']}",
                   f"{r['committed_updates']}/{r['planned_updates']}",
-                  r["experiment_digest"][7:19])
+                  r["experiment_digest"][7:19] or "?")
     _console().print(t)
 
 
@@ -539,31 +559,41 @@ def _compare_table(doc: dict[str, Any]) -> None:
     t.add_column("run / engine", no_wrap=True)
     t.add_column("status", no_wrap=True)
     for col in ("reward", "val", "rec.", "test", "dev."):
-        t.add_column(col, overflow="fold", min_width=len(col))
+        t.add_column(col, no_wrap=True, min_width=len(col))
 
     def num(value: Any) -> str:
         return f"{value:.3f}" if isinstance(value, int | float) else "-"
+
+    def headline(e: dict[str, Any]) -> str:
+        metrics = e["metrics"]
+        name = next((k for k in ("test/reward/mean", "val/reward/mean", "test/loss", "val/loss")
+                     if k in metrics), min(metrics, default=None))
+        return f"{num(metrics.get(name)) if name else '-'}\n@{e['update']}"
 
     notes: list[str] = []
     for r in doc["attempts"]:
         final, rec = r.get("final", {}), r.get("recommended") or {}
         deviations = [d for d in r.get("deviations", []) if d]
+        held_out = r.get("test", [])
+        notes += [f"{r['run_id']}#{r['attempt']} {e['split']}@{e['update']} "
+                  f"({e['checkpoint']}): " + ", ".join(f"{k} {num(v)}" for k, v in
+                                                       sorted(e["metrics"].items()))
+                  for e in held_out]
         notes += [f"{r['run_id']}#{r['attempt']} declares {d}" for d in deviations]
         t.add_row(f"{r['run_id']}#{r['attempt']}\n"
                   f"{r.get('engine', '?')} {r.get('engine_version', '')}",
                   f"{r['status']}\n{r.get('committed_updates', '-')}/"
                   f"{r.get('planned_updates', '-')}",
                   num(final.get("reward/mean")), num(final.get("val/reward/mean")),
-                  f"@{rec['update']}" if rec.get("update") else "-",
-                  "\n".join(f"{e['split']}@{e['update']}: " + ", ".join(
-                      f"{k.partition('/')[2] or k} {num(v)}"
-                      for k, v in sorted(e["metrics"].items()))
-                      for e in r.get("test", [])) or "-",
+                  f"{num(rec.get('value'))}\n@{rec['update']}"
+                  if isinstance(rec.get("update"), int) else "-",
+                  headline(held_out[-1]) if held_out else "-",
                   str(len(deviations)))
     console = _console()
     console.print(t)
     console.print("status: committed/planned updates; reward, val: final training and "
-                  "validation reward; rec.: the update evaluation.select_by recommends; "
+                  "validation reward; rec.: the value of evaluation.select_by at the update "
+                  "it recommends; test: the newest held-out evaluation (all listed below); "
                   "dev.: declared deviations", markup=False)
     for note in notes:
         console.print(note, markup=False)
@@ -599,8 +629,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .core.evaluate import evaluate_run
     from .core.store import RunStore, runs_dir_from
 
-    path, doc = evaluate_run(RunStore(runs_dir_from(args.runs_dir)), _registry(), args.run,
-                             split=args.split, which=args.checkpoint, attempt=args.attempt)
+    store = RunStore(runs_dir_from(args.runs_dir))
+    args.run = store.resolve_run(args.run)
+    path, doc = evaluate_run(store, _registry(), args.run, split=args.split,
+                             which=args.checkpoint, attempt=args.attempt)
     _emit(args, {**doc, "path": str(path)},
           f"run {args.run} update {doc['checkpoint']['update']} ({args.checkpoint}) on the "
           f"{args.split} split: " + ", ".join(f"{k} = {v:.4f}" for k, v in
@@ -613,9 +645,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .core.report import report
     from .core.store import RunStore, runs_dir_from
 
-    path, records = report(RunStore(runs_dir_from(args.runs_dir)), args.target, args.output)
-    _emit(args, {"report": str(path), "runs": [r.run_id for r in records]},
-          f"wrote {path} ({len(records)} run{'s' if len(records) != 1 else ''})")
+    path, records, skipped = report(RunStore(runs_dir_from(args.runs_dir)), args.target,
+                                    args.output)
+    _emit(args, {"report": str(path), "runs": [r.run_id for r in records],
+                 "not_shown": skipped},
+          f"wrote {path} ({len(records)} run{'s' if len(records) != 1 else ''})" + "".join(
+              f"\n  not shown, unreadable: {why}" for why in skipped))
     return 0
 
 
@@ -624,7 +659,8 @@ def cmd_attest(args: argparse.Namespace) -> int:
     from .core.report import load_attempt
     from .core.store import RunStore, runs_dir_from
 
-    record = load_attempt(RunStore(runs_dir_from(args.runs_dir)), args.run, args.attempt)
+    store = RunStore(runs_dir_from(args.runs_dir))
+    record = load_attempt(store, store.resolve_run(args.run), args.attempt)
     doc = attest(record, args.output)
     if args.output is None:
         print(json.dumps(doc, indent=2))
@@ -641,7 +677,8 @@ def cmd_runs_export(args: argparse.Namespace) -> int:
     from .core.report import load_attempt
     from .core.store import RunStore, runs_dir_from
 
-    record = load_attempt(RunStore(runs_dir_from(args.runs_dir)), args.run, args.attempt)
+    store = RunStore(runs_dir_from(args.runs_dir))
+    record = load_attempt(store, store.resolve_run(args.run), args.attempt)
     doc = export_mlflow(record, args.mlflow, experiment_name=args.experiment)
     _emit(args, doc, f"run {record.run_id} attempt {record.result.attempt} "
                      + ("was already exported" if doc["already_exported"] else "exported")

@@ -78,7 +78,7 @@ def test_a_run_report_holds_every_section(store, capsys, tmp_path):
     (run,) = _runs(store, capsys, "native")
     out = tmp_path / "native.html"
     doc = _json(capsys, "report", "--runs-dir", str(store), run["run_id"], "-o", str(out))
-    assert doc == {"report": str(out), "runs": [run["run_id"]]}
+    assert doc == {"report": str(out), "runs": [run["run_id"]], "not_shown": []}
     page = out.read_text()
     result = json.loads((store / run["run_id"] / "result.json").read_text())
     for value in (run["experiment_digest"], result["binding_digest"], result["plan_checksum"],

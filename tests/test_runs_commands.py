@@ -86,6 +86,78 @@ def test_the_human_tables_keep_ids_and_digests_whole_in_80_columns(store, capsys
     assert main(["runs", "show", "--runs-dir", str(store), runs[0]["run_id"]]) == 0
     out = capsys.readouterr().out
     assert f"  experiment {runs[0]['experiment_digest']}\n" in out
+    assert main(["runs", "list", "--runs-dir", str(store)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 80
+    for r in runs:  # the run id and the digest prefix it shows are each whole on one line
+        assert any(r["run_id"] in line and r["experiment_digest"][7:19] in line
+                   for line in lines), lines
+
+
+def test_the_prefixes_a_listing_shows_name_runs_and_experiments(store, capsys):
+    runs = _json(capsys, "runs", "list", "--runs-dir", str(store))["runs"]
+    digests = [r["experiment_digest"] for r in runs]
+    twice = max(set(digests), key=digests.count)
+    short = twice[7:19]  # what `runs list` prints
+    for given in (short, f"sha256:{short}"):
+        assert len(_json(capsys, "runs", "list", "--runs-dir", str(store), "--digest",
+                         given)["runs"]) == 2
+        doc = _json(capsys, "runs", "compare", "--runs-dir", str(store), given)
+        assert doc["experiment_digests"] == [twice] and len(doc["attempts"]) == 2
+    run_id = runs[0]["run_id"]
+    assert _json(capsys, "runs", "show", "--runs-dir", str(store),
+                 run_id[:-3])["run_id"] == run_id
+    # the three runs share their timestamp's first digits: that prefix is ambiguous
+    assert main(["runs", "show", "--runs-dir", str(store), run_id[:4]]) == 2
+    err = capsys.readouterr().err
+    assert "ambiguous" in err and run_id in err
+    assert main(["runs", "show", "--runs-dir", str(store), short]) == 2
+    assert "not one run" in capsys.readouterr().err
+    assert main(["runs", "list", "--runs-dir", str(store), "--digest", short[:5]]) == 2
+    assert "needs 8 hex digits" in capsys.readouterr().err
+    out = Path(store).parent / "page.html"
+    assert main(["report", "--runs-dir", str(store), short, "-o", str(out)]) == 0
+    assert twice in out.read_text()
+
+
+def test_a_quarantined_run_lists_as_quarantined_until_verified(store, capsys):
+    from stateset_backend.core import quarantine
+
+    run_id = _json(capsys, "runs", "list", "--runs-dir", str(store))["runs"][0]["run_id"]
+    quarantine.mark(Path(store) / run_id, fault="restore", reason="damaged", update=2,
+                    attempt=1)  # what a resume that found a damaged checkpoint writes
+    listed = _json(capsys, "runs", "list", "--runs-dir", str(store), "--status",
+                   "quarantined")["runs"]
+    assert [(r["run_id"], r["attempt_status"]) for r in listed] == [(run_id, "succeeded")]
+    quarantine.clear(Path(store) / run_id, {"update": 2})
+    assert _json(capsys, "runs", "list", "--runs-dir", str(store), "--status",
+                 "quarantined")["runs"] == []
+
+
+def test_an_unreadable_result_is_listed_as_such_never_dropped(store, capsys):
+    runs = _json(capsys, "runs", "list", "--runs-dir", str(store))["runs"]
+    run_id = runs[0]["run_id"]
+    (Path(store) / run_id / "attempts" / "1" / "result.json").write_text("{broken")
+    doc = _json(capsys, "runs", "reindex", "--runs-dir", str(store))
+    assert doc["indexed_attempts"] == 3 and len(doc["unreadable"]) == 1
+    assert "result.json" in doc["unreadable"][0]
+    listed = {r["run_id"]: r for r in
+              _json(capsys, "runs", "list", "--runs-dir", str(store))["runs"]}
+    assert listed[run_id]["status"] == "unreadable"
+    assert listed[run_id]["experiment_digest"] == runs[0]["experiment_digest"]
+
+
+def test_a_report_of_an_experiment_survives_one_unreadable_run(store, capsys, tmp_path):
+    runs = _json(capsys, "runs", "list", "--runs-dir", str(store))["runs"]
+    digests = [r["experiment_digest"] for r in runs]
+    twice = max(set(digests), key=digests.count)
+    broken, kept = [r["run_id"] for r in runs if r["experiment_digest"] == twice]
+    (Path(store) / broken / "plan.json").write_text("{broken")
+    out = tmp_path / "page.html"
+    doc = _json(capsys, "report", "--runs-dir", str(store), twice, "-o", str(out))
+    assert doc["runs"] == [kept] and len(doc["not_shown"]) == 1
+    page = out.read_text()
+    assert "Not shown" in page and broken in page
 
 
 @pytest.mark.parametrize("damage", ["delete", "corrupt"])
@@ -97,7 +169,7 @@ def test_a_lost_index_loses_nothing(store, capsys, damage):
         index.write_bytes(b"not a database")
     assert len(_json(capsys, "runs", "list", "--runs-dir", str(store))["runs"]) == 3
     assert _json(capsys, "runs", "reindex", "--runs-dir", str(store)) == \
-        {"indexed_attempts": 3}
+        {"indexed_attempts": 3, "unreadable": []}
 
 
 def _ckpt(step: int) -> ArtifactRecord:

@@ -91,16 +91,24 @@ def load_attempt(store: RunStore, run_id: str, attempt: int | None = None) -> At
                        + (f": {'; '.join(problems)}" if problems else ""))
 
 
-def load_target(store: RunStore, target: str) -> list[AttemptRecord]:
-    """A run id: its newest attempt. An experiment digest: the newest attempt of every run of
-    it, oldest run first (the order the page lists them in)."""
-    if not target.startswith("sha256:"):
-        return [load_attempt(store, target)]
-    rows = store.query(digest=target)
-    if not rows:
-        raise InvalidInput(f"no run of experiment {target} in {store.root} (see `runs list`)")
-    return [load_attempt(store, run_id)
-            for run_id in sorted(dict.fromkeys(r["run_id"] for r in rows))]
+def load_target(store: RunStore, target: str) -> tuple[list[AttemptRecord], list[str]]:
+    """A run (id or unique prefix): its newest attempt. An experiment digest (or a unique
+    prefix): the newest attempt of every run of it, oldest run first (the order the page lists
+    them in), and why any run of it could not be read: one damaged run leaves the others'
+    page standing, and the page says what it left out."""
+    kind, name = store.resolve(target)
+    if kind == "run":
+        return [load_attempt(store, name)], []
+    records, skipped = [], []
+    for run_id in sorted(dict.fromkeys(r["run_id"] for r in store.query(digest=name))):
+        try:
+            records.append(load_attempt(store, run_id))
+        except InvalidInput as exc:
+            skipped.append(f"run {run_id}: {exc.message}")
+    if not records:
+        raise InvalidInput(f"no readable run of experiment {name} in {store.root}"
+                           + (f": {'; '.join(skipped[:3])}" if skipped else ""))
+    return records, skipped
 
 
 def read_series(record: AttemptRecord) -> list[dict[str, Any]]:
@@ -393,7 +401,7 @@ CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri '
 
 
 def render(records: list[AttemptRecord], *, title: str, generated_at: str | None = None,
-           ) -> str:
+           skipped: list[str] | None = None) -> str:
     """The whole page as one string."""
     series = [read_series(r) for r in records]
     panels = draw_curves(records, series)
@@ -404,6 +412,11 @@ def render(records: list[AttemptRecord], *, title: str, generated_at: str | None
                 ("Curves", _curves(panels)), ("Validation", _validation(records, series)),
                 ("Test", _tests(records)), ("Checkpoints and artifacts", _checkpoints(records)),
                 ("Selection", _selection(records))]
+    if skipped:
+        sections.insert(0, ("Not shown", "<p>These runs of the experiment could not be read "
+                                          "and are left out of this page:</p><ul>" + "".join(
+                                              f"<li>{_e(line)}</li>" for line in skipped)
+                            + "</ul>"))
     body = "\n".join(f'<section id="{_e(name.split()[0].lower())}"><h2>{_e(name)}</h2>\n'
                      f"{content}</section>" for name, content in sections)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
@@ -416,15 +429,15 @@ def render(records: list[AttemptRecord], *, title: str, generated_at: str | None
 
 
 def report(store: RunStore, target: str, output: str | Path | None = None,
-           ) -> tuple[Path, list[AttemptRecord]]:
-    """Write the report of a run (its newest attempt) or of every run of an experiment."""
-    records = load_target(store, target)
-    name = (records[0].plan.get("spec") or {}).get("name") or "experiment"
-    if target.startswith("sha256:"):
-        title = f"{name}: {len(records)} run(s) of experiment {target}"
-    else:
-        title = f"{name}: run {target}"
-    page = render(records, title=title)
-    path = Path(output) if output else Path(f"report-{target.replace(':', '-')}.html")
+           ) -> tuple[Path, list[AttemptRecord], list[str]]:
+    """Write the report of a run (its newest attempt) or of every run of an experiment; the
+    runs of it that could not be read are named on the page and returned."""
+    records, skipped = load_target(store, target)
+    kind, name = store.resolve(target)
+    spec_name = (records[0].plan.get("spec") or {}).get("name") or "experiment"
+    title = f"{spec_name}: {len(records)} run(s) of experiment {name}" if kind == "digest" \
+        else f"{spec_name}: run {name}"
+    page = render(records, title=title, skipped=skipped)
+    path = Path(output) if output else Path(f"report-{name.replace(':', '-')}.html")
     atomic_write_bytes(path, page.encode("utf-8"))
-    return path, records
+    return path, records, skipped

@@ -93,14 +93,12 @@ def compare(store: RunStore, targets: list[str]) -> dict[str, Any]:
     run_ids: list[str] = []
     digests = set()
     for target in targets:
-        if target.startswith("sha256:"):
-            digests.add(target)
-            run_ids += [r["run_id"] for r in store.query(digest=target)]
-        elif (store.run_dir(target) / "plan.json").is_file():
-            run_ids.append(target)
+        kind, name = store.resolve(target)
+        if kind == "digest":
+            digests.add(name)
+            run_ids += [r["run_id"] for r in store.query(digest=name)]
         else:
-            raise InvalidInput(f"{target}: neither an experiment digest (sha256:...) nor a run "
-                               f"in {store.root}")
+            run_ids.append(name)
     rows = []
     for run_id in dict.fromkeys(run_ids):
         evaluations = [_evaluation(d) for d in evaluation_records(store.run_dir(run_id))]

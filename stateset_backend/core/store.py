@@ -14,13 +14,15 @@ directory; every result file is written atomically.
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import sqlite3
 import tempfile
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from filelock import FileLock
 
@@ -31,6 +33,8 @@ from .plan import LaunchPlan
 from .results import Result
 
 DEFAULT_RUNS_DIR = "runs"
+MIN_DIGEST_PREFIX = 8  # 32 bits: two digests of a store this size do not share one
+_HEX = re.compile(r"[0-9a-f]+")
 
 
 def runs_dir_from(option: str | None) -> Path:
@@ -55,6 +59,41 @@ class RunStore:
 
     def run_dir(self, run_id: str) -> Path:
         return self.root / run_id
+
+    def resolve(self, target: str) -> tuple[Literal["run", "digest"], str]:
+        """What a user typed for a run or an experiment: ("run", id) or ("digest", digest).
+        Listings shorten both, so a unique prefix of a run id or of a digest (with or
+        without ``sha256:``) names it; an ambiguous one is refused with the candidates."""
+        if not target or target.startswith(".") or Path(target).name != target:
+            raise InvalidInput(f"{target!r} is not a run id or an experiment digest "
+                               "(see `runs list`)")
+        if not target.startswith("sha256:") and (self.run_dir(target) / "plan.json").is_file():
+            return "run", target
+        hex_part = target.removeprefix("sha256:").lower()
+        runs = [] if target.startswith("sha256:") else \
+            sorted(p.name for p in self.root.glob(f"{glob.escape(target)}*")
+                   if (p / "plan.json").is_file()) if self.root.is_dir() else []
+        digests = sorted({r["experiment_digest"] for r in self.query()
+                          if r["experiment_digest"].startswith("sha256:" + hex_part)}) \
+            if len(hex_part) >= MIN_DIGEST_PREFIX and _HEX.fullmatch(hex_part) else []
+        found: list[tuple[Literal["run", "digest"], str]] = \
+            [("run", r) for r in runs] + [("digest", d) for d in digests]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            short = f" (a digest prefix needs {MIN_DIGEST_PREFIX} hex digits)" \
+                if _HEX.fullmatch(hex_part) and len(hex_part) < MIN_DIGEST_PREFIX else ""
+            raise InvalidInput(f"{target}: no run or experiment digest in {self.root} "
+                               f"starts so{short} (see `runs list`)")
+        raise InvalidInput(f"{target}: ambiguous, {len(found)} match: " + ", ".join(
+            name for _, name in found[:5]) + (", ..." if len(found) > 5 else ""))
+
+    def resolve_run(self, target: str) -> str:
+        kind, name = self.resolve(target)
+        if kind != "run":
+            raise InvalidInput(f"{target}: names experiment {name}, not one run; pick a run "
+                               f"with `runs list --digest {name}`")
+        return name
 
     def begin_attempt(self, plan: LaunchPlan) -> Attempt:
         """Record the plan (or prove it is the same one) and allocate the next attempt."""
@@ -116,46 +155,81 @@ class RunStore:
             except sqlite3.DatabaseError:  # an older or damaged index: rebuild it whole
                 self._rebuild()
 
-    def _insert(self, db: Path, results: list[Result]) -> None:
+    def _insert(self, db: Path, results: list[Result],
+                extra: list[tuple[object, ...]] | None = None) -> None:
         with closing(sqlite3.connect(db)) as conn:
             conn.execute(self._SCHEMA)
             conn.executemany(f"INSERT OR REPLACE INTO attempts VALUES "
                              f"({','.join('?' * len(self._COLUMNS))})",
-                             [self._row(r) for r in results])
+                             [self._row(r) for r in results] + (extra or []))
             conn.commit()
 
-    def results(self) -> list[Result]:
-        """Every attempt's result.json under the store, oldest run first."""
-        found = []
+    def results(self) -> tuple[list[Result], list[tuple[str, int, str]]]:
+        """Every attempt's result.json under the store, oldest run first, and (run id,
+        attempt, problem) for each one that cannot be read."""
+        found, unreadable = [], []
         for path in sorted(self.root.glob("*/attempts/*/result.json")):
+            if not path.parent.name.isdigit():
+                continue
             try:
                 found.append(Result.model_validate(read_json(path, what="result")))
-            except (InvalidInput, ValueError):
-                continue  # a damaged result is not indexed; `runs show` names it
-        return found
+            except (InvalidInput, ValueError) as exc:
+                detail = exc.message if isinstance(exc, InvalidInput) else \
+                    f"{path}: not a result ({str(exc).splitlines()[0]})"
+                unreadable.append((path.parent.parent.parent.name, int(path.parent.name),
+                                   detail))
+        return found, unreadable
 
-    def reindex(self) -> int:
-        """Rebuild the index from the run directories (the source of truth); atomic."""
+    def reindex(self) -> tuple[int, list[str]]:
+        """Rebuild the index from the run directories (the source of truth), atomically; the
+        count indexed and what could not be read (indexed as ``unreadable``, never dropped)."""
         with FileLock(str(self.root / ".index.lock")):
             return self._rebuild()
 
-    def _rebuild(self) -> int:
-        results = self.results()
+    def _rebuild(self) -> tuple[int, list[str]]:
+        results, unreadable = self.results()
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".sqlite", dir=self.root)
         os.close(fd)
         try:
             Path(tmp).unlink()
-            self._insert(Path(tmp), results)
+            self._insert(Path(tmp), results, [self._unreadable_row(*u) for u in unreadable])
             os.replace(tmp, self.index_path)
         finally:
             Path(tmp).unlink(missing_ok=True)
-        return len(results)
+        return len(results) + len(unreadable), [why for _, _, why in unreadable]
+
+    def _unreadable_row(self, run_id: str, attempt: int, why: str) -> tuple[object, ...]:
+        """An attempt whose result cannot be read still shows, as ``unreadable``, with what
+        its run's plan says (a newer attempt that vanished from listings would let an older
+        one pass for the run's outcome)."""
+        try:
+            plan = read_json(self.run_dir(run_id) / "plan.json", what="plan")
+        except InvalidInput:
+            plan = {}
+        spec = plan.get("spec")
+        spec = spec if isinstance(spec, dict) else {}
+        budget = spec.get("budget")
+        budget = budget if isinstance(budget, dict) else {}
+        return (run_id, attempt, plan.get("experiment_digest") or "",
+                plan.get("binding_digest") or "", plan.get("checksum") or "",
+                plan.get("engine") or "?", plan.get("engine_version") or "?", "unreadable",
+                None, 0, budget.get("total_updates") or 0, "", "", 0)
+
+    def _run_status(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A run under an active quarantine mark lists as quarantined whatever its attempt
+        ended as (a restore refused at resume marks the run, not an attempt); once `runs
+        verify` clears the mark it lists as its attempt did."""
+        row["attempt_status"] = row["status"]
+        if quarantine.active(self.run_dir(row["run_id"])) is not None:
+            row["status"] = "quarantined"
+        return row
 
     def query(self, *, digest: str | None = None, engine: str | None = None,
               status: str | None = None, latest_only: bool = True) -> list[dict[str, Any]]:
         """Attempts from the index (the latest attempt of each run unless asked otherwise),
-        newest first. A missing or unreadable index is rebuilt from the directories first."""
+        newest first, with the run's status (``quarantined`` while its mark holds). A missing
+        or unreadable index is rebuilt from the directories first."""
         if not self.root.is_dir():
             return []
         for tries in range(2):
@@ -165,8 +239,7 @@ class RunStore:
                 with closing(sqlite3.connect(
                         f"{self.index_path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
                     where, args = [], []
-                    for column, value in (("experiment_digest", digest), ("engine", engine),
-                                          ("status", status)):
+                    for column, value in (("experiment_digest", digest), ("engine", engine)):
                         if value is not None:
                             where.append(f"{column} = ?")
                             args.append(value)
@@ -176,8 +249,9 @@ class RunStore:
                     sql = (f"SELECT {', '.join(self._COLUMNS)} FROM attempts" +
                            (f" WHERE {' AND '.join(where)}" if where else "") +
                            " ORDER BY run_id DESC, attempt DESC")
-                    return [dict(zip(self._COLUMNS, row, strict=True))
+                    rows = [self._run_status(dict(zip(self._COLUMNS, row, strict=True)))
                             for row in conn.execute(sql, args)]
+                    return [r for r in rows if status is None or r["status"] == status]
             except sqlite3.DatabaseError:
                 if tries:
                     raise
