@@ -359,6 +359,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise InvalidInput("--allow-runtime-change applies to --resume only")
     result, path = run_plan(plan, registry, store, python=args.python, timeout=args.timeout,
                             echo_stderr=not args.quiet, resume=args.resume,
+                            live_progress=not args.json,
                             engine_home=args.engine_home, ray_address=args.ray_address,
                             allow_runtime_change=args.allow_runtime_change)
     if result.status != "succeeded":

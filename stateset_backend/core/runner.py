@@ -73,7 +73,9 @@ def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore)
         quarantine.mark(store.run_dir(plan.run_id), fault="restore", reason=problem,
                         update=found.update, attempt=attempt)
         raise ResumeImpossible(f"run {plan.run_id}: the newest checkpoint (update "
-                               f"{found.update}) cannot be resumed: {problem}")
+                               f"{found.update}, {found.path}) cannot be resumed: {problem}; "
+                               "the run is quarantined until `stateset-backend runs verify "
+                               f"{plan.run_id}` reloads a verified checkpoint")
     return found
 
 
@@ -110,7 +112,7 @@ def completed(plan: LaunchPlan, store: RunStore) -> tuple[Result, Path] | None:
 
 def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
              python: str | None = None, timeout: float | None = None,
-             echo_stderr: bool = True, resume: bool = False,
+             echo_stderr: bool = True, resume: bool = False, live_progress: bool = True,
              engine_home: str | None = None, ray_address: str | None = None,
              allow_runtime_change: bool = False) -> tuple[Result, Path]:
     """Run one attempt of a plan; raises the error whose exit code matches the outcome.
@@ -148,6 +150,7 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
             lineage.stage(start_from, attempt.directory)
         return _run_attempt(plan, adapter, store, attempt, spec, resume_from,
                             python=python, timeout=timeout, echo_stderr=echo_stderr,
+                            live_progress=live_progress,
                             engine_home=engine_home, ray_address=ray_address,
                             warnings=warnings)
     except OSError as exc:
@@ -180,12 +183,14 @@ def _record_failure(plan: LaunchPlan, spec: ExperimentSpec, store: RunStore, att
 
 def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, attempt: Attempt,
                  spec: ExperimentSpec, resume_from: Checkpoint | None, *, python: str | None,
-                 timeout: float | None, echo_stderr: bool, engine_home: str | None,
+                 timeout: float | None, echo_stderr: bool, live_progress: bool,
+                 engine_home: str | None,
                  ray_address: str | None, warnings: list[str]) -> tuple[Result, Path]:
     """Prepare the attempt, launch it where the plan says, collect and validate what the
     engine left: the data path of one attempt, in that order."""
     prepared = prepare_attempt(plan, adapter, attempt, resume_from, python=python,
-                               engine_home=engine_home, echo_stderr=echo_stderr)
+                               engine_home=engine_home, echo_stderr=echo_stderr,
+                               live_progress=live_progress)
     provider: Provider = RayProvider(ray_address or os.environ.get("RAY_ADDRESS")) \
         if plan.provider == "ray" else LocalProvider()
     started, t0 = _now(), time.monotonic()
@@ -198,7 +203,8 @@ def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, atte
 
 def prepare_attempt(plan: LaunchPlan, adapter: EngineAdapter, attempt: Attempt,
                     resume_from: Checkpoint | None, *, python: str | None,
-                    engine_home: str | None, echo_stderr: bool) -> PreparedLaunch:
+                    engine_home: str | None, echo_stderr: bool,
+                    live_progress: bool = True) -> PreparedLaunch:
     """Write the plan's files into the attempt and fill in its placeholders (never inside
     user text: specs cannot hold them)."""
     run_dir = attempt.directory.resolve()
@@ -210,8 +216,10 @@ def prepare_attempt(plan: LaunchPlan, adapter: EngineAdapter, attempt: Attempt,
     argv = [_fill(a, run_dir, interpreter, engine_home) for a in plan.argv]
     if resume_from is not None:
         argv = adapter.resume_argv(resume_from, argv, run_dir)
-    if echo_stderr and sys.stderr.isatty():
-        env["STATESET_BACKEND_PROGRESS"] = "tty"
+    # the live bar only where a person watches a terminal; --json, a log or a pipe get one
+    # line per update (the engine's stderr is a pipe to us either way, so we decide)
+    env["STATESET_BACKEND_PROGRESS"] = \
+        "tty" if live_progress and echo_stderr and sys.stderr.isatty() else "lines"
     return PreparedLaunch(argv, run_dir, env, set_env,
                           f"stateset-{plan.run_id}-{attempt.number}", echo_stderr)
 

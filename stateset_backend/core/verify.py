@@ -45,7 +45,8 @@ def verify_run(store: RunStore, registry: Registry, run_id: str) -> dict[str, An
     problem = adapter.checkpoint_problem(checkpoint, plan.experiment_digest)
     if problem is not None:
         raise ResumeImpossible(f"run {run_id}: the newest checkpoint (update "
-                               f"{checkpoint.update}) does not verify: {problem}{keep}")
+                               f"{checkpoint.update}, {checkpoint.path}) does not verify: "
+                               f"{problem}{keep}")
     try:
         loaded = adapter.reload_checkpoint(attempt_dir, checkpoint)
     except StatesetError:

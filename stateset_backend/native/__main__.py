@@ -19,6 +19,9 @@ def main() -> int:
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--resume-from", type=Path)
     args = parser.parse_args()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the run's own bar (or log line) is the one progress
     from .distributed import World, join
     from .sft_trainer import trainer_for
     from .trainer import load_settings

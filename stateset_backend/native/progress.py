@@ -1,7 +1,8 @@
 """Live progress of a training run: a rich bar on a terminal, one plain line per update in logs.
 
-The engine's stderr reaches the user through the launcher; ``STATESET_BACKEND_PROGRESS=tty``
-(set by the launcher when the user's own stderr is a terminal) asks for the live bar.
+The engine's stderr reaches the user through the launcher, which decides:
+``STATESET_BACKEND_PROGRESS=tty`` (the user's own stderr is a terminal) asks for the live bar,
+``lines`` (``--json``, a log file, a pipe) for one line per update.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ class Progress:
     def __init__(self, total: int, start: int = 0, quiet: bool = False) -> None:
         self.total, self.done, self.t0, self.start = total, start, time.monotonic(), start
         self.quiet = quiet  # data parallel: only rank 0 reports
-        self.live = not quiet and (os.environ.get("STATESET_BACKEND_PROGRESS") == "tty" or
-                                   sys.stderr.isatty())
+        asked = os.environ.get("STATESET_BACKEND_PROGRESS")  # tty | lines, from the launcher
+        self.live = not quiet and (asked == "tty" or (asked is None and sys.stderr.isatty()))
         self._bar: Any = None
         self._task: Any = None
 
