@@ -28,10 +28,12 @@ print('HEAVY=' + json.dumps(heavy))
     ["check", "--engine", "verl", "--engine-version", "0.9.1", "{spec}"],
     ["explain", "--engine", "native", "{spec}"],
     ["plan", "--engine", "native", "{spec}", "-o", "{plan}"],
+    ["runs", "list", "--runs-dir", "{runs}"], ["runs", "compare", "--runs-dir", "{runs}", "x"],
 ])
 def test_command_imports_no_heavy_library(command, write_json, minimal, tmp_path):
     spec = write_json(minimal)
-    args = [a.format(spec=spec, plan=tmp_path / "plan.json") for a in command]
+    args = [a.format(spec=spec, plan=tmp_path / "plan.json", runs=tmp_path / "runs")
+            for a in command]
     proc = subprocess.run([sys.executable, "-c", PROBE.format(heavy=set(HEAVY)), *args],
                           capture_output=True, text=True, timeout=60)
     line = [x for x in proc.stdout.splitlines() if x.startswith("HEAVY=")][-1]

@@ -22,17 +22,18 @@ from . import history
 from .adapter import Checkpoint, EngineAdapter
 from .content import sha256_file
 from .errors import EngineFailed, InvalidInput, ResumeImpossible, StatesetError, Unsupported
+from .evaluations import EVALUATION_DIR, EVALUATION_SCHEMA_ID
+from .evaluations import records as records
 from .inputs import verify_inputs
-from .jsonio import atomic_write_json, read_json
+from .jsonio import atomic_write_json
 from .plan import LaunchPlan
 from .quarantine import refuse_if_quarantined
-from .report import EVALUATION_DIR, AttemptRecord, load_attempt
+from .report import AttemptRecord, load_attempt
 from .store import RunStore
 
 if TYPE_CHECKING:
     from .registry import Registry
 
-EVALUATION_SCHEMA_ID = "stateset-backend/evaluation/v1"
 SPLITS = ("test", "validation")
 _UPDATE = re.compile(r"update-(\d{1,9})")
 
@@ -157,17 +158,3 @@ def evaluate_run(store: RunStore, registry: Registry, run_id: str, *, split: str
         f"{split}-attempt{record.result.attempt}-{chosen.label}.json"
     atomic_write_json(path, doc)
     return path, doc
-
-
-def records(run_dir: Path) -> list[dict[str, Any]]:
-    """Every evaluation record of a run (unreadable ones are skipped), oldest name first."""
-    folder = run_dir / EVALUATION_DIR
-    found = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            doc = read_json(path, what="evaluation record")
-        except InvalidInput:
-            continue
-        if isinstance(doc, dict) and doc.get("schema") == EVALUATION_SCHEMA_ID:
-            found.append({**doc, "record": path.name})
-    return found

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InvalidInput, Unsupported
+from .evaluations import EVALUATION_DIR
 from .jsonio import atomic_write_bytes, read_json
 from .results import Result
 from .store import RunStore
@@ -38,7 +39,6 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Entropy", ("entropy",)),
     ("Response length", ("response_length/mean",)),
 )
-EVALUATION_DIR = "evaluations"
 
 
 # -- reading a run back ------------------------------------------------------------------

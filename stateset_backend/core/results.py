@@ -10,17 +10,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .adapter import Collected
-from .content import sha256_file
-from .launch import Exit
-from .plan import LaunchPlan
 from .quarantine import MARKER, describe
 from .quarantine import read as read_marker
-from .spec import LOWER_IS_BETTER
+
+if TYPE_CHECKING:  # the run store's readers (`runs list`) load results without the rule kit
+    from .adapter import Collected
+    from .launch import Exit
+    from .plan import LaunchPlan
 
 RESULT_SCHEMA_ID = "stateset-backend/result/v1"
 Status = Literal["succeeded", "failed", "invalid", "interrupted", "quarantined"]
@@ -157,6 +157,7 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
              collect_error: str | None = None, resumed_from: int | None = None,
              ) -> tuple[Status, list[Check], list[ArtifactRecord]]:
     """Run every result check; the status follows from the exit and the checks."""
+    from .content import sha256_file
     checks: list[Check] = []
 
     def add(name: str, ok: bool, detail: str) -> None:
@@ -269,6 +270,8 @@ def select_checkpoint(select_by: str | None, rows: list[dict[str, Any]],
     a model."""
     if select_by is None:
         return None
+    from .spec import LOWER_IS_BETTER
+
     lower = select_by in LOWER_IS_BETTER
     candidates = []
     for row in rows:

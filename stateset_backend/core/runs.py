@@ -11,7 +11,7 @@ from typing import Any
 
 from . import quarantine
 from .errors import InvalidInput
-from .evaluate import records as evaluation_records
+from .evaluations import records as evaluation_records
 from .jsonio import read_json
 from .results import Result
 from .store import RunStore

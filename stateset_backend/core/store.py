@@ -22,15 +22,17 @@ import tempfile
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from filelock import FileLock
 
 from . import quarantine
 from .errors import InvalidInput
 from .jsonio import atomic_write_json, read_json
-from .plan import LaunchPlan
 from .results import Result
+
+if TYPE_CHECKING:  # listing runs needs no plan model
+    from .plan import LaunchPlan
 
 DEFAULT_RUNS_DIR = "runs"
 MIN_DIGEST_PREFIX = 8  # 32 bits: two digests of a store this size do not share one
