@@ -466,9 +466,11 @@ def _digest_of(store: Any, target: str) -> str:
 
 def _from_run(args: argparse.Namespace, store: Any) -> int:
     """Print the ``model.from_run`` section naming a run's checkpoint, or write ``--spec`` with
-    it filled in to ``--output`` (beside the spec: its relative paths stay the spec folder's)."""
+    it filled in to ``--output``, anywhere: its relative paths are rewritten to name the same
+    files from the new spec's folder."""
     from .core import lineage
     from .core.errors import InvalidInput
+    from .core.inputs import rebase_spec_paths
     from .core.jsonio import atomic_write_json, read_json
 
     ref = lineage.reference(store, _registry(), args.run, args.checkpoint).model_dump()
@@ -483,6 +485,8 @@ def _from_run(args: argparse.Namespace, store: Any) -> int:
     if not isinstance(doc.get("model"), dict):
         raise InvalidInput(f"{args.spec}: has no model section to start from the run")
     doc["model"]["from_run"] = ref
+    doc = rebase_spec_paths(doc, Path(args.spec).resolve().parent,
+                            Path(args.output).resolve().parent)
     try:
         atomic_write_json(Path(args.output), doc)
     except OSError as exc:

@@ -7,7 +7,10 @@ checked: a URI the engine resolves itself (``s3://``, ``hf://``) is the engine's
 
 from __future__ import annotations
 
+import copy
+import os
 from pathlib import Path
+from typing import Any
 
 from .content import sha256_file
 from .errors import InvalidInput
@@ -20,6 +23,37 @@ def local_path(uri: str, base_dir: Path) -> Path | None:
         return None
     path = Path(uri.removeprefix("file://"))
     return path if path.is_absolute() else base_dir / path
+
+
+def _rebased(value: str, source: Path, target: Path) -> str:
+    """``value`` (a local path, relative to ``source``) relative to ``target`` instead."""
+    if "://" in value or Path(value).is_absolute():
+        return value  # a URI the engine fetches, or a path that means the same anywhere
+    return os.path.relpath(source / value, target)
+
+
+def rebase_spec_paths(doc: dict[str, Any], source: Path, target: Path) -> dict[str, Any]:
+    """A spec document moved from folder ``source`` to folder ``target``, its relative data
+    paths and reward/environment files still naming the same files (a relative path is read
+    from the spec's own folder). ``model.path`` stays as written: it must match the run a
+    ``from_run`` names, and "org/name" is a hub id, not a path."""
+    out = copy.deepcopy(doc)
+    data = out.get("data")
+    for name in ("train", "validation", "test"):
+        split = data.get(name) if isinstance(data, dict) else None
+        if isinstance(split, dict) and isinstance(split.get("uri"), str):
+            uri = split["uri"]
+            scheme = "file://" if uri.startswith("file://") else ""
+            split["uri"] = scheme + _rebased(uri.removeprefix("file://"), source, target)
+    for section in ("reward", "environment"):
+        part = out.get(section)
+        if not isinstance(part, dict):
+            continue
+        entry = part.get("entrypoint")
+        if isinstance(entry, str) and ":" in entry:
+            file_part, _, function = entry.rpartition(":")
+            part["entrypoint"] = f"{_rebased(file_part, source, target)}:{function}"
+    return out
 
 
 class Uncountable(ValueError):

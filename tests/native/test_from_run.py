@@ -8,6 +8,7 @@ import copy
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -170,3 +171,30 @@ def test_a_damaged_checkpoint_is_exit_6(cli, tiny, spec_file, sft_run, tmp_path)
                spec_file(_rl_from(tiny, ref)))
     assert proc.returncode == 6, proc.stderr
     assert "is damaged" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_spec_written_elsewhere_still_names_the_same_files(tmp_path):
+    """`runs from-run --spec S --output O`: O's relative paths are read from O's folder."""
+    from stateset_backend.core.inputs import pinned_files, rebase_spec_paths
+    from stateset_backend.core.specfile import parse_spec
+
+    src = tmp_path / "project"
+    (src / "data").mkdir(parents=True)
+    doc = json.loads((EXAMPLES / "support-routing.json").read_text())
+    for split in ("train", "validation", "test"):
+        name = Path(doc["data"][split]["uri"]).name
+        (src / "data" / name).write_bytes((EXAMPLES / doc["data"][split]["uri"]).read_bytes())
+        doc["data"][split]["uri"] = f"data/{name}"
+    reward_file = doc["reward"]["entrypoint"].rpartition(":")[0]
+    (src / "reward.py").write_bytes((EXAMPLES / reward_file).read_bytes())
+    doc["reward"]["entrypoint"] = "reward.py:" + doc["reward"]["entrypoint"].rpartition(":")[2]
+    doc["data"]["test"]["uri"] = "file://" + doc["data"]["test"]["uri"]
+    elsewhere = tmp_path / "other" / "place"
+    moved = rebase_spec_paths(doc, src, elsewhere)
+    assert moved["data"]["train"]["uri"].startswith("../../project/")
+    assert moved["data"]["test"]["uri"].startswith("file://../../project/")
+    before = pinned_files(parse_spec(doc), src)
+    after = pinned_files(parse_spec(moved), elsewhere)
+    assert [(f, p.resolve(), h) for f, p, h in before] == \
+        [(f, p.resolve(), h) for f, p, h in after]
+    assert len(before) == 4  # three splits and the reward file
