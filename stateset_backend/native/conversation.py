@@ -341,6 +341,20 @@ class Collected:
     def failed(self) -> int:
         return sum(c.failed for c in self.conversations)
 
+    @classmethod
+    def join(cls, parts: list[Collected]) -> Collected:
+        """The record of several collections as one (validation runs in chunks); the learner
+        batch is not joined: validation learns nothing."""
+        joined = cls(None, [], [], [], {})
+        for part in parts:
+            offset, group_offset = len(joined.conversations), \
+                (max(joined.groups) + 1 if joined.groups else 0)
+            joined.conversations += part.conversations
+            joined.groups += [g + group_offset for g in part.groups]
+            joined.returns += part.returns
+            joined.excluded.update({n + offset: why for n, why in part.excluded.items()})
+        return joined
+
 
 def collect(model: Any, tokenizer: Any, workers: Workers, tools: list[Tool],
             limits: Limits, tasks: list[tuple[int, dict[str, Any]]], group_size: int,
@@ -382,13 +396,18 @@ def collect(model: Any, tokenizer: Any, workers: Workers, tools: list[Tool],
     return Collected(full.select(keep), convs, groups, returns, excluded)
 
 
-def refuse_failed_share(collected: Collected, max_failed_share: float) -> None:
+def refuse_failed_share(collected: Collected, max_failed_share: float, *,
+                        what: str = "update") -> None:
+    """Raise when more conversations failed than allowed, naming the first failure."""
     total = len(collected.conversations)
-    share = collected.failed / total
-    if share > max_failed_share:
-        first = next(c for c in collected.conversations if c.failed)
+    share = collected.failed / total if total else 1.0
+    nothing_left = what != "update" and collected.failed == total  # no reward to report
+    if share > max_failed_share or nothing_left:
+        first = next((c for c in collected.conversations if c.failed), None)
+        consequence = "the update was refused and nothing was applied" if what == "update" \
+            else "its reward would be a mean over the survivors only, so none is reported"
         raise FailedShareExceeded(
-            f"{collected.failed} of {total} conversations failed in the environment "
-            f"(share {share:.3f} > environment.max_failed_share {max_failed_share}); the "
-            f"update was refused and nothing was applied. First failure (task row "
-            f"{first.task_index}): {first.error}")
+            f"{what}: {collected.failed} of {total} conversations failed in the environment "
+            f"(share {share:.3f} > environment.max_failed_share {max_failed_share}); "
+            f"{consequence}. First failure"
+            + (f" (task row {first.task_index}): {first.error}" if first else ": none"))

@@ -355,8 +355,13 @@ class Trainer:
             rows_source=self.train_rows, decoding=Decoding(
                 spec.rollout.temperature, spec.rollout.top_p, spec.rollout.top_k),
             generator=self.generator)
-        conversation.refuse_failed_share(collected, spec.environment.max_failed_share)
         self.last_collected = collected
+        try:
+            conversation.refuse_failed_share(collected, spec.environment.max_failed_share)
+        except conversation.FailedShareExceeded:  # what failed is the evidence: keep it
+            if self.world.is_main:
+                self._write_conversations(collected)
+            raise
         batch = collected.batch
         if batch is not None and spec.algorithm.advantage.zero_variance_groups == "exclude":
             zero = objectives.zero_variance_groups(batch.rewards, batch.group_ids)
@@ -421,7 +426,8 @@ class Trainer:
         decoding = Decoding(ev.temperature, ev.top_p, None)
         generator = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + self.update_count)
         if self.conversations:
-            return self._validate_conversations(decoding, generator, rows)
+            return self._validate_conversations(decoding, generator, rows,
+                                                record=rows is self.val_rows)
         rewards: list[float] = []
         chunk = max(1, 64 // ev.samples)
         for start in range(0, len(rows), chunk):
@@ -432,23 +438,29 @@ class Trainer:
         return {"val/reward/mean": sum(rewards) / len(rewards)}
 
     def _validate_conversations(self, decoding: Decoding, generator: torch.Generator,
-                                rows: list[Example]) -> dict[str, float]:
+                                rows: list[Example], *, record: bool = False,
+                                ) -> dict[str, float]:
         """Mean return over validation conversations whose environment did not fail (failed
-        ones have no reward to average and are counted instead)."""
+        ones have no return to average: they are counted, and held to the same
+        environment.max_failed_share as training, so that a mean over the few survivors is
+        never reported as the policy's). ``record`` writes every conversation, failed ones
+        with their error, to the trajectories as ``validation-update-N.jsonl``."""
         returns: list[float] = []
-        failed = total = 0
+        parts: list[conversation.Collected] = []
         chunk = max(1, 64 // self.spec.evaluation.samples)
         for start in range(0, len(rows), chunk):
             idx = list(range(start, min(start + chunk, len(rows))))
             got = self._converse(idx, self.spec.evaluation.samples, rows_source=rows,
                                  decoding=decoding, generator=generator)
             returns.extend(r for r in got.returns if r is not None)
-            failed, total = failed + got.failed, total + len(got.conversations)
-        if not returns:
-            raise conversation.FailedShareExceeded(
-                f"every one of {total} validation conversations failed in the environment")
+            parts.append(got)
+        every = conversation.Collected.join(parts)
+        if record:
+            self._write_conversations(every, f"validation-update-{self.update_count:06d}.jsonl")
+        conversation.refuse_failed_share(every, self.spec.environment.max_failed_share,
+                                         what="validation")
         return {"val/reward/mean": sum(returns) / len(returns),
-                "val/conversations/failed_share": failed / total}
+                "val/conversations/failed_share": every.failed / len(every.conversations)}
 
     # -- the loop ------------------------------------------------------------------------
     def train(self, until: int | None = None) -> None:
@@ -617,10 +629,12 @@ class Trainer:
         return {**counts, "assistant_tokens": int(batch.loss_mask.sum()),
                 "environment_tokens": int((batch.roles == 1).sum())}
 
-    def _write_conversations(self) -> None:
-        got = self.last_collected
+    def _write_conversations(self, got: conversation.Collected | None = None,
+                             name: str | None = None) -> None:
+        got = got if got is not None else self.last_collected
         assert got is not None
-        path = self.out.trajectories / f"update-{self.update_count + 1:06d}.jsonl"
+        path = self.out.trajectories / (name or f"update-{self.update_count + 1:06d}.jsonl")
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w", encoding="utf-8") as fh:
             for n, c in enumerate(got.conversations):
                 fh.write(json.dumps({

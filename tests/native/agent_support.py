@@ -74,6 +74,10 @@ class Raising(_Base):
             raise RuntimeError("the order database is down")
         return self.good()
 
+class Down(_Base):
+    def step(self, messages):
+        raise RuntimeError("the order database is down")
+
 class Hanging(_Base):
     def step(self, messages):
         if self.bad:

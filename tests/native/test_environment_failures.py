@@ -61,6 +61,10 @@ def test_the_failed_share_refuses_the_update_and_applies_nothing(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(),
                                                  strict=True))
     assert not (tmp_path / "out" / "receipts.jsonl").exists()
+    # the refused update's conversations are the evidence of why: they are kept
+    trajectories = _rows(tmp_path / "out" / "trajectories" / "update-000001.jsonl")
+    failed = [t for t in trajectories if t["error"]]
+    assert failed and all("the order database is down" in t["error"] for t in failed)
 
 
 def test_the_cli_run_fails_with_the_reason(cli, spec_file, tmp_path):
@@ -72,3 +76,34 @@ def test_the_cli_run_fails_with_the_reason(cli, spec_file, tmp_path):
     doc = json.loads(result.read_text())
     assert doc["status"] == "failed" and doc["committed_updates"] == 0
     assert "FailedShareExceeded" in proc.stderr and "exited during step" in proc.stderr
+
+
+def _validating(tmp_path, environment: str, share: float):
+    doc = with_environment(agent_spec(**{"environment.max_failed_share": share,
+                                         "evaluation": {"every": 1}}),
+                           bad_environment_file(tmp_path), environment)
+    return make_trainer(doc, tmp_path / "out")
+
+
+def test_validation_is_held_to_the_failed_share_and_recorded(tmp_path):
+    """A quarter of the validation tasks break the environment: over max_failed_share the
+    validation fails naming the first failure; every conversation is on disk either way."""
+    trainer = _validating(tmp_path, "Raising", 0.0)
+    with pytest.raises(FailedShareExceeded,
+                       match=r"validation: 25 of 100 conversations failed.*survivors.*"
+                             r"First failure \(task row \d+\): .*the order database is down"):
+        trainer.validate()
+    rows = _rows(tmp_path / "out" / "trajectories" / "validation-update-000000.jsonl")
+    assert len(rows) == 100 and sum(1 for r in rows if r["error"]) == 25
+    assert all(r["return"] is None for r in rows if r["error"])
+
+
+def test_validation_within_the_share_reports_the_failures_beside_the_reward(tmp_path):
+    metrics = _validating(tmp_path, "Raising", 0.5).validate()
+    assert metrics == {"val/reward/mean": 1.0, "val/conversations/failed_share": 0.25}
+
+
+def test_validation_where_every_conversation_failed_reports_no_reward(tmp_path):
+    with pytest.raises(FailedShareExceeded, match=r"validation: 100 of 100 .*First failure "
+                                                  r"\(task row \d+\): .*database is down"):
+        _validating(tmp_path, "Down", 1.0).validate()
