@@ -3,7 +3,8 @@
 The experiment digest promises that two runs with the same digest ran the same experiment. This
 table is how a user checks that promise before spending GPU-days: per setting and engine, the
 state is ``same`` (the engine's own default already equals the spec, and the launch pins it
-anyway), ``pinned`` (the launch changes the engine from its default to the spec's value),
+anyway), ``pinned`` (the launch changes the engine from its default to the spec's value, or
+the hub's own shim or check enforces it),
 ``declared`` (the engine hard-codes another value, named and quantified by its contract) or
 ``refused`` (the engine cannot run the spec as written). Leaves the spec makes moot are
 ``inert`` everywhere alike.
@@ -29,11 +30,17 @@ class EngineColumn:
 
 def cell_state(row: FieldRow, dialect: Dialect) -> str:
     """``pinned`` when the launch moves at least one engine key away from the default the
-    dialect records for it; ``same`` when none of the keys it sets has a recorded default
-    that differs (an engine that takes the spec's own vocabulary, like the native one, has no
-    defaults of its own to differ from)."""
+    dialect records for it, or when no engine key is involved and the hub enforces the value
+    itself (a generated shim, a file check: without the launch it would not hold); ``same``
+    when the engine's own code already does the spec's value, or none of the keys it sets has
+    a recorded default that differs (an engine that takes the spec's own vocabulary, like the
+    native one, has no defaults of its own to differ from)."""
     if row.state != "pinned":
         return row.state
+    if row.engine_fixed:
+        return "same"
+    if not row.native:
+        return "pinned"
     defaults = {key.lstrip("+"): value for key, value in dialect.defaults.items()}
     for key, value in row.native.items():
         bare = key.lstrip("+")

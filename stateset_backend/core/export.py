@@ -300,9 +300,10 @@ def _export(client: Any, record: AttemptRecord, tracking_uri: str, shown_uri: st
 
 def _export_evaluations(client: Any, run_id: str, record: AttemptRecord,
                         tags: dict[str, str]) -> dict[str, Any]:
-    """Log the evaluations the MLflow run has no tag for. Each record's tag goes in the same
-    batch as its last metrics, so an export cut short logs that record again rather than
-    leaving it half there."""
+    """Log the evaluations the MLflow run has no tag for. A record's tag goes in the same
+    batch as its metrics (a record's few metrics fit one), so an export cut short leaves the
+    record either logged with its tag or not logged at all, and the next export completes
+    it."""
     from mlflow.entities import Metric, RunTag
 
     exported, changed, skipped, points = [], [], [], 0
@@ -316,7 +317,10 @@ def _export_evaluations(client: Any, run_id: str, record: AttemptRecord,
         if found is None:
             skipped.append(doc["record"])
             continue
-        stamp = _millis(doc.get("ended_at") or record.result.ended_at)
+        try:
+            stamp = _millis(str(doc.get("ended_at")))
+        except ValueError:
+            stamp = _millis(record.result.ended_at)
         metrics = [Metric(k, v, stamp, step) for k, v, step in found]
         client.log_dict(run_id, _redacted({k: v for k, v in doc.items() if k != "record"}),
                         f"{EVALUATION_ARTIFACTS}/{doc['record']}")

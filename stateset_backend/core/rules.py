@@ -203,6 +203,7 @@ class FieldRow:
     reason: str = ""
     deviation: Deviation | None = None
     deviation_name: str | None = None
+    engine_fixed: bool = False  # the engine's own code already does the spec's value
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"field": self.path, "value": self.value, "state": self.state,
@@ -255,7 +256,7 @@ def _resolve(path: str, value: Any, outcome: Outcome, spec: ExperimentSpec, dial
         return FieldRow(path, value, "not_applicable", reason=outcome.reason)
     if _same(value, outcome.engine_value):
         return FieldRow(path, value, "pinned", value, dict(outcome.native),
-                        f"hard-coded by {engine} to this value")
+                        f"hard-coded by {engine} to this value", engine_fixed=True)
     declared = dialect.deviations.get(outcome.deviation)
     if declared is None or declared.setting != path:
         return FieldRow(path, value, "refused", reason=(

@@ -50,7 +50,9 @@ def external_rules(engine: str) -> dict[str, Rule]:
                               f"{engine}"),
         "environment.kind": only(lambda v: v == "single_turn", "multi-turn environments are "
                                  f"not translated for {engine}", carried("single-turn rollout")),
-        "environment.max_turns": carried("single-turn: one response per prompt"),
+        "environment.max_turns": lambda v, s: carried("single-turn: one response per prompt")(
+            v, s) if s.environment.kind == "single_turn" else Refused(
+            f"multi-turn environments are not translated for {engine}"),
         "evaluation.select_by": refuse_selection(engine),
         "algorithm.sft": refuse(f"supervised fine-tuning (objective sft) is not translated for "
                                 f"{engine}; run it on the native engine"),

@@ -102,3 +102,18 @@ def test_explain_shows_the_multi_turn_settings_on_every_engine(cli):
             cell = rows[field][engine]
             assert cell["state"] in ("same", "pinned", "declared", "refused"), (field, engine)
             assert cell.get("reason") or cell.get("effective") is not None, (field, engine)
+
+
+def test_what_only_the_shim_enforces_reads_pinned_and_an_unsupported_turn_limit_refused(cli):
+    """A setting no engine key carries holds because the hub's shim enforces it: `pinned`,
+    never `same` (which says the engine would do it anyway). An engine that cannot hold a
+    conversation refuses its turn limit instead of calling it the same."""
+    proc = cli("explain", "--all-engines", "--effective", "--json",
+               ROOT / "examples" / "support-agent.json")
+    rows = {r["field"]: r["cells"] for r in json.loads(proc.stdout)["rows"]}
+    for field in ("environment.entrypoint", "environment.step_timeout_s",
+                  "environment.turn_discount", "environment.max_failed_share"):
+        for engine in ("verl", "openrlhf", "nemo-rl"):
+            assert rows[field][engine]["state"] == "pinned", (field, engine)
+        assert rows[field]["native"]["state"] == "same"
+    assert rows["environment.max_turns"]["trl"]["state"] == "refused"
