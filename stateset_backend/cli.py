@@ -158,20 +158,26 @@ def cmd_engines(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from .core.capabilities import required_capabilities
     from .core.contracts import check
+    from .core.plan import make_plan
 
     spec = _spec(args.spec)
     entry = _registry().get(args.engine)
     version = _engine_version(entry, args.engine_version, args.python, args.engine_home)
     report = check(entry.adapter.contract, version, required_capabilities(spec))
-    if report.ok:
-        _emit(args, report.to_json(),
-              f"{args.engine} {version} can run this spec "
-              f"({len(report.required)} capabilities required)")
-        return 0
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    report.raise_if_missing()
-    return 3
+    if not report.ok:
+        if args.json:
+            print(json.dumps(report.to_json(), indent=2))
+        report.raise_if_missing()
+    # capabilities are not enough: a value the release cannot honour, a deviation refused
+    # under equivalence: strict, a budget the data cannot fill are refused by the plan, so
+    # `check` answers for the whole plan (made and dropped, nothing written)
+    plan = make_plan(spec, entry, version, base_dir=Path(args.spec).resolve().parent)
+    deviations = [d.get("deviation") for d in plan.deviations]
+    _emit(args, {**report.to_json(), "deviations": plan.deviations},
+          f"{args.engine} {version} can run this spec ({len(report.required)} capabilities "
+          f"required" + (f"; declared deviations: {', '.join(map(str, deviations))}"
+                         if deviations else "; no declared deviation") + ")")
+    return 0
 
 
 def _explain_column(entry: AdapterEntry, spec: ExperimentSpec, version: str) -> Any:
@@ -732,7 +738,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p = command("engines", cmd_engines, "list registered engine adapters")
     p.add_argument("--python", help="detect installed versions in this interpreter")
-    p = command("check", cmd_check, "check an engine version can run a spec (exit 0 or 3)")
+    p = command("check", cmd_check, "check an engine version can run a spec: capabilities, "
+                                     "every setting's translation, the budget (exit 0 or 3)")
     engine_args(p)
     p.add_argument("spec")
     p = command("explain", cmd_explain, "show what every spec field becomes on an engine")

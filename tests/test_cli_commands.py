@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import re
 
 from stateset_backend.core.digest import experiment_digest
@@ -21,16 +22,34 @@ def test_validate_and_digest(cli, write_json, minimal):
 
 
 def test_check_exit_codes(cli, write_json, minimal):
-    minimal["rollout"] = {"backend": "vllm"}
-    path = write_json(minimal)
-    ok = cli("check", "--engine", "verl", "--engine-version", "0.9.1", "--json", path)
+    external = Path(__file__).parent.parent / "examples" / "external" / "grpo.json"
+    ok = cli("check", "--engine", "verl", "--engine-version", "0.9.1", "--json", external)
     assert ok.returncode == 0 and json.loads(ok.stdout)["ok"] is True
+    assert [d["deviation"] for d in json.loads(ok.stdout)["deviations"]] == \
+        ["zero_variance_float_mean"]
     minimal["algorithm"] = {"objective": "gspo"}
+    minimal["rollout"] = {"backend": "vllm"}
     bad = cli("check", "--engine", "verl", "--engine-version", "0.5.0", "--json",
               write_json(minimal))
     assert bad.returncode == 3
     report = json.loads(bad.stdout.split("\n}\n")[0] + "\n}")
     assert {m["capability"] for m in report["missing"]} == {"objective:gspo", "ratio:sequence"}
+
+
+def test_check_answers_for_the_whole_plan_not_only_capabilities(cli, tmp_path):
+    """Every capability present, yet the release cannot honour the spec: a deviation refused
+    under equivalence: strict, a data file it cannot read. `check` says so, as `plan` would."""
+    external = Path(__file__).parent.parent / "examples" / "external"
+    doc = json.loads((external / "grpo.json").read_text())
+    doc["equivalence"] = "strict"
+    for split in ("train", "validation"):
+        doc["data"][split]["uri"] = str(external / doc["data"][split]["uri"])
+    strict = tmp_path / "strict.json"
+    strict.write_text(json.dumps(doc))
+    proc = cli("check", "--engine", "verl", "--engine-version", "0.9.1", strict)
+    assert proc.returncode == 3
+    assert "zero_variance_float_mean" in proc.stderr and "equivalence: strict" in proc.stderr
+    assert proc.stderr.count("\n") == 1
 
 
 def test_explain_covers_every_field(cli, write_json, minimal):
