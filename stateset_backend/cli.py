@@ -691,9 +691,11 @@ def cmd_runs_export(args: argparse.Namespace) -> int:
     store = RunStore(runs_dir_from(args.runs_dir))
     record = load_attempt(store, store.resolve_run(args.run), args.attempt)
     doc = export_mlflow(record, args.mlflow, experiment_name=args.experiment)
+    added = len(doc.get("evaluations") or [])
     _emit(args, doc, f"run {record.run_id} attempt {record.result.attempt} "
                      + ("was already exported" if doc["already_exported"] else "exported")
-                     + f" to {doc['tracking_uri']} as MLflow run {doc['mlflow_run_id']}")
+                     + f" to {doc['tracking_uri']} as MLflow run {doc['mlflow_run_id']}"
+                     + (f" ({added} evaluation record(s) added)" if added else ""))
     return 0
 
 

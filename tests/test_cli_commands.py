@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import re
+from pathlib import Path
 
 from stateset_backend.core.digest import experiment_digest
 from stateset_backend.core.specfile import parse_spec

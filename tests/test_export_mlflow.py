@@ -244,12 +244,12 @@ def test_an_unreachable_tracking_server_is_one_line_within_seconds(exported, cap
 
 
 class _Unavailable(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (the handler's name is fixed)
+    def do_GET(self):
         self.send_response(503)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    do_POST = do_GET  # noqa: N815
+    do_POST = do_GET
 
     def log_message(self, *args):
         pass

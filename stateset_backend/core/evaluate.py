@@ -23,7 +23,6 @@ from .adapter import Checkpoint, EngineAdapter
 from .content import sha256_file
 from .errors import EngineFailed, InvalidInput, ResumeImpossible, StatesetError, Unsupported
 from .evaluations import EVALUATION_DIR, EVALUATION_SCHEMA_ID
-from .evaluations import records as records
 from .inputs import verify_inputs
 from .jsonio import atomic_write_json
 from .plan import LaunchPlan

@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 from .. import __version__
 from .errors import InvalidInput, Unsupported
-from .evaluate import records as evaluation_records
+from .evaluations import records as evaluation_records
 from .jsonio import flatten
 from .report import AttemptRecord, read_series
 
