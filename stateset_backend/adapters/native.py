@@ -189,11 +189,12 @@ class NativeAdapter(EngineAdapter):
         return out
 
     def latest_checkpoint(self, attempt_dir: Path) -> Checkpoint | None:
-        found = layout.complete_checkpoints(attempt_dir / layout.CHECKPOINTS_DIR)
-        if not found:
-            return None
-        newest = found[-1]
-        return Checkpoint(newest, int(newest.name.removeprefix(layout.CHECKPOINT_PREFIX)))
+        found = self.checkpoints(attempt_dir)
+        return found[-1] if found else None
+
+    def checkpoints(self, attempt_dir: Path) -> list[Checkpoint]:
+        return [Checkpoint(p, int(p.name.removeprefix(layout.CHECKPOINT_PREFIX)))
+                for p in layout.complete_checkpoints(attempt_dir / layout.CHECKPOINTS_DIR)]
 
     def named_checkpoint(self, attempt_dir: Path, name: str) -> Checkpoint | None:
         found = [p for p in layout.complete_checkpoints(attempt_dir / layout.CHECKPOINTS_DIR)

@@ -240,6 +240,12 @@ class EngineAdapter(abc.ABC):
         """The newest complete checkpoint an attempt left behind (None: nothing to resume)."""
         return None
 
+    def checkpoints(self, attempt_dir: Path) -> list[Checkpoint]:
+        """Every complete checkpoint an attempt left, oldest first, so that `runs verify` can
+        prove an older one when the newest is damaged (default: the newest alone)."""
+        newest = self.latest_checkpoint(attempt_dir)
+        return [newest] if newest is not None else []
+
     def named_checkpoint(self, attempt_dir: Path, name: str) -> Checkpoint | None:
         """The complete checkpoint folder ``name`` an attempt left, for ``model.from_run``
         (None: no such checkpoint, or an engine whose checkpoints cannot start another run)."""

@@ -40,6 +40,7 @@ from .results import (
 from .runtime import check_resume
 from .spec import ExperimentSpec
 from .store import Attempt, RunStore
+from .verify import verified_fallback
 
 CANONICAL_SERIES = "canonical_metrics.jsonl"
 
@@ -69,6 +70,10 @@ def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore)
                                f"in {attempts} ({count} earlier attempt(s))")
     attempt, found = newest
     problem = adapter.checkpoint_problem(found, plan.experiment_digest)
+    fallback = verified_fallback(store.run_dir(plan.run_id), found) if problem else None
+    if fallback is not None and adapter.checkpoint_problem(
+            fallback, plan.experiment_digest) is None:
+        return fallback  # `runs verify` proved it and recorded passing over the newest
     if problem is not None:  # never fall back silently to older state
         quarantine.mark(store.run_dir(plan.run_id), fault="restore", reason=problem,
                         update=found.update, attempt=attempt)

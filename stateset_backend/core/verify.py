@@ -1,10 +1,11 @@
-"""`runs verify RUN`: prove a run's newest checkpoint reloads whole, and only then lift its
-quarantine.
+"""`runs verify RUN`: prove a run's newest sound checkpoint reloads whole, and only then lift
+its quarantine.
 
-The checkpoint is the one `run --resume` would continue from (the newest complete one of the
-newest attempt that has one). Its manifest hashes are checked first; then the engine's
-adapter loads it completely into a fresh model, optimizer and scheduler. Any failure keeps the
-mark and exits 6 naming what is wrong; success clears it and records what was reloaded.
+Checkpoints are tried newest first, across attempts: each one's manifest hashes are checked,
+then the engine's adapter loads it completely into a fresh model, optimizer and scheduler. A
+damaged one is passed over and named; the first that passes clears the mark, and the record
+of what was reloaded (and what was passed over) is what lets `run --resume` continue from it
+rather than from the damaged newest. Nothing verifies: the mark stays, exit 6 naming each.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import quarantine
+from .adapter import Checkpoint
 from .content import sha256_file
 from .errors import InvalidInput, ResumeImpossible, StatesetError, Unsupported
 from .jsonio import read_json
@@ -37,29 +39,53 @@ def verify_run(store: RunStore, registry: Registry, run_id: str) -> dict[str, An
     attempts = run_dir / "attempts"
     numbered = sorted((p for p in attempts.glob("*") if p.name.isdigit()),
                       key=lambda p: int(p.name), reverse=True) if attempts.is_dir() else []
-    found = next(((d, c) for d in numbered
-                  if (c := adapter.latest_checkpoint(d)) is not None), None)
-    if found is None:
+    candidates = [(d, c) for d in numbered for c in reversed(adapter.checkpoints(d))]
+    if not candidates:
         raise ResumeImpossible(f"run {run_id} has no complete checkpoint to reload{keep}")
-    attempt_dir, checkpoint = found
-    problem = adapter.checkpoint_problem(checkpoint, plan.experiment_digest)
-    if problem is not None:
-        raise ResumeImpossible(f"run {run_id}: the newest checkpoint (update "
-                               f"{checkpoint.update}, {checkpoint.path}) does not verify: "
-                               f"{problem}{keep}")
+    skipped: list[dict[str, Any]] = []
+    for attempt_dir, checkpoint in candidates:  # newest first
+        where = str(checkpoint.path.relative_to(run_dir))
+        problem = adapter.checkpoint_problem(checkpoint, plan.experiment_digest)
+        if problem is None:
+            try:
+                loaded = adapter.reload_checkpoint(attempt_dir, checkpoint)
+            except StatesetError:
+                raise
+            except Exception as exc:  # the load itself failed: the checkpoint is not usable
+                problem = f"does not reload: {type(exc).__name__}: {exc}"
+        if problem is not None:
+            skipped.append({"checkpoint": where, "update": checkpoint.update,
+                            "problem": problem})
+            continue
+        manifest = checkpoint.path / "manifest.json"
+        verified = {"attempt": int(attempt_dir.name), "update": checkpoint.update,
+                    "checkpoint": where,
+                    "manifest_sha256": sha256_file(manifest) if manifest.is_file() else None,
+                    "loaded": loaded, "skipped": skipped}
+        cleared = quarantine.clear(run_dir, verified) if marker is not None else None
+        return {"run_id": run_id, "verified": verified, "was_quarantined": marker is not None,
+                "quarantine": cleared}
+    raise ResumeImpossible(f"run {run_id}: no checkpoint verifies: " + "; ".join(
+        s["problem"] if s["checkpoint"] in s["problem"] else f"{s['checkpoint']}: "
+        f"{s['problem']}" for s in skipped[:5]) + keep)
+
+
+def verified_fallback(run_dir: Path, newest: Checkpoint) -> Checkpoint | None:
+    """The checkpoint `runs verify` proved when it passed over ``newest`` as damaged: the one
+    a resume continues from instead (never silently: only what verify recorded)."""
+    doc = quarantine.read(run_dir)
+    if doc is None or doc.get("quarantined", True):
+        return None
+    verified = doc.get("cleared_by")
+    if not isinstance(verified, dict):
+        return None
+    passed_over = {s.get("checkpoint") for s in verified.get("skipped") or []
+                   if isinstance(s, dict)}
     try:
-        loaded = adapter.reload_checkpoint(attempt_dir, checkpoint)
-    except StatesetError:
-        raise
-    except Exception as exc:  # the load itself failed: the checkpoint is not usable
-        raise ResumeImpossible(f"run {run_id}: the checkpoint of update {checkpoint.update} "
-                               f"({checkpoint.path}) does not reload: {type(exc).__name__}: "
-                               f"{exc}{keep}") from None
-    manifest = checkpoint.path / "manifest.json"
-    verified = {"attempt": int(attempt_dir.name), "update": checkpoint.update,
-                "checkpoint": str(checkpoint.path.relative_to(run_dir)),
-                "manifest_sha256": sha256_file(manifest) if manifest.is_file() else None,
-                "loaded": loaded}
-    cleared = quarantine.clear(run_dir, verified) if marker is not None else None
-    return {"run_id": run_id, "verified": verified, "was_quarantined": marker is not None,
-            "quarantine": cleared}
+        newest_rel = str(newest.path.relative_to(run_dir))
+    except ValueError:
+        return None
+    if newest_rel not in passed_over or not isinstance(verified.get("checkpoint"), str) or \
+            not isinstance(verified.get("update"), int):
+        return None
+    return Checkpoint(run_dir / verified["checkpoint"], verified["update"])

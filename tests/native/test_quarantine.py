@@ -195,18 +195,36 @@ def test_a_damaged_checkpoint_on_resume(interrupted, capsys, tmp_path):
     marker = json.loads((runs / run_id / "quarantine.json").read_text())
     assert marker["fault"] == "restore" and marker["update"] == 6
     _assert_gated(capsys, runs, run_id, plan, "restore")
-    # verify checks the same checkpoint: still damaged, so the mark stays, naming the file
-    code, _, err = _cli(capsys, "runs", "verify", run_id, "--runs-dir", runs)
-    assert code == 6 and str(weights) in err and "stays quarantined" in err, err
-    assert json.loads((runs / run_id / "quarantine.json").read_text())["quarantined"]
-    # the file restored from a copy: verify reloads it whole and lifts the mark
-    weights.write_bytes(original)
-    code, out, err = _cli(capsys, "runs", "verify", run_id, "--runs-dir", runs)
-    assert code == 0 and "quarantine cleared" in out, err
-    assert not json.loads((runs / run_id / "quarantine.json").read_text())["quarantined"]
-    code, _, err = _cli(capsys, "evaluate", run_id, "--runs-dir", runs, "--split", "test",
-                        "--checkpoint", "update-6")
+    # verify passes over the damaged newest, naming it, and proves the one before it
+    code, out, err = _cli(capsys, "runs", "verify", run_id, "--runs-dir", runs, "--json")
     assert code == 0, err
+    doc = json.loads(out)
+    assert doc["verified"]["update"] == 4 and doc["was_quarantined"]
+    (passed,) = doc["verified"]["skipped"]
+    assert passed["checkpoint"] == "attempts/1/checkpoints/update-000006"
+    assert "weights.safetensors: its content does not match" in passed["problem"]
+    assert not json.loads((runs / run_id / "quarantine.json").read_text())["quarantined"]
+    # the resume continues from what verify proved, not from the damaged newest
+    code, _, err = _cli(capsys, "run", "--runs-dir", runs, "--resume", "--quiet", plan)
+    assert code == 0, err
+    result = json.loads((runs / run_id / "result.json").read_text())
+    assert result["resumed_from"] == {"attempt": 1, "update": 4}
+    assert result["committed_updates"] == 6 and result["status"] == "succeeded"
+    weights.write_bytes(original)  # the damaged one was left as evidence, never deleted
+
+
+def test_verify_with_every_checkpoint_damaged_keeps_the_mark_naming_each(interrupted, capsys,
+                                                                         tmp_path):
+    plan, runs, run_id, newest = _copy(interrupted, tmp_path)
+    for folder in newest.parent.iterdir():
+        (folder / "rng.pt").unlink()
+    code, _, err = _cli(capsys, "run", "--runs-dir", runs, "--resume", "--quiet", plan)
+    assert code == 6 and "runs verify" in err
+    code, _, err = _cli(capsys, "runs", "verify", run_id, "--runs-dir", runs)
+    assert code == 6 and "no checkpoint verifies" in err and "stays quarantined" in err, err
+    for update in (2, 4, 6):
+        assert f"update-{update:06d}/rng.pt: missing" in err, err
+    assert json.loads((runs / run_id / "quarantine.json").read_text())["quarantined"]
 
 
 def test_a_restore_that_fails_inside_the_engine(interrupted, capsys, tmp_path):
@@ -232,6 +250,10 @@ def test_a_restore_that_fails_inside_the_engine(interrupted, capsys, tmp_path):
     detail = next(c for c in result["checks"] if c["name"] == "quarantine")["detail"]
     assert detail.startswith("restore failed") and "weights do not match" in detail, detail
     _assert_gated(capsys, runs, run_id, plan, "restore")
-    # the manifest holds, the load does not: verify keeps the mark
-    code, _, err = _cli(capsys, "runs", "verify", run_id, "--runs-dir", runs)
-    assert code == 6 and "does not reload" in err and "stays quarantined" in err, err
+    # the manifest holds, the load does not: verify passes over it and proves update 4
+    code, out, err = _cli(capsys, "runs", "verify", run_id, "--runs-dir", runs, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["verified"]["update"] == 4
+    assert [s["update"] for s in doc["verified"]["skipped"]] == [6]
+    assert "does not reload" in doc["verified"]["skipped"][0]["problem"]
