@@ -446,7 +446,10 @@ def test_the_version_is_read_from_the_checkout(cli, tmp_path, constants, version
     (home / "nemo_rl").mkdir(parents=True)
     (home / "nemo_rl" / "package_info.py").write_text(constants + "__version__ = 'x'\n")
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps(golden({"objective": "grpo"})))
+    doc = golden({"objective": "grpo"})
+    for split in ("train", "validation"):  # check sizes the launch by the data, as plan
+        doc["data"][split]["uri"] = str(EXAMPLES / doc["data"][split]["uri"])
+    spec.write_text(json.dumps(doc))
     proc = cli("check", "--engine", "nemo-rl", "--engine-home", home, "--json", spec)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["engine_version"] == version
