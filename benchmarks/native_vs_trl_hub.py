@@ -5,7 +5,8 @@ for both engines: one experiment digest. Each is run with `stateset-backend run`
 process tree, one after the other. Reported per engine: the experiment digest, committed
 updates, updates per second over the whole attempt (engine start-up and model load included,
 as a user waits for them), peak RSS of the run's process tree, the final and last-20 mean
-training reward, and the declared deviations; then the ratio native / TRL.
+training reward, the validation reward (the spec's greedy validation, untrained and final, by
+each engine's own validation path), and the declared deviations; then the ratio native / TRL.
 
     pip install examples/plugins/stateset-trl-engine
     python benchmarks/native_vs_trl_hub.py [--updates 200] [--out benchmarks/results/hub.json]
@@ -62,6 +63,8 @@ def _run(engine: str, spec: Path, runs: Path) -> dict[str, Any]:
             "updates_per_s": round(result["committed_updates"] / result["duration_s"], 3),
             "peak_rss_mib": round(outcome["peak_kib"] / 1024, 1),
             "final_reward": result["metrics"]["summary"].get("reward/mean"),
+            "validation_reward": [result["metrics"]["initial"].get("val/reward/mean"),
+                                  result["metrics"]["summary"].get("val/reward/mean")],
             "last20_reward": round(sum(rewards[-20:]) / max(1, len(rewards[-20:])), 4),
             "deviations": [d["deviation"] for d in result["deviations"]]}
 

@@ -141,8 +141,12 @@ def test_refused_and_declared():
         doc["algorithm"].update(change)
         assert states(doc)[path] == "refused", path
     doc = json.loads(SPEC.read_text())
-    doc["evaluation"] = {"every": 20, "select_by": None}
-    assert states(doc)["evaluation.every"] == "refused"
+    doc["evaluation"] = {"every": 20, "select_by": "val/reward/mean"}
+    got = states(doc)
+    assert got["evaluation.every"] == "pinned" and got["evaluation.temperature"] == "pinned"
+    assert got["evaluation.select_by"] == "refused"  # save_total_limit could delete the best
+    doc["checkpoint"]["keep"] = None
+    assert states(doc)["evaluation.select_by"] == "pinned"
     got = states(spec_doc())
     assert got["algorithm.advantage.epsilon"] == "declared"
     assert got["algorithm.kl.clamp"] == "declared"
@@ -150,11 +154,11 @@ def test_refused_and_declared():
     assert states(spec_doc(mini_batches=2))["budget.mini_batches"] == "declared"
 
 
-def test_support_routing_with_validation_is_refused_before_launch(cli, tmp_path):
+def test_selection_over_checkpoints_trl_may_delete_is_refused_before_launch(cli, tmp_path):
     proc = cli("plan", "--engine", "trl", EXAMPLES / "support-routing.json", "-o",
                tmp_path / "plan.json")
     assert proc.returncode == 3, proc.stderr
-    assert "missing validation" in proc.stderr
+    assert "evaluation.select_by" in proc.stderr and "checkpoint.keep" in proc.stderr
 
 
 def test_strict_equivalence_refuses_trls_declared_deviations(cli, tmp_path):
@@ -170,6 +174,7 @@ def test_strict_equivalence_refuses_trls_declared_deviations(cli, tmp_path):
 def test_trl_trains_the_tiny_model_through_the_hub(cli, tmp_path):
     doc = spec_doc(total_updates=4)
     doc["checkpoint"] = {"every": 2, "keep": 1}
+    doc["evaluation"] = {"every": 2, "select_by": None}
     (tmp_path / "spec.json").write_text(json.dumps(doc))
     proc = cli("run", "--engine", "trl", "--runs-dir", tmp_path / "runs", tmp_path / "spec.json",
                timeout=300)
@@ -188,3 +193,18 @@ def test_trl_trains_the_tiny_model_through_the_hub(cli, tmp_path):
     assert steps == {4}  # every 2 updates, keep 1
     names = {d["deviation"] for d in result["deviations"]}
     assert "group_std_plus_1e-4" in names
+    # the spec's validation, by the launch's callback: untrained, then every 2 updates
+    attempt = result_path.parent / "attempts" / "1"
+    rows = [json.loads(x) for x in (attempt / result["metrics"]["series"]).read_text()
+            .splitlines()]
+    assert [r["step"] for r in rows if "val/reward/mean" in r] == [0, 2, 4]
+    # the same seed builds the same tiny model on both engines, and greedy validation of the
+    # untrained policy is deterministic: the native engine scores it exactly the same
+    from stateset_backend.core.digest import experiment_digest
+    from stateset_backend.core.specfile import parse_spec
+    from stateset_backend.native.trainer import RunSettings, Trainer
+
+    spec = parse_spec(doc)
+    native = Trainer(RunSettings("20260101T000000Z-00000000", experiment_digest(spec), spec,
+                                 tmp_path), tmp_path / "native")
+    assert native.validate()["val/reward/mean"] == rows[0]["val/reward/mean"]

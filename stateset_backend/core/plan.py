@@ -77,7 +77,7 @@ class LaunchPlan(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
     def validated_spec(self) -> ExperimentSpec:
-        return parse_spec(self.spec, source="plan.spec")
+        return parse_spec(self.spec, source="plan.spec", stored=True)
 
     def resolved_dialect(self) -> Dialect:
         return Dialect.model_validate(self.dialect)

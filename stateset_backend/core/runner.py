@@ -69,11 +69,13 @@ def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore)
         raise ResumeImpossible(f"run {plan.run_id} has no complete checkpoint to resume from "
                                f"in {attempts} ({count} earlier attempt(s))")
     attempt, found = newest
-    problem = adapter.checkpoint_problem(found, plan.experiment_digest)
-    fallback = verified_fallback(store.run_dir(plan.run_id), found) if problem else None
+    # `runs verify` passed over the newest (damaged, or it did not reload) and proved an older
+    # one: continue from that, whatever the newest's manifest says now
+    fallback = verified_fallback(store.run_dir(plan.run_id), found)
     if fallback is not None and adapter.checkpoint_problem(
             fallback, plan.experiment_digest) is None:
-        return fallback  # `runs verify` proved it and recorded passing over the newest
+        return fallback
+    problem = adapter.checkpoint_problem(found, plan.experiment_digest)
     if problem is not None:  # never fall back silently to older state
         quarantine.mark(store.run_dir(plan.run_id), fault="restore", reason=problem,
                         update=found.update, attempt=attempt)

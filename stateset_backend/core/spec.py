@@ -17,7 +17,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 SPEC_VERSION: Final = 2
 SPEC_SCHEMA_ID = f"stateset-backend/experiment-spec/v{SPEC_VERSION}"
@@ -491,8 +498,11 @@ class Evaluation(_Section):
 
     @field_validator("select_by")
     @classmethod
-    def _known_metric(cls, value: str | None) -> str | None:
-        # a misspelt name would validate, never match a row, and recommend nothing
+    def _known_metric(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # a misspelt name would validate, never match a row, and recommend nothing; a spec a
+        # stored plan carries was accepted when it was made and is read back as it is
+        if (info.context or {}).get("stored"):
+            return value
         if value is not None and value not in VALIDATION_METRICS:
             raise ValueError(f"{value!r} is not a validation metric; one of "
                              + ", ".join(VALIDATION_METRICS))

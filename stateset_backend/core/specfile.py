@@ -130,7 +130,9 @@ def secret_problems(doc: Any, path: str = "") -> list[str]:
     return problems
 
 
-def parse_spec(doc: Any, *, source: str = "spec") -> ExperimentSpec:
+def parse_spec(doc: Any, *, source: str = "spec", stored: bool = False) -> ExperimentSpec:
+    """``stored``: the spec a plan carries, read back as it was accepted then (a check added
+    since, such as select_by's metric names, does not turn an existing run invalid)."""
     if not isinstance(doc, dict):
         raise InvalidInput(f"{source}: a spec is a JSON object, got {type(doc).__name__}")
     problems = carriable_problems(doc) or secret_problems(doc)
@@ -138,7 +140,7 @@ def parse_spec(doc: Any, *, source: str = "spec") -> ExperimentSpec:
         raise InvalidInput(f"{source}: {len(problems)} problem(s): " + "; ".join(problems[:10]),
                            details={"problems": problems})
     try:
-        return ExperimentSpec.model_validate(doc)
+        return ExperimentSpec.model_validate(doc, context={"stored": stored})
     except ValidationError as exc:
         problems = format_errors(exc)
         raise InvalidInput(

@@ -10,6 +10,7 @@ rather than from the damaged newest. Nothing verifies: the mark stays, exit 6 na
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +18,11 @@ from . import quarantine
 from .adapter import Checkpoint
 from .content import sha256_file
 from .errors import InvalidInput, ResumeImpossible, StatesetError, Unsupported
-from .jsonio import read_json
+from .jsonio import atomic_write_json, read_json
 from .plan import LaunchPlan
 from .store import RunStore
+
+VERIFIED_FILE = "verified.json"  # the newest `runs verify` record of a run
 
 if TYPE_CHECKING:
     from .registry import Registry
@@ -62,6 +65,9 @@ def verify_run(store: RunStore, registry: Registry, run_id: str) -> dict[str, An
                     "checkpoint": where,
                     "manifest_sha256": sha256_file(manifest) if manifest.is_file() else None,
                     "loaded": loaded, "skipped": skipped}
+        # the record a resume reads to continue from this checkpoint rather than a damaged
+        # newer one, kept whether or not the run was marked
+        atomic_write_json(run_dir / VERIFIED_FILE, {**verified, "verified_at": _now()})
         cleared = quarantine.clear(run_dir, verified) if marker is not None else None
         return {"run_id": run_id, "verified": verified, "was_quarantined": marker is not None,
                 "quarantine": cleared}
@@ -72,20 +78,34 @@ def verify_run(store: RunStore, registry: Registry, run_id: str) -> dict[str, An
 
 def verified_fallback(run_dir: Path, newest: Checkpoint) -> Checkpoint | None:
     """The checkpoint `runs verify` proved when it passed over ``newest`` as damaged: the one
-    a resume continues from instead (never silently: only what verify recorded)."""
-    doc = quarantine.read(run_dir)
-    if doc is None or doc.get("quarantined", True):
+    a resume continues from instead. Only what verify recorded, and only while it still holds:
+    the folder is inside the attempt verify named and its manifest is the one it hashed."""
+    try:
+        verified = read_json(run_dir / VERIFIED_FILE, what="verification record")
+    except InvalidInput:
         return None
-    verified = doc.get("cleared_by")
     if not isinstance(verified, dict):
         return None
     passed_over = {s.get("checkpoint") for s in verified.get("skipped") or []
                    if isinstance(s, dict)}
+    attempt, update, where = (verified.get("attempt"), verified.get("update"),
+                              verified.get("checkpoint"))
     try:
         newest_rel = str(newest.path.relative_to(run_dir))
     except ValueError:
         return None
-    if newest_rel not in passed_over or not isinstance(verified.get("checkpoint"), str) or \
-            not isinstance(verified.get("update"), int):
+    if newest_rel not in passed_over or not isinstance(attempt, int) or \
+            not isinstance(update, int) or not isinstance(where, str):
         return None
-    return Checkpoint(run_dir / verified["checkpoint"], verified["update"])
+    folder = (run_dir / where).resolve()
+    if not folder.is_relative_to((run_dir / "attempts" / str(attempt)).resolve()):
+        return None  # a hand-edited record naming another run's or attempt's folder
+    manifest = folder / "manifest.json"
+    recorded = verified.get("manifest_sha256")
+    if recorded is not None and (not manifest.is_file() or sha256_file(manifest) != recorded):
+        return None  # rewritten since it was verified
+    return Checkpoint(folder, update)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -257,3 +257,31 @@ def test_a_restore_that_fails_inside_the_engine(interrupted, capsys, tmp_path):
     assert doc["verified"]["update"] == 4
     assert [s["update"] for s in doc["verified"]["skipped"]] == [6]
     assert "does not reload" in doc["verified"]["skipped"][0]["problem"]
+    # its manifest still checks, yet the resume continues from what verify proved
+    code, _, err = _cli(capsys, "run", "--runs-dir", runs, "--resume", "--quiet", plan)
+    assert code == 0, err
+    result = json.loads((runs / run_id / "result.json").read_text())
+    assert result["resumed_from"] == {"attempt": 1, "update": 4}
+
+
+def test_a_verification_record_naming_another_folder_is_not_followed(interrupted, capsys,
+                                                                     tmp_path):
+    plan, runs, run_id, newest = _copy(interrupted, tmp_path)
+    (newest / "rng.pt").unlink()
+    code, _, _ = _cli(capsys, "runs", "verify", run_id, "--runs-dir", runs)
+    assert code == 0
+    record = runs / run_id / "verified.json"
+    doc = json.loads(record.read_text())
+    assert doc["checkpoint"] == "attempts/1/checkpoints/update-000004"
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(newest.parent / "update-000004", outside)
+    record.write_text(json.dumps({**doc, "checkpoint": f"../../{outside.relative_to(tmp_path)}"}))
+    code, _, err = _cli(capsys, "run", "--runs-dir", runs, "--resume", "--quiet", plan)
+    assert code == 6 and "cannot be resumed" in err and "rng.pt: missing" in err, err
+    # a verified folder rewritten since is not followed either
+    code, _, _ = _cli(capsys, "runs", "verify", run_id, "--runs-dir", runs)
+    assert code == 0 and not json.loads((runs / run_id / "quarantine.json").read_text())[
+        "quarantined"]
+    record.write_text(json.dumps({**doc, "manifest_sha256": "0" * 64}))
+    code, _, err = _cli(capsys, "run", "--runs-dir", runs, "--resume", "--quiet", plan)
+    assert code == 6 and "cannot be resumed" in err and "rng.pt: missing" in err, err

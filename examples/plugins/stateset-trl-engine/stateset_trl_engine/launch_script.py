@@ -47,26 +47,79 @@ def initial_model(launch, tokenizer, seed):
     return str(target)
 
 
-def prompt_rows(launch, tokenizer):
-    rows, kept = read_rows(launch["train_uri"]), []
+def render(launch, tokenizer, text):
+    """A prompt as the native engine renders it: one user message in the chat template, or
+    the text as it is."""
+    if not launch["chat_template"]:
+        return text
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def fitting_rows(launch, tokenizer, uri, prompt_field, answer_field, split):
+    """(prompt text, answer) of every row within max_prompt_tokens, under prompt_overflow."""
+    rows, kept = read_rows(uri), []
     limit, chat = launch["max_prompt_tokens"], launch["chat_template"]
     for index, row in enumerate(rows):
-        text = row[launch["prompt_field"]]
-        answer = row.get(launch["answer_field"], "") if launch["answer_field"] else ""
-        prompt = [{"role": "user", "content": text}] if chat else text
-        if chat:
-            length = len(tokenizer.apply_chat_template(prompt, add_generation_prompt=True,
-                                                       tokenize=True, return_dict=False))
-        else:
-            length = len(tokenizer(text)["input_ids"])
+        text = row[prompt_field]
+        answer = row.get(answer_field, "") if answer_field else ""
+        length = len(tokenizer(render(launch, tokenizer, text),
+                               add_special_tokens=not chat)["input_ids"])
         if length > limit:
             if launch["prompt_overflow"] == "error":
-                raise SystemExit(f"data.train row {index}: prompt has {length} tokens, over "
+                raise SystemExit(f"data.{split} row {index}: prompt has {length} tokens, over "
                                  f"data.max_prompt_tokens {limit}")
             continue
-        kept.append({"prompt": prompt, "stateset_prompt": text, "stateset_answer": answer})
-    print(f"stateset-trl: {len(kept)} of {len(rows)} prompts within {limit} tokens", flush=True)
+        kept.append((text, answer))
+    print(f"stateset-trl: {split}: {len(kept)} of {len(rows)} prompts within {limit} tokens",
+          flush=True)
+    if not kept:
+        raise SystemExit(f"data.{split}: every prompt exceeds max_prompt_tokens {limit}")
     return kept
+
+
+def prompt_rows(launch, tokenizer):
+    chat = launch["chat_template"]
+    return [{"prompt": [{"role": "user", "content": text}] if chat else text,
+             "stateset_prompt": text, "stateset_answer": answer}
+            for text, answer in fitting_rows(launch, tokenizer, launch["train_uri"],
+                                             launch["prompt_field"], launch["answer_field"],
+                                             "train")]
+
+
+def validation_reward(model, tokenizer, launch, rows, score):
+    """val/reward/mean as the native engine computes it: evaluation.samples responses per
+    validation prompt, decoded as evaluation says (temperature 0 = greedy, top_p, no top-k),
+    at most data.max_response_tokens each, scored by the spec's reward."""
+    import torch
+    from transformers import GenerationConfig
+
+    v = launch["validation"]
+    greedy = v["temperature"] == 0
+    config = GenerationConfig(
+        do_sample=not greedy, temperature=None if greedy else v["temperature"],
+        top_p=None if greedy else v["top_p"], top_k=None if greedy else 0,
+        num_return_sequences=v["samples"], max_new_tokens=v["max_new_tokens"],
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    was_training, rewards = model.training, []
+    model.eval()
+    chunk = max(1, 64 // v["samples"])
+    try:
+        with torch.no_grad():
+            for start in range(0, len(rows), chunk):
+                part = rows[start:start + chunk]
+                enc = tokenizer([render(launch, tokenizer, t) for t, _ in part],
+                                add_special_tokens=not launch["chat_template"], padding=True,
+                                padding_side="left", return_tensors="pt").to(model.device)
+                out = model.generate(**enc, generation_config=config)
+                texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:],
+                                               skip_special_tokens=True)
+                for n, response in enumerate(texts):
+                    text, answer = part[n // v["samples"]]
+                    rewards.append(float(score(text, response, answer)))
+    finally:
+        model.train(was_training)
+    return sum(rewards) / len(rewards)
 
 
 def main():
@@ -90,19 +143,48 @@ def main():
     dataset = Dataset.from_list(prompt_rows(launch, tokenizer))
     metrics = open(RUN / files["metrics"], "a", encoding="utf-8")  # noqa: SIM115
 
+    def record(doc):
+        metrics.write(json.dumps(doc) + "\n")
+        metrics.flush()
+        os.fsync(metrics.fileno())
+
     class UpdateMetrics(TrainerCallback):
         """One line per update: TRL logs every k optimizer steps (logging_steps)."""
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "reward" in logs and state.global_step % k == 0:
-                metrics.write(json.dumps({"update": state.global_step // k,
-                                          "step": state.global_step, "logs": logs}) + "\n")
-                metrics.flush()
-                os.fsync(metrics.fileno())
+                record({"update": state.global_step // k, "step": state.global_step,
+                        "logs": logs})
 
+    class Validation(TrainerCallback):
+        """The spec's validation, on the untrained policy and every evaluation.every updates
+        (TRL's own evaluation samples like its rollouts, so it stays off)."""
+
+        def __init__(self, rows):
+            self.rows, self.every = rows, launch["validation"]["every"]
+
+        def run(self, model, update):
+            value = validation_reward(model, tokenizer, launch, self.rows,
+                                      stateset_reward.score)
+            record({"update": update, "validation": {"val/reward/mean": value}})
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 0:
+                self.run(model, 0)
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % (k * self.every) == 0:
+                self.run(model, state.global_step // k)
+
+    callbacks = [UpdateMetrics()]
+    validation = launch.get("validation")
+    if validation is not None:
+        callbacks.append(Validation(fitting_rows(
+            launch, tokenizer, validation["uri"], validation["prompt_field"],
+            validation["answer_field"], "validation")))
     trainer = GRPOTrainer(model=model, reward_funcs=[stateset_reward.trl_reward], args=args,
                           train_dataset=dataset, processing_class=tokenizer,
-                          callbacks=[UpdateMetrics()])
+                          callbacks=callbacks)
     trainer.train()
     metrics.close()
     if trainer.state.global_step != args.max_steps:

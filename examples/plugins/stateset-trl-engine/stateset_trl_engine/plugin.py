@@ -56,6 +56,7 @@ FINAL = "final"
 BUILTIN_PREFIX = "builtin:"
 STD_EPSILON = 1e-4  # GRPOTrainer: advantages / (std_rewards + 1e-4)
 LAUNCH = "launch."  # settings the generated script honours itself (not GRPOConfig fields)
+VALIDATION = LAUNCH + "validation."  # its validation callback's settings
 # canonical metric -> TRL's logged name
 METRICS = {"reward/mean": "reward", "loss/policy": "loss", "kl": "kl", "entropy": "entropy",
            "grad_norm": "grad_norm", "lr": "learning_rate",
@@ -371,15 +372,14 @@ def _data_rules(f: TRLKeys) -> dict[str, Any]:
         return Pinned({LAUNCH + "prompt_overflow": value}, "the launch script measures each "
                       "prompt with the model's tokenizer before training")
 
-    no_validation = "no validation runs: evaluation.every is null"
     return {
         "data.train.uri": to(LAUNCH + "train_uri"),
         "data.train.prompt_field": to(LAUNCH + "prompt_field"),
         "data.train.answer_field": to(LAUNCH + "answer_field"),
         "data.validation": carried("no validation split"),
-        "data.validation.uri": carried(no_validation),
-        "data.validation.prompt_field": carried(no_validation),
-        "data.validation.answer_field": carried(no_validation),
+        "data.validation.uri": to(VALIDATION + "uri"),
+        "data.validation.prompt_field": to(VALIDATION + "prompt_field"),
+        "data.validation.answer_field": to(VALIDATION + "answer_field"),
         "data.max_prompt_tokens": to(LAUNCH + "max_prompt_tokens"),
         "data.max_response_tokens": to(f.max_completion_length),
         "data.chat_template": chat_template,
@@ -435,12 +435,18 @@ def _run_rules(f: TRLKeys) -> dict[str, Any]:
         "rollout.top_k": to(f.top_k, convert=lambda v: 0 if v is None else v),
         "checkpoint.every": checkpoint_every,
         "checkpoint.keep": to(f.save_total_limit),
-        "evaluation.every": lambda v, s: Pinned({f.eval_strategy: "no"}) if v is None else
-        Refused("TRL validates by sampling like its rollouts, not with the spec's validation "
-                "decoding; set evaluation.every to null"),
-        "evaluation.temperature": refuse("TRL does not run the spec's validation"),
-        "evaluation.top_p": refuse("TRL does not run the spec's validation"),
-        "evaluation.samples": refuse("TRL does not run the spec's validation"),
+        "evaluation.every": lambda v, s: Pinned(
+            {f.eval_strategy: "no", VALIDATION + "every": v},
+            "TRL's own evaluation samples like its rollouts, so it stays off; the launch's "
+            "callback runs the spec's validation at update 0 and every evaluation.every"),
+        "evaluation.select_by": lambda v, s: Pinned(
+            {}, "the hub ranks the launch's validation rows at the updates TRL checkpointed")
+        if s.checkpoint.keep is None else Refused(
+            "TRL's save_total_limit deletes the oldest checkpoints whatever their validation, "
+            "so the recommended one could be gone: set checkpoint.keep to null to select"),
+        "evaluation.temperature": to(VALIDATION + "temperature"),
+        "evaluation.top_p": to(VALIDATION + "top_p"),
+        "evaluation.samples": to(VALIDATION + "samples"),
         "resources.nodes": only(lambda v: v == 1, "the TRL launch runs on one node",
                                 carried("one node")),
         "resources.gpus_per_node": gpus,
@@ -456,8 +462,13 @@ def write_outputs(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, 
     with (attempt / METRICS_FILE).open("w") as out:
         for row in metrics:
             logs = {raw: row[key] for key, raw in METRICS.items() if key in row}
-            out.write(json.dumps({"update": row["step"], "step": row["step"], "logs": logs})
-                      + "\n")
+            validation = {k: v for k, v in row.items() if k.startswith("val/")}
+            if logs or not validation:
+                out.write(json.dumps({"update": row["step"], "step": row["step"],
+                                      "logs": logs}) + "\n")
+            if validation:
+                out.write(json.dumps({"update": row["step"], "validation": validation})
+                          + "\n")
     if artifacts and checkpoint_step is not None:
         step_dir = attempt / CHECKPOINTS / f"checkpoint-{checkpoint_step}"
         step_dir.mkdir(parents=True)
@@ -500,11 +511,13 @@ class TRLAdapter(EngineAdapter):
         native = with_owned_keys("trl", dict(translation.native),
                                  {**f.fixed, **knobs, **owned})
         config = {k: v for k, v in native.items() if not k.startswith(LAUNCH)}
-        launch = {k.removeprefix(LAUNCH): v for k, v in native.items() if k.startswith(LAUNCH)}
+        launch = {k.removeprefix(LAUNCH): v for k, v in native.items()
+                  if k.startswith(LAUNCH) and not k.startswith(VALIDATION)}
         train = local_path(launch["train_uri"], base)
         if train is None:
             raise InvalidInput("data.train.uri: the TRL launch reads a local split")
         launch["train_uri"] = str(train.resolve())
+        launch["validation"] = self._validation(native, spec, base)
         builtin = builtin_dir(spec.model.path)
         if builtin is not None:
             if spec.model.revision is not None and \
@@ -535,6 +548,20 @@ class TRLAdapter(EngineAdapter):
             env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE"],
             native=native)
 
+    @staticmethod
+    def _validation(native: dict[str, Any], spec: ExperimentSpec,
+                    base: Path) -> dict[str, Any] | None:
+        """The validation callback's settings, or None when the spec validates nothing."""
+        settings = {k.removeprefix(VALIDATION): v for k, v in native.items()
+                    if k.startswith(VALIDATION)}
+        if settings.get("every") is None or spec.data.validation is None:
+            return None
+        split = local_path(settings["uri"], base)
+        if split is None:
+            raise InvalidInput("data.validation.uri: the TRL launch reads a local split")
+        return {**settings, "uri": str(split.resolve()),
+                "max_new_tokens": spec.data.max_response_tokens}
+
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
         out = Collected(raw_metric_names=dict(METRICS))
         ident = attempt_dir / IDENTITY_FILE
@@ -545,16 +572,22 @@ class TRLAdapter(EngineAdapter):
             out.run_id, out.experiment_digest = run_id or None, (
                 f"sha256:{digest}" if digest else None)
         metrics = attempt_dir / METRICS_FILE
+        rows: dict[int, dict[str, Any]] = {}
+        trained: set[int] = set()
         if metrics.is_file():
             for line in metrics.read_text(encoding="utf-8").splitlines():
                 if not line.strip():
                     continue
                 row = json.loads(line)
-                canonical = {"step": row["update"]}
+                canonical = rows.setdefault(int(row["update"]), {"step": int(row["update"])})
+                if "validation" in row:  # the launch's validation of that update
+                    canonical.update(row["validation"])
+                    continue
+                trained.add(int(row["update"]))
                 canonical.update({name: row["logs"][raw] for name, raw in METRICS.items()
                                   if raw in row["logs"]})
-                out.metrics.append(canonical)
-        out.committed_updates = max((int(r["step"]) for r in out.metrics), default=0)
+        out.metrics = [rows[step] for step in sorted(rows)]
+        out.committed_updates = max(trained, default=0)
         out.notes.append("loss/policy is TRL's logged loss: the policy term plus beta * KL")
         k = _steps_per_update(attempt_dir)
         for step_dir in sorted((attempt_dir / CHECKPOINTS).glob("checkpoint-*"),
