@@ -170,6 +170,7 @@ class NemoRLAdapter(EngineAdapter):
                 return Refused(f"{label} has no CISPO loss")
             return Pinned(native)
 
+        converted = carried("read by the launcher, which converts the split", hub=True)
         return {
             **external_rules("NeMo RL"),
             "seed": to("grpo.seed"),
@@ -203,12 +204,12 @@ class NemoRLAdapter(EngineAdapter):
             "model.param_dtype": hardcoded("float32", "param_dtype"),
             **_lora_rules(k, label),
             "data.train.uri": _split("train", k),
-            "data.train.prompt_field": carried("read by the launcher, which converts the split"),
-            "data.train.answer_field": carried("read by the launcher, which converts the split"),
+            "data.train.prompt_field": converted,
+            "data.train.answer_field": converted,
             "data.validation": _split("validation", k),
             "data.validation.uri": _split("validation", k),
-            "data.validation.prompt_field": carried("read by the launcher"),
-            "data.validation.answer_field": carried("read by the launcher"),
+            "data.validation.prompt_field": carried("read by the launcher", hub=True),
+            "data.validation.answer_field": carried("read by the launcher", hub=True),
             "data.test": carried("never read during training"),
             # the launcher drops longer prompts, so NeMo RL's own limit (length >= limit ->
             # a zero-loss stub) never fires: it is set one above the spec's

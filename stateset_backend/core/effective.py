@@ -30,16 +30,14 @@ class EngineColumn:
 
 def cell_state(row: FieldRow, dialect: Dialect) -> str:
     """``pinned`` when the launch moves at least one engine key away from the default the
-    dialect records for it, or when no engine key is involved and the hub enforces the value
-    itself (a generated shim, a file check: without the launch it would not hold); ``same``
-    when the engine's own code already does the spec's value, or none of the keys it sets has
-    a recorded default that differs (an engine that takes the spec's own vocabulary, like the
-    native one, has no defaults of its own to differ from)."""
+    dialect records for it, or when the hub's own shim, launcher or file check holds the value
+    (without the launch it would not hold); ``same`` when the engine's own code already does
+    the spec's value, or none of the keys it sets has a recorded default that differs (an
+    engine that takes the spec's own vocabulary, like the native one, has no defaults of its
+    own to differ from)."""
     if row.state != "pinned":
         return row.state
-    if row.engine_fixed:
-        return "same"
-    if not row.native:
+    if row.hub_enforced:
         return "pinned"
     defaults = {key.lstrip("+"): value for key, value in dialect.defaults.items()}
     for key, value in row.native.items():

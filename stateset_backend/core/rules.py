@@ -35,6 +35,7 @@ class Pinned:
 
     native: dict[str, Any]
     how: str = ""
+    hub: bool = False  # the hub's own code holds it (a generated shim or launcher, a check)
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,13 @@ def to(*keys: str, convert: Callable[[Any], Any] | None = None) -> Rule:
     return rule
 
 
-def carried(how: str) -> Rule:
-    """The launch honours the leaf without a native key (a generated file, the hub's check)."""
+def carried(how: str, *, hub: bool = False) -> Rule:
+    """The launch honours the leaf without a native key: the engine's own behaviour already
+    is the spec's, or (``hub``) the hub's generated shim, launcher or file check makes it so,
+    which `explain --effective` shows as pinned rather than the same."""
 
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
-        return Pinned({}, how)
+        return Pinned({}, how, hub)
 
     return rule
 
@@ -203,7 +206,7 @@ class FieldRow:
     reason: str = ""
     deviation: Deviation | None = None
     deviation_name: str | None = None
-    engine_fixed: bool = False  # the engine's own code already does the spec's value
+    hub_enforced: bool = False  # the hub's shim, launcher or check holds it, no engine key
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"field": self.path, "value": self.value, "state": self.state,
@@ -246,7 +249,8 @@ def _resolve(path: str, value: Any, outcome: Outcome, spec: ExperimentSpec, dial
         if not outcome.native and not outcome.how:
             raise AdapterBug(f"the {engine} adapter pins {path} with no native key and no "
                              "stated carrier: say how the launch honours it")
-        return FieldRow(path, value, "pinned", value, dict(outcome.native), outcome.how)
+        return FieldRow(path, value, "pinned", value, dict(outcome.native), outcome.how,
+                        hub_enforced=outcome.hub)
     if isinstance(outcome, Refused):
         return FieldRow(path, value, "refused", reason=outcome.reason)
     if isinstance(outcome, NotApplicable):
@@ -256,7 +260,7 @@ def _resolve(path: str, value: Any, outcome: Outcome, spec: ExperimentSpec, dial
         return FieldRow(path, value, "not_applicable", reason=outcome.reason)
     if _same(value, outcome.engine_value):
         return FieldRow(path, value, "pinned", value, dict(outcome.native),
-                        f"hard-coded by {engine} to this value", engine_fixed=True)
+                        f"hard-coded by {engine} to this value")
     declared = dialect.deviations.get(outcome.deviation)
     if declared is None or declared.setting != path:
         return FieldRow(path, value, "refused", reason=(

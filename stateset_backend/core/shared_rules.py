@@ -36,7 +36,7 @@ VERIFIED = "checked against the file's sha256 by stateset-backend before launch"
 
 def external_rules(engine: str) -> dict[str, Rule]:
     """The leaves an external engine answers like every other; ``engine`` is its display name."""
-    verified = carried(VERIFIED)
+    verified = carried(VERIFIED, hub=True)
     return {
         "name": na("the engine's run name carries the run id and experiment digest instead"),
         "model.revision": revision_outcome(engine),
@@ -44,8 +44,9 @@ def external_rules(engine: str) -> dict[str, Rule]:
         "data.validation.sha256": verified,
         "reward.kind": only(lambda v: v == "python", f"only python rewards are translated for "
                             f"{engine}", carried("a python reward, through the generated "
-                                                 "reward shim")),
-        "reward.sha256": carried(VERIFIED + ", and again by the reward shim where it scores"),
+                                                 "reward shim", hub=True)),
+        "reward.sha256": carried(VERIFIED + ", and again by the reward shim where it scores",
+                                 hub=True),
         "environment": refuse(f"conversations with an environment are not translated for "
                               f"{engine}"),
         "environment.kind": only(lambda v: v == "single_turn", "multi-turn environments are "
@@ -251,8 +252,10 @@ def conversation_rules(engine: str, switch: Callable[[ExperimentSpec], dict[str,
     def keys(native: Callable[[ExperimentSpec], dict[str, Any]] | None, how: str) -> Rule:
         def rule(value: Any, spec: ExperimentSpec) -> Outcome:
             keys = native(spec) if native else {}
-            return Pinned(keys, how if is_conversation(spec) else
-                          "single-turn: one response per prompt")
+            conversation = is_conversation(spec)
+            return Pinned(keys, how if conversation else
+                          "single-turn: one response per prompt",
+                          hub=conversation and not keys)  # the shim alone enforces it
 
         return rule
 
@@ -267,8 +270,8 @@ def conversation_rules(engine: str, switch: Callable[[ExperimentSpec], dict[str,
 
     return {
         "environment.kind": kind,
-        "environment.entrypoint": carried(SHIM_CARRIED),
-        "environment.sha256": carried(VERIFIED + ", and again by the shim's worker"),
+        "environment.entrypoint": carried(SHIM_CARRIED, hub=True),
+        "environment.sha256": carried(VERIFIED + ", and again by the shim's worker", hub=True),
         "environment.max_turns": keys(turns, "the shim ends a conversation after max_turns "
                                              "assistant turns"),
         "environment.max_turn_tokens": keys(turn_tokens, "each turn samples at most the turn "
@@ -276,15 +279,16 @@ def conversation_rules(engine: str, switch: Callable[[ExperimentSpec], dict[str,
         "environment.max_total_tokens": total,
         "environment.reward_placement": hardcoded(
             "final", "per_turn_credit_is_the_return"),
-        "environment.turn_discount": carried("the shim's return G_0 = sum_k gamma^k r_k"),
+        "environment.turn_discount": carried("the shim's return G_0 = sum_k gamma^k r_k",
+                                             hub=True),
         "environment.step_timeout_s": carried("the shim kills a worker that misses the "
-                                              "deadline and records the failure"),
+                                              "deadline and records the failure", hub=True),
         "environment.max_failed_share": only(
             lambda v: v == 0, f"{engine} cannot leave a failed conversation out of its "
             "group's baseline; only max_failed_share 0 (the first failure stops the run) is "
             "honoured", carried(f"the first environment failure stops the run before its "
-                                f"update, recorded in {FAILURE_LOG}")),
+                                f"update, recorded in {FAILURE_LOG}", hub=True)),
         "reward.kind": lambda v, s: Pinned({}, f"the environment's rewards, through the "
-                                               f"{engine} shim")
+                                               f"{engine} shim", hub=True)
         if v == "environment" else external_rules(engine)["reward.kind"](v, s),
     }

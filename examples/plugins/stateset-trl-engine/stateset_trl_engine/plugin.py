@@ -425,7 +425,8 @@ def _run_rules(f: TRLKeys) -> dict[str, Any]:
 
     return {
         "seed": to(f.seed),
-        "reward.entrypoint": carried("a TRL reward function in the generated reward shim"),
+        "reward.entrypoint": carried("a TRL reward function in the generated reward shim",
+                                     hub=True),
         "rollout.backend": only(lambda v: v == "hf", "the TRL launch samples with "
                                 "transformers' generate (rollout.backend hf); TRL's vLLM "
                                 "rollout adds its own importance-sampling correction",
