@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import results
 from .errors import InvalidInput, Unsupported
 from .evaluations import EVALUATION_DIR
 from .jsonio import atomic_write_bytes, read_json
@@ -113,21 +114,7 @@ def load_target(store: RunStore, target: str) -> tuple[list[AttemptRecord], list
 
 def read_series(record: AttemptRecord) -> list[dict[str, Any]]:
     """The canonical per-update metrics of an attempt (empty when it reported none)."""
-    name = record.result.metrics.series
-    if not name:
-        return []
-    path = record.directory / name
-    if Path(name).is_absolute() or ".." in Path(name).parts or not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    return results.read_series(record.directory, record.result.metrics.series)
 
 
 def finite(value: Any) -> bool:

@@ -230,6 +230,28 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
     return status, checks, artifacts
 
 
+def read_series(attempt_dir: Path, name: str | None) -> list[dict[str, Any]]:
+    """The canonical per-update rows an attempt's result names (empty when it names none, or
+    names a path outside the attempt); a damaged line is skipped, not the whole series."""
+    import json
+
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        return []
+    try:
+        text = (attempt_dir / name).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 def summarize(rows: list[dict[str, Any]], *, first: bool = False) -> dict[str, float | None]:
     """Last (or first) value of each metric; non-finite values become null (JSON has no NaN)."""
     summary: dict[str, float | None] = {}

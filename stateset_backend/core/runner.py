@@ -254,7 +254,12 @@ def collect_and_validate(plan: LaunchPlan, adapter: EngineAdapter, attempt: Atte
     status, checks, artifacts = evaluate(plan, exit_, collected, run_dir, collect_error,
                                          resume_from.update if resume_from else None)
     own = collected.metrics if collected is not None else []
+    if resume_from is not None:  # an engine that logs its resume point again: once is enough
+        own = [r for r in own if not isinstance(r.get("step"), int) or
+               r["step"] > resume_from.update]
     rows = [*earlier.rows, *own]  # the run's series, not only this attempt's part of it
+    if earlier.missing:
+        warnings = [*(warnings or []), earlier.missing]
     series = None
     if rows:
         lines = "".join(json.dumps(row) + "\n" for row in rows)

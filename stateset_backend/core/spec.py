@@ -414,8 +414,9 @@ class Environment(_Section):
                                                             "longer ends its conversation "
                                                             "with a recorded error")
     max_failed_share: Probability = Field(
-        0.0, description="share of an update's conversations whose environment raised, timed "
-                         "out or answered malformed output above which the update is refused; "
+        0.0, description="share of an update's (or a validation's) conversations whose "
+                         "environment raised, timed out or answered malformed output above "
+                         "which the update is refused (the validation reports no reward); "
                          "failed conversations never get an invented reward")
 
     @model_validator(mode="after")

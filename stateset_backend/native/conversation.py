@@ -398,16 +398,22 @@ def collect(model: Any, tokenizer: Any, workers: Workers, tools: list[Tool],
 
 def refuse_failed_share(collected: Collected, max_failed_share: float, *,
                         what: str = "update") -> None:
-    """Raise when more conversations failed than allowed, naming the first failure."""
+    """Raise when more conversations failed than allowed, naming the first failure; outside
+    training (``what`` names the split) also when every one failed: no reward is left."""
     total = len(collected.conversations)
-    share = collected.failed / total if total else 1.0
-    nothing_left = what != "update" and collected.failed == total  # no reward to report
-    if share > max_failed_share or nothing_left:
-        first = next((c for c in collected.conversations if c.failed), None)
-        consequence = "the update was refused and nothing was applied" if what == "update" \
-            else "its reward would be a mean over the survivors only, so none is reported"
-        raise FailedShareExceeded(
-            f"{what}: {collected.failed} of {total} conversations failed in the environment "
-            f"(share {share:.3f} > environment.max_failed_share {max_failed_share}); "
-            f"{consequence}. First failure"
-            + (f" (task row {first.task_index}): {first.error}" if first else ": none"))
+    failed = collected.failed
+    share = failed / total if total else 1.0
+    every = what != "update" and failed == total
+    if share <= max_failed_share and not every:
+        return
+    first = next((c for c in collected.conversations if c.failed), None)
+    if share > max_failed_share:
+        head = (f"{what}: {failed} of {total} conversations failed in the environment (share "
+                f"{share:.3f} > environment.max_failed_share {max_failed_share}); ")
+        head += "the update was refused and nothing was applied" if what == "update" else \
+            "its reward would be a mean over the survivors only, so none is reported"
+    else:
+        head = (f"{what}: every one of {total} conversations failed in the environment; "
+                "there is no reward to report")
+    raise FailedShareExceeded(head + ". First failure" + (
+        f" (task row {first.task_index}): {first.error}" if first else ": none"))

@@ -47,7 +47,7 @@ def evaluate_checkpoint(attempt_dir: Path, checkpoint_dir: Path, split: str) -> 
         rows = load_split(data, trainer.settings.base_dir)
         if not trainer.conversations:  # the same prompt-overflow rule as the other splits
             rows = trainer._fit_prompts(rows, split)
-        metrics = trainer.validate(rows)
+        metrics = trainer.validate(rows, split)
     prefix = PREFIX[split]
     return {prefix + name.removeprefix("val/"): value for name, value in metrics.items()}
 

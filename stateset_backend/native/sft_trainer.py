@@ -94,11 +94,12 @@ class SFTTrainer(Trainer):
             "padding_tokens": int((batch.segment_ids < 0).sum())})
 
     @torch.no_grad()
-    def validate(self, rows: list[Example] | None = None) -> dict[str, float]:
+    def validate(self, rows: list[Example] | None = None,
+                 split: str = "validation") -> dict[str, float]:
         """The validation reward (greedy responses scored by the reward function, as in RL
         runs) and the teacher-forced loss and token accuracy on the same rows' answers."""
         examples = self.val_examples if rows is None else self._examples(rows)
-        metrics = super().validate(rows)
+        metrics = super().validate(rows, split)
         batches = [self._on_device(self._batch(examples[i:i + VALIDATION_CHUNK]))
                    for i in range(0, len(examples), VALIDATION_CHUNK)]
         metrics.update(sft_evaluate(self.model, batches, self.compute))

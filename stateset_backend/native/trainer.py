@@ -416,7 +416,8 @@ class Trainer:
 
     # -- evaluation ----------------------------------------------------------------------
     @torch.no_grad()
-    def validate(self, rows: list[Example] | None = None) -> dict[str, float]:
+    def validate(self, rows: list[Example] | None = None,
+                 split: str = "validation") -> dict[str, float]:
         """Mean reward of evaluation.samples responses per validation prompt, decoded as
         evaluation says (temperature 0 = greedy). Sampling draws from its own generator, seeded
         per update, so validating never changes what training samples. ``rows`` (another
@@ -426,7 +427,7 @@ class Trainer:
         decoding = Decoding(ev.temperature, ev.top_p, None)
         generator = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + self.update_count)
         if self.conversations:
-            return self._validate_conversations(decoding, generator, rows,
+            return self._validate_conversations(decoding, generator, rows, split=split,
                                                 record=rows is self.val_rows)
         rewards: list[float] = []
         chunk = max(1, 64 // ev.samples)
@@ -438,8 +439,8 @@ class Trainer:
         return {"val/reward/mean": sum(rewards) / len(rewards)}
 
     def _validate_conversations(self, decoding: Decoding, generator: torch.Generator,
-                                rows: list[Example], *, record: bool = False,
-                                ) -> dict[str, float]:
+                                rows: list[Example], *, split: str = "validation",
+                                record: bool = False) -> dict[str, float]:
         """Mean return over validation conversations whose environment did not fail (failed
         ones have no return to average: they are counted, and held to the same
         environment.max_failed_share as training, so that a mean over the few survivors is
@@ -458,7 +459,7 @@ class Trainer:
         if record:
             self._write_conversations(every, f"validation-update-{self.update_count:06d}.jsonl")
         conversation.refuse_failed_share(every, self.spec.environment.max_failed_share,
-                                         what="validation")
+                                         what=split)
         return {"val/reward/mean": sum(returns) / len(returns),
                 "val/conversations/failed_share": every.failed / len(every.conversations)}
 

@@ -104,6 +104,7 @@ def test_validation_within_the_share_reports_the_failures_beside_the_reward(tmp_
 
 
 def test_validation_where_every_conversation_failed_reports_no_reward(tmp_path):
-    with pytest.raises(FailedShareExceeded, match=r"validation: 100 of 100 .*First failure "
+    with pytest.raises(FailedShareExceeded, match=r"validation: every one of 100 conversations "
+                                                  r"failed.*no reward.*First failure "
                                                   r"\(task row \d+\): .*database is down"):
         _validating(tmp_path, "Down", 1.0).validate()
