@@ -741,7 +741,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("engines", cmd_engines, "list registered engine adapters")
     p.add_argument("--python", help="detect installed versions in this interpreter")
     p = command("check", cmd_check, "check an engine version can run a spec: capabilities, "
-                                     "every setting's translation, the budget (exit 0 or 3)")
+                                     "every setting's translation, the budget (exit 0, 2 or "
+                                     "3)")
     engine_args(p)
     p.add_argument("spec")
     p = command("explain", cmd_explain, "show what every spec field becomes on an engine")
@@ -784,7 +785,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--digest", help="only runs of this experiment digest")
     q.add_argument("--engine", help="only runs on this engine")
     q.add_argument("--status", choices=["succeeded", "failed", "invalid", "interrupted",
-                                        "quarantined"])
+                                        "quarantined", "unreadable"])
     q = runs_sub.add_parser("show", parents=[common, store], help="one run: identity, attempts, "
                                                             "checkpoints, selection")
     q.add_argument("run")

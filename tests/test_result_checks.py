@@ -89,7 +89,8 @@ def test_a_path_climbing_out_is_refused(plan, tmp_path):
 def test_a_failed_engine_is_reported_with_its_own_last_error_line(plan, tmp_path):
     (tmp_path / "stderr.log").write_text(
         "loading\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
-        "RuntimeError: CUDA out of memory\n[rank0]: done\n")
+        "RuntimeError: CUDA out of memory\n[rank0]: done, no errors left\n"
+        "Exception ignored in: <function Pool.__del__>\n")
     status, checks, _ = evaluate(plan, Exit(code=1), _collected(plan, tmp_path), tmp_path)
     assert status == "failed"
     assert {c.name: c for c in checks}["exit_code"].detail == \

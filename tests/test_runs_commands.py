@@ -144,6 +144,8 @@ def test_an_unreadable_result_is_listed_as_such_never_dropped(store, capsys):
     listed = {r["run_id"]: r for r in
               _json(capsys, "runs", "list", "--runs-dir", str(store))["runs"]}
     assert listed[run_id]["status"] == "unreadable"
+    assert [r["run_id"] for r in _json(capsys, "runs", "list", "--runs-dir", str(store),
+                                       "--status", "unreadable")["runs"]] == [run_id]
     assert listed[run_id]["experiment_digest"] == runs[0]["experiment_digest"]
 
 

@@ -27,7 +27,7 @@ def local_path(uri: str, base_dir: Path) -> Path | None:
 
 def _rebased(value: str, source: Path, target: Path) -> str:
     """``value`` (a local path, relative to ``source``) relative to ``target`` instead."""
-    if "://" in value or Path(value).is_absolute():
+    if "://" in value or Path(value).is_absolute() or value.startswith("~"):
         return value  # a URI the engine fetches, or a path that means the same anywhere
     return os.path.relpath(source / value, target)
 
@@ -47,8 +47,9 @@ def rebase_spec_paths(doc: dict[str, Any], source: Path, target: Path) -> dict[s
             split["uri"] = scheme + _rebased(uri.removeprefix("file://"), source, target)
     for section in ("reward", "environment"):
         part = out.get(section)
-        if not isinstance(part, dict):
-            continue
+        if not isinstance(part, dict) or (section == "reward" and
+                                          part.get("kind", "python") != "python"):
+            continue  # only a python reward names a file; a remote one names a service
         entry = part.get("entrypoint")
         if isinstance(entry, str) and ":" in entry:
             file_part, _, function = entry.rpartition(":")

@@ -22,6 +22,7 @@ from typing import IO, Any
 from .errors import EngineFailed
 
 GRACE_SECONDS = 10.0
+STDOUT_LOG, STDERR_LOG = "stdout.log", "stderr.log"  # the engine's streams, in its attempt
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .launch import Exit, run_local
+from .launch import STDERR_LOG, STDOUT_LOG, Exit, run_local
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,11 @@ class PreparedLaunch:
 
     @property
     def stdout_path(self) -> Path:
-        return self.run_dir / "stdout.log"
+        return self.run_dir / STDOUT_LOG
 
     @property
     def stderr_path(self) -> Path:
-        return self.run_dir / "stderr.log"
+        return self.run_dir / STDERR_LOG
 
 
 class Provider(Protocol):

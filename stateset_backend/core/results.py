@@ -8,6 +8,7 @@ as ``invalid`` so nobody compares or ships it by mistake.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -121,11 +122,17 @@ def _non_finite(rows: list[dict[str, Any]]) -> list[str]:
 ERROR_LINE_LIMIT = 300
 
 
+_ERROR_LINE = re.compile(r"(^|[\s:])([A-Za-z_][\w.]*(Error|Exception|Exit)|error):")
+
+
 def last_error(attempt_dir: Path) -> str | None:
-    """The engine's own last word on a failure: the last line of its stderr that says error
-    (engines print a traceback's last line, or their own one-line error, last)."""
+    """The engine's own last word on a failure: the last line of its stderr that names an
+    error (``SomeError: ...``, or an engine's ``name: error: ...``), skipping the interpreter's
+    teardown notes ("Exception ignored in ...")."""
+    from .launch import STDERR_LOG
+
     try:
-        with (attempt_dir / "stderr.log").open("rb") as log:
+        with (attempt_dir / STDERR_LOG).open("rb") as log:
             log.seek(0, 2)
             log.seek(max(0, log.tell() - 65536))
             tail = log.read().decode("utf-8", errors="replace")
@@ -133,8 +140,9 @@ def last_error(attempt_dir: Path) -> str | None:
         return None
     for line in reversed(tail.splitlines()):
         line = line.strip()
-        if "error" in line.lower() or "exception" in line.lower():
-            return line if len(line) <= ERROR_LINE_LIMIT else line[:ERROR_LINE_LIMIT] + "..."
+        if line.startswith("Exception ignored") or not _ERROR_LINE.search(line):
+            continue
+        return line if len(line) <= ERROR_LINE_LIMIT else line[:ERROR_LINE_LIMIT] + "..."
     return None
 
 

@@ -209,22 +209,31 @@ class RunStore:
             plan = read_json(self.run_dir(run_id) / "plan.json", what="plan")
         except InvalidInput:
             plan = {}
+        plan = plan if isinstance(plan, dict) else {}
+
+        def text(key: str, missing: str) -> str:
+            value = plan.get(key)
+            return value if isinstance(value, str) else missing
+
         spec = plan.get("spec")
         spec = spec if isinstance(spec, dict) else {}
         budget = spec.get("budget")
         budget = budget if isinstance(budget, dict) else {}
-        return (run_id, attempt, plan.get("experiment_digest") or "",
-                plan.get("binding_digest") or "", plan.get("checksum") or "",
-                plan.get("engine") or "?", plan.get("engine_version") or "?", "unreadable",
-                None, 0, budget.get("total_updates") or 0, "", "", 0)
+        planned = budget.get("total_updates")
+        return (run_id, attempt, text("experiment_digest", ""), text("binding_digest", ""),
+                text("checksum", ""), text("engine", "?"), text("engine_version", "?"),
+                "unreadable", None, 0, planned if isinstance(planned, int) else 0, "", "", 0)
 
     def _run_status(self, row: dict[str, Any]) -> dict[str, Any]:
         """A run under an active quarantine mark lists as quarantined whatever its attempt
-        ended as (a restore refused at resume marks the run, not an attempt); once `runs
-        verify` clears the mark it lists as its attempt did."""
+        ended as (a restore refused at resume marks the run, not an attempt). Once `runs
+        verify` has cleared the mark, an attempt that ended quarantined lists as what it is
+        then: failed, with state proven sound to resume from."""
         row["attempt_status"] = row["status"]
         if quarantine.active(self.run_dir(row["run_id"])) is not None:
             row["status"] = "quarantined"
+        elif row["status"] == "quarantined":
+            row["status"] = "failed"
         return row
 
     def query(self, *, digest: str | None = None, engine: str | None = None,

@@ -102,6 +102,9 @@ def test_a_learner_update_that_fails_part_way(capsys, tmp_path):
     assert marker["quarantined"] is False and marker["cleared_by"]["update"] == 1
     code, out, _ = _cli(capsys, "runs", "show", run_id, "--runs-dir", runs)
     assert "quarantine cleared" in out
+    code, out, _ = _cli(capsys, "runs", "list", "--runs-dir", runs, "--json")
+    (row,) = json.loads(out)["runs"]  # verified: the attempt failed; its state is sound
+    assert (row["status"], row["attempt_status"]) == ("failed", "quarantined")
     # the gate is open: resume launches from update 1 (and, being exact, meets the same NaN)
     code, _, err = _cli(capsys, "run", "--runs-dir", runs, "--resume", "--quiet", plan)
     assert code == 4 and "is quarantined" not in err, err
