@@ -540,7 +540,10 @@ def _show_run(doc: dict[str, Any]) -> None:
             sel = a["selection"]
             console.print(f"  recommended by {sel['select_by']}: update {sel.get('update')}"
                           + (f" = {sel['value']:.4f}" if "value" in sel else
-                             f" ({sel.get('reason')})"), markup=False)
+                             f" ({sel.get('reason')})")
+                          + (f", attempts/{sel['attempt']}/{sel['checkpoint']}"
+                             if sel.get("checkpoint") and isinstance(sel.get("attempt"), int)
+                             else ""), markup=False)
         for ckpt in a.get("checkpoints", []):
             console.print(f"  {ckpt['path']}  sha256:{ckpt['sha256'][:16]}", markup=False)
     for e in doc.get("evaluations", []):

@@ -76,10 +76,18 @@ def choose_checkpoint(record: AttemptRecord, which: str) -> ChosenCheckpoint:
             raise InvalidInput(f"--checkpoint {which!r}: expected recommended, final or "
                                "update-N")
         update = int(match.group(1))
+    named = (result.selection or {}).get("attempt") if which == "recommended" else None
     if update not in saved:
         raise ResumeImpossible(f"{where} has no checkpoint at update {update} (checkpoints "
-                               f"at updates: {have})")
+                               f"at updates: {have})" + (
+                                   f"; attempt {named}, which hashed the recommended one, has "
+                                   "no readable result" if isinstance(named, int) and
+                                   named != result.attempt else ""))
     found = saved[update]
+    if isinstance(named, int) and named != found.attempt:
+        raise ResumeImpossible(f"{where}: its selection names attempt {named}'s checkpoint of "
+                               f"update {update}, but the hashes found are attempt "
+                               f"{found.attempt}'s")
     return ChosenCheckpoint(which, update, found.attempt, found.folder, found.files)
 
 

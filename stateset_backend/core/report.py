@@ -343,7 +343,9 @@ def _checkpoints(records: list[AttemptRecord]) -> str:
         if not artifacts:
             out.append(head + "<p>No artifacts were recorded.</p>")
             continue
-        chosen = (record.result.selection or {}).get("checkpoint")
+        sel = record.result.selection or {}
+        chosen = sel.get("checkpoint") if sel.get("attempt", record.result.attempt) == \
+            record.result.attempt else None  # one an earlier attempt wrote is not listed here
         out.append(head + _table(["path", "kind", "update", "bytes", "sha256"], [
             [_code(a.path) + (" <strong>recommended</strong>" if chosen and
                               a.path.startswith(f"{chosen}/") else ""),
@@ -362,8 +364,9 @@ def _selection(records: list[AttemptRecord]) -> str:
             continue
         rows.append([_code(record.run_id), _e(sel.get("select_by")), _e(sel.get("direction")),
                      _num(sel.get("update")), _num(sel.get("value")),
-                     _code(sel["checkpoint"]) if sel.get("checkpoint") else
-                     _e(sel.get("reason", ""))])
+                     (_code(f"attempts/{sel['attempt']}/{sel['checkpoint']}")
+                      if isinstance(sel.get("attempt"), int) else _code(sel["checkpoint"]))
+                     if sel.get("checkpoint") else _e(sel.get("reason", ""))])
     return ("<p>The recommended checkpoint is the best validated update that has a checkpoint "
             "(the earlier update on a tie). It is a recommendation, never an approval, and the "
             "final checkpoint is not assumed to be the best.</p>" +
@@ -420,7 +423,7 @@ def report(store: RunStore, target: str, output: str | Path | None = None,
     """Write the report of a run (its newest attempt) or of every run of an experiment; the
     runs of it that could not be read are named on the page and returned."""
     records, skipped = load_target(store, target)
-    kind, name = store.resolve(target)
+    kind, name = store.resolve(target)  # cheap: load_target resolved it a moment ago
     spec_name = (records[0].plan.get("spec") or {}).get("name") or "experiment"
     title = f"{spec_name}: {len(records)} run(s) of experiment {name}" if kind == "digest" \
         else f"{spec_name}: run {name}"

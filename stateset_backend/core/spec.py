@@ -472,7 +472,10 @@ class Budget(_Section):
 class Checkpoint(_Section):
     every: PositiveInt | None = Field(None, description="updates between checkpoints; "
                                                         "null = only at the end")
-    keep: PositiveInt | None = Field(None, description="newest checkpoints kept; null = all")
+    keep: PositiveInt | None = Field(None, description="newest checkpoints kept (the native "
+                                                     "engine also keeps the one "
+                                                     "evaluation.select_by recommends so "
+                                                     "far); null = all")
 
 
 # the canonical validation metrics engines report: the only names select_by can rank by
