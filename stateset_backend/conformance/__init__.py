@@ -80,11 +80,6 @@ def _reported() -> Iterator[None]:
     pytest.fail(failure, pytrace=False)
 
 
-def _as_reasons(entries: Iterable[str] | Mapping[str, str]) -> dict[str, str]:
-    return dict(entries) if isinstance(entries, Mapping) else \
-        dict.fromkeys(entries, "")
-
-
 class AdapterConformance:
     """Mix into a ``Test*`` class; see the module docstring for what to provide."""
 
@@ -151,8 +146,8 @@ class AdapterConformance:
 
     def _gap(self, adapter: EngineAdapter, name: str, version: str) -> str | None:
         """A gap declared by the adapter's ``kit_support()`` or by this class."""
-        declared = {**_as_reasons(adapter.kit_support().unsupported),
-                    **_as_reasons(type(self).unsupported)}
+        declared = {**checks.reasons_of(adapter.kit_support().unsupported),
+                    **checks.reasons_of(type(self).unsupported)}
         return checks.declared_unsupported(declared, name, version)
 
     @staticmethod

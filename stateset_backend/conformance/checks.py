@@ -52,14 +52,17 @@ def entry_for(adapter: EngineAdapter) -> AdapterEntry:
 
 
 # -- declared gaps ---------------------------------------------------------------------------------
+def reasons_of(entries: Iterable[str] | Mapping[str, str]) -> dict[str, str]:
+    """Declared gaps as {entry: reason}: a plain list of entries gives each no reason."""
+    return dict(entries) if isinstance(entries, Mapping) else dict.fromkeys(entries, "")
+
+
 def declared_unsupported(unsupported: Iterable[str] | Mapping[str, str], capability: str,
                          version: str) -> str | None:
     """The reason a capability is declared unsupported at ``version``, or None. Entries are
     capability names, optionally followed by a PEP 440 specifier that limits them
     (``"objective:gspo <0.11.2"``); a mapping gives each entry its reason."""
-    reasons = dict(unsupported) if isinstance(unsupported, Mapping) else \
-        dict.fromkeys(unsupported, "")
-    for entry, reason in reasons.items():
+    for entry, reason in reasons_of(unsupported).items():
         name, _, where = entry.partition(" ")
         if name != capability:
             continue

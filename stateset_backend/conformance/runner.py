@@ -3,8 +3,9 @@
 
 A subclass of :class:`AdapterConformance` is generated for the engine (its versions: the ones
 asked for, or the first version of every dialect the contract names), pytest runs it in this
-process, and each check's outcome is collected. Collection and resume need the engine's
-writer, which only the adapter's own test class has: here they are reported ``unsupported``.
+process, and each check's outcome is collected. Collection and resume use the output writer
+the adapter supplies through ``kit_support()``, exactly as its own test class does; an adapter
+that supplies none has those checks reported ``unsupported``, never passed.
 """
 
 from __future__ import annotations
