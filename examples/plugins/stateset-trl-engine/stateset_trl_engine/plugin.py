@@ -490,7 +490,9 @@ class TRLAdapter(EngineAdapter):
                 **_budget_rules(f), **_data_rules(f), **_model_rules(f), **_run_rules(f)}
 
     def kit_support(self) -> KitSupport:
-        return KitSupport(write_outputs=write_outputs, unsupported={
+        # hub_model_id: free text GRPOConfig accepts and an offline run never uses
+        return KitSupport(write_outputs=write_outputs, option_key=lambda plan: "hub_model_id",
+                          unsupported={
             "loss_agg:seq_mean_token_sum": "TRL sums tokens per sequence (luspo) only with "
                                            "GSPO's sequence ratios; the kit's sample uses "
                                            "token ratios"})
