@@ -64,6 +64,21 @@ def test_recorded_defaults_are_grpo_configs_own():
     assert {k: actual[k] for k in recorded} == recorded
 
 
+def test_the_shipped_field_list_is_grpo_configs_own():
+    assert plugin.grpo_config_fields() == {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+
+
+def test_an_engine_option_that_is_no_grpo_config_field_is_refused_at_plan_time(cli,
+                                                                              tmp_path):
+    doc = spec_doc()
+    doc["engine_options"] = {"trl": {"num_generation": 4}}
+    (tmp_path / "spec.json").write_text(json.dumps(doc))
+    proc = cli("plan", "--engine", "trl", tmp_path / "spec.json", "-o", tmp_path / "p.json")
+    assert proc.returncode == 2
+    assert "engine_options.trl.num_generation: not a GRPOConfig field (did you mean " \
+        "'num_generations'?)" in proc.stderr
+
+
 def test_every_fixed_switch_and_key_is_a_grpo_config_field():
     fields = set(grpo_defaults())
     keys = plugin.TRLAdapter().keys(dialect())

@@ -8,6 +8,8 @@ never formatted into code, and the code around them is the fixed ``launch_script
 
 from __future__ import annotations
 
+import difflib
+import functools
 import hashlib
 import json
 from importlib import resources
@@ -119,6 +121,16 @@ class TRLKeys(DialectKeys):
 def steps_per_update(spec: ExperimentSpec) -> int:
     """Optimizer steps per update: TRL's max_steps, save_steps and scheduler count these."""
     return spec.budget.ppo_epochs * spec.budget.mini_batches
+
+
+@functools.cache
+def grpo_config_fields() -> frozenset[str]:
+    """GRPOConfig's field names, read from the supported TRL release's wheel (a test compares
+    them with the installed TRL): an engine option is checked at plan time against them, as
+    importing TRL to ask would take seconds."""
+    doc = json.loads(resources.files("stateset_trl_engine").joinpath(
+        "grpo_config_fields.json").read_text(encoding="utf-8"))
+    return frozenset(doc["fields"])
 
 
 def builtin_dir(model_path: str) -> Path | None:
@@ -503,9 +515,11 @@ class TRLAdapter(EngineAdapter):
         base = Path(ctx.base_dir or ".")
         for key in translation.native:
             if translation.sources.get(key, "").startswith("engine_options") and \
-                    (key.startswith(LAUNCH) or not key.isidentifier()):
-                raise InvalidInput(f"engine_options.trl.{key}: TRL options are GRPOConfig "
-                                   "field names")
+                    key not in grpo_config_fields():
+                close = difflib.get_close_matches(key, sorted(grpo_config_fields()), n=1)
+                raise InvalidInput(f"engine_options.trl.{key}: not a GRPOConfig field"
+                                   + (f" (did you mean {close[0]!r}?)" if close else "")
+                                   + "; TRL would stop at launch on it")
         owned = {f.output_dir: CHECKPOINTS, f.run_name: ctx.run_name,
                  f.logging_steps: steps_per_update(spec), f.report_to: "none"}
         # speed knobs that never change the math, set alike on every launch
