@@ -34,6 +34,10 @@ def main() -> int:
         if args.resume_from is not None:
             trainer.resume(args.resume_from)
         trainer.train()
+        # every rank leaves together, after rank 0 has written the final model: a rank that
+        # tears its process group down while a peer still holds the connection can abort
+        # (gloo: "terminate called without an active exception") and fail a finished run
+        world.barrier()
     except Exception as exc:  # the process boundary: one line, non-zero exit
         rank = f" (rank {world.rank})" if world.parallel else ""
         print(f"native engine{rank}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
