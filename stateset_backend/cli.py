@@ -158,20 +158,18 @@ def cmd_engines(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from .core.capabilities import required_capabilities
     from .core.contracts import check
-    from .core.plan import make_plan
 
-    spec = _spec(args.spec)
-    entry = _registry().get(args.engine)
-    version = _engine_version(entry, args.engine_version, args.python, args.engine_home)
+    registry = _registry()
+    spec, entry, version = target = _target(args, registry)
     report = check(entry.adapter.contract, version, required_capabilities(spec))
-    if not report.ok:
+    if not report.ok:  # the missing capabilities, as data, before the one-line refusal
         if args.json:
             print(json.dumps(report.to_json(), indent=2))
         report.raise_if_missing()
     # capabilities are not enough: a value the release cannot honour, a deviation refused
     # under equivalence: strict, a budget the data cannot fill are refused by the plan, so
     # `check` answers for the whole plan (made and dropped, nothing written)
-    plan = make_plan(spec, entry, version, base_dir=Path(args.spec).resolve().parent)
+    plan = _make_plan(args, registry, target)
     deviations = [d.get("deviation") for d in plan.deviations]
     _emit(args, {**report.to_json(), "deviations": plan.deviations},
           f"{args.engine} {version} can run this spec ({len(report.required)} capabilities "
@@ -312,13 +310,20 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _make_plan(args: argparse.Namespace, registry: Registry) -> Any:
+def _target(args: argparse.Namespace, registry: Registry) -> tuple[Any, Any, str]:
+    """The spec, the engine's registry entry and the release a command is asked about."""
+    entry = registry.get(args.engine)
+    return (_spec(args.spec), entry,
+            _engine_version(entry, args.engine_version, args.python, args.engine_home))
+
+
+def _make_plan(args: argparse.Namespace, registry: Registry,
+               target: tuple[Any, Any, str] | None = None) -> Any:
+    """The plan ``plan``, ``run --engine`` and ``check`` make (``check`` drops it)."""
     from .core.plan import make_plan
 
-    spec = _spec(args.spec)
-    entry = registry.get(args.engine)
-    version = _engine_version(entry, args.engine_version, args.python, args.engine_home)
-    return make_plan(spec, entry, version, provider=args.provider,
+    spec, entry, version = target or _target(args, registry)
+    return make_plan(spec, entry, version, provider=getattr(args, "provider", "local"),
                      base_dir=Path(args.spec).resolve().parent)
 
 
