@@ -439,7 +439,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if getattr(args, "run", None) is not None:  # an id, or the unique prefix a listing shows
         args.run = store.resolve_run(args.run)
     if args.runs_command == "list":
-        digest = None if args.digest is None else _digest_of(store, args.digest)
+        digest = None if args.digest is None else store.resolve_digest(args.digest)
         rows = store.query(digest=digest, engine=args.engine, status=args.status)
         _emit(args, {"runs": rows}, lambda: _runs_table(rows))
     elif args.runs_command == "show":
@@ -464,15 +464,6 @@ def cmd_runs(args: argparse.Namespace) -> int:
               f"indexed {count} attempts from {store.root}" + "".join(
                   f"\n  unreadable (listed as such): {why}" for why in unreadable))
     return 0
-
-
-def _digest_of(store: Any, target: str) -> str:
-    kind, name = store.resolve(target)
-    if kind != "digest":
-        from .core.errors import InvalidInput
-
-        raise InvalidInput(f"--digest {target}: names run {name}, not an experiment digest")
-    return str(name)
 
 
 def _from_run(args: argparse.Namespace, store: Any) -> int:
@@ -644,12 +635,19 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     return runner.FAILED_EXIT if report["counts"]["failed"] else 0
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .core.evaluate import evaluate_run
+def _store_and_run(args: argparse.Namespace) -> tuple[Any, str]:
+    """The run store a command reads and the run it names (an id, or the unique prefix a
+    listing shows)."""
     from .core.store import RunStore, runs_dir_from
 
     store = RunStore(runs_dir_from(args.runs_dir))
-    args.run = store.resolve_run(args.run)
+    return store, store.resolve_run(args.run)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .core.evaluate import evaluate_run
+
+    store, args.run = _store_and_run(args)
     path, doc = evaluate_run(store, _registry(), args.run, split=args.split,
                              which=args.checkpoint, attempt=args.attempt)
     _emit(args, {**doc, "path": str(path)},
@@ -676,10 +674,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_attest(args: argparse.Namespace) -> int:
     from .core.attest import attest
     from .core.report import load_attempt
-    from .core.store import RunStore, runs_dir_from
 
-    store = RunStore(runs_dir_from(args.runs_dir))
-    record = load_attempt(store, store.resolve_run(args.run), args.attempt)
+    record = load_attempt(*_store_and_run(args), args.attempt)
     doc = attest(record, args.output)
     if args.output is None:
         print(json.dumps(doc, indent=2))
@@ -694,10 +690,8 @@ def cmd_attest(args: argparse.Namespace) -> int:
 def cmd_runs_export(args: argparse.Namespace) -> int:
     from .core.export import export_mlflow
     from .core.report import load_attempt
-    from .core.store import RunStore, runs_dir_from
 
-    store = RunStore(runs_dir_from(args.runs_dir))
-    record = load_attempt(store, store.resolve_run(args.run), args.attempt)
+    record = load_attempt(*_store_and_run(args), args.attempt)
     doc = export_mlflow(record, args.mlflow, experiment_name=args.experiment)
     added = len(doc.get("evaluations") or [])
     _emit(args, doc, f"run {record.run_id} attempt {record.result.attempt} "

@@ -24,7 +24,7 @@ from .content import sha256_file
 from .errors import EngineFailed, InvalidInput, ResumeImpossible, StatesetError, Unsupported
 from .evaluations import EVALUATION_DIR, EVALUATION_SCHEMA_ID
 from .inputs import verify_inputs
-from .jsonio import atomic_write_json
+from .jsonio import atomic_write_json, utc_now
 from .plan import LaunchPlan
 from .quarantine import refuse_if_quarantined
 from .report import AttemptRecord, load_attempt
@@ -111,9 +111,6 @@ def verify_recorded(record: AttemptRecord, chosen: ChosenCheckpoint, adapter: En
     return checkpoint
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
 
 def evaluate_run(store: RunStore, registry: Registry, run_id: str, *, split: str,
                  which: str = "recommended", attempt: int | None = None,
@@ -137,7 +134,7 @@ def evaluate_run(store: RunStore, registry: Registry, run_id: str, *, split: str
         verify_inputs(spec, Path(plan.base_dir))
     chosen = choose_checkpoint(record, which)
     checkpoint = verify_recorded(record, chosen, entry.adapter, plan.experiment_digest)
-    started, t0 = _now(), time.monotonic()
+    started, t0 = utc_now(), time.monotonic()
     try:
         metrics = entry.adapter.evaluate_checkpoint(record.directory, checkpoint, split)
     except StatesetError:
@@ -159,7 +156,7 @@ def evaluate_run(store: RunStore, registry: Registry, run_id: str, *, split: str
         "decoding": {"temperature": spec.evaluation.temperature,
                      "top_p": spec.evaluation.top_p, "samples": spec.evaluation.samples,
                      "max_response_tokens": spec.data.max_response_tokens},
-        "metrics": metrics, "started_at": started, "ended_at": _now(),
+        "metrics": metrics, "started_at": started, "ended_at": utc_now(),
         "duration_s": round(time.monotonic() - t0, 3)}
     path = run_dir / EVALUATION_DIR / \
         f"{split}-attempt{record.result.attempt}-{chosen.label}.json"

@@ -62,8 +62,12 @@ def redact(text: str) -> str:
                              _URL_PASSWORD.sub(lambda m: f"{m.group(1)}:{REDACTED}@", text))
 
 
+def _secret(key: str) -> bool:
+    return any(_SECRET_KEY.search(part) for part in key.split("."))
+
+
 def _value(key: str, value: Any) -> str:
-    if any(_SECRET_KEY.search(part) for part in key.split(".")):
+    if _secret(key):
         return REDACTED
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     text = redact(text)
@@ -120,7 +124,7 @@ def metric_points(record: AttemptRecord) -> list[tuple[str, float, int]]:
 
 
 def _redacted(doc: Any, key: str = "") -> Any:
-    if key and any(_SECRET_KEY.search(part) for part in key.split(".")):
+    if key and _secret(key):
         return REDACTED
     if isinstance(doc, dict):
         return {k: _redacted(v, str(k)) for k, v in doc.items()}

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InvalidInput
-from .jsonio import read_json
 from .results import Result, SavedCheckpoint, read_series, saved_checkpoints
 
 
@@ -39,8 +38,8 @@ def source_attempt(attempts_dir: Path, checkpoint_path: Path) -> int | None:
 
 def _result(attempt_dir: Path) -> Result | None:
     try:
-        return Result.model_validate(read_json(attempt_dir / "result.json", what="result"))
-    except (InvalidInput, ValueError):
+        return Result.load(attempt_dir / "result.json")
+    except InvalidInput:
         return None
 
 

@@ -16,6 +16,13 @@ from typing import Any
 from .errors import InvalidInput
 
 
+def utc_now() -> str:
+    """The timestamp every record the hub writes carries: UTC, to the second, ISO 8601."""
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed (non-finite numbers are rejected)")
 

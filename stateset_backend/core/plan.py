@@ -22,7 +22,7 @@ from .contracts import Dialect, check, parse_version
 from .digest import binding_digest, experiment_digest, plan_checksum
 from .errors import InvalidInput, Unsupported
 from .inputs import check_budget_fits
-from .jsonio import atomic_write_json, read_json
+from .jsonio import atomic_write_json, read_json, utc_now
 from .registry import AdapterEntry
 from .rules import Translation, option_conflict, translate
 from .spec import ExperimentSpec
@@ -125,7 +125,7 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     doc: dict[str, Any] = {
         "schema": PLAN_SCHEMA_ID,
         "run_id": run_id,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created_at": utc_now(),
         "experiment_digest": exp_digest,
         "binding_digest": binding_digest(
             experiment_digest=exp_digest, engine=adapter.name, engine_version=engine_version,

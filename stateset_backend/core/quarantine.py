@@ -13,20 +13,16 @@ Torch-free: the engine, the store and the CLI all read and write the same small 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Literal
 
 from .errors import InvalidInput, ResumeImpossible
-from .jsonio import atomic_write_json, read_json
+from .jsonio import atomic_write_json, read_json, utc_now
 
 MARKER = "quarantine.json"
 Fault = Literal["learner_update", "checkpoint_write", "restore"]
 FAULTS: tuple[str, ...] = ("learner_update", "checkpoint_write", "restore")
 
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def mark(directory: Path, *, fault: Fault, reason: str, update: int | None = None,
@@ -35,7 +31,7 @@ def mark(directory: Path, *, fault: Fault, reason: str, update: int | None = Non
     if fault not in FAULTS:
         raise ValueError(f"unknown quarantine fault {fault!r}")
     doc: dict[str, Any] = {"quarantined": True, "fault": fault, "reason": reason,
-                           "update": update, "attempt": attempt, "marked_at": _now()}
+                           "update": update, "attempt": attempt, "marked_at": utc_now()}
     atomic_write_json(directory / MARKER, doc)
     return doc
 
@@ -90,6 +86,6 @@ def refuse_if_quarantined(run_dir: Path, run_id: str, action: str) -> None:
 def clear(run_dir: Path, verified: dict[str, Any]) -> dict[str, Any]:
     """Lift the mark after a verified full reload; the document keeps the history."""
     doc = read(run_dir) or {}
-    cleared = {**doc, "quarantined": False, "cleared_at": _now(), "cleared_by": verified}
+    cleared = {**doc, "quarantined": False, "cleared_at": utc_now(), "cleared_by": verified}
     atomic_write_json(run_dir / MARKER, cleared)
     return cleared

@@ -18,7 +18,6 @@ import html
 import io
 import json
 import math
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 from . import results
 from .errors import InvalidInput, Unsupported
 from .evaluations import EVALUATION_DIR
-from .jsonio import atomic_write_bytes, read_json
+from .jsonio import atomic_write_bytes, read_json, utc_now
 from .results import Result
 from .store import RunStore
 
@@ -83,21 +82,21 @@ def load_attempt(store: RunStore, run_id: str, attempt: int | None = None) -> At
             problems.append(f"attempt {folder.name}: no result.json")
             continue
         try:
-            result = Result.model_validate(read_json(path, what="result"))
-        except (InvalidInput, ValueError) as exc:
-            problems.append(f"attempt {folder.name}: unreadable result.json ({exc})")
+            result = Result.load(path)
+        except InvalidInput as exc:
+            problems.append(f"attempt {folder.name}: unreadable result.json ({exc.message})")
             continue
         return AttemptRecord(plan, result, folder)
     raise InvalidInput(f"run {run_id} has no attempt with a result"
                        + (f": {'; '.join(problems)}" if problems else ""))
 
 
-def load_target(store: RunStore, target: str) -> tuple[list[AttemptRecord], list[str]]:
-    """A run (id or unique prefix): its newest attempt. An experiment digest (or a unique
-    prefix): the newest attempt of every run of it, oldest run first (the order the page lists
-    them in), and why any run of it could not be read: one damaged run leaves the others'
-    page standing, and the page says what it left out."""
-    kind, name = store.resolve(target)
+def load_target(store: RunStore, kind: str, name: str,
+                ) -> tuple[list[AttemptRecord], list[str]]:
+    """A run (``kind`` "run"): its newest attempt. An experiment digest: the newest attempt of
+    every run of it, oldest run first (the order the page lists them in), and why any run of
+    it could not be read: one damaged run leaves the others' page standing, and the page says
+    what it left out. ``RunStore.resolve`` names what a user typed."""
     if kind == "run":
         return [load_attempt(store, name)], []
     records, skipped = [], []
@@ -395,7 +394,7 @@ def render(records: list[AttemptRecord], *, title: str, generated_at: str | None
     """The whole page as one string."""
     series = [read_series(r) for r in records]
     panels = draw_curves(records, series)
-    generated = generated_at or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    generated = generated_at or utc_now()
     from .. import __version__
 
     sections = [("Identity", _identity(records)), ("Status and result checks", _status(records)),
@@ -422,8 +421,8 @@ def report(store: RunStore, target: str, output: str | Path | None = None,
            ) -> tuple[Path, list[AttemptRecord], list[str]]:
     """Write the report of a run (its newest attempt) or of every run of an experiment; the
     runs of it that could not be read are named on the page and returned."""
-    records, skipped = load_target(store, target)
-    kind, name = store.resolve(target)  # cheap: load_target resolved it a moment ago
+    kind, name = store.resolve(target)  # an id, a digest, or a unique prefix of either
+    records, skipped = load_target(store, kind, name)
     spec_name = (records[0].plan.get("spec") or {}).get("name") or "experiment"
     title = f"{spec_name}: {len(records)} run(s) of experiment {name}" if kind == "digest" \
         else f"{spec_name}: run {name}"

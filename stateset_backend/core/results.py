@@ -7,6 +7,7 @@ as ``invalid`` so nobody compares or ships it by mistake.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .errors import InvalidInput
 from .quarantine import MARKER, describe
 from .quarantine import read as read_marker
 
@@ -100,6 +102,17 @@ class Result(_Doc):
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
 
+    @classmethod
+    def load(cls, path: Path) -> Result:
+        """The result stored at ``path``, or InvalidInput saying why it cannot be read."""
+        from .jsonio import read_json
+
+        try:
+            return cls.model_validate(read_json(path, what="result"))
+        except ValueError as exc:
+            first = str(exc).splitlines()[0]
+            raise InvalidInput(f"{path}: not a result ({first})") from None
+
 
 METRIC_LIMIT = 1e30  # larger than any loss, reward or norm a healthy run reports
 
@@ -120,8 +133,6 @@ def _non_finite(rows: list[dict[str, Any]]) -> list[str]:
 
 
 ERROR_LINE_LIMIT = 300
-
-
 _ERROR_LINE = re.compile(r"(^|[\s:])([A-Za-z_][\w.]*(Error|Exception|Exit)|error):")
 
 
@@ -241,8 +252,6 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
 def read_series(attempt_dir: Path, name: str | None) -> list[dict[str, Any]]:
     """The canonical per-update rows an attempt's result names (empty when it names none, or
     names a path outside the attempt); a damaged line is skipped, not the whole series."""
-    import json
-
     if not name or Path(name).is_absolute() or ".." in Path(name).parts:
         return []
     try:

@@ -22,7 +22,7 @@ from .errors import (
     Unsupported,
 )
 from .inputs import verify_inputs
-from .jsonio import atomic_write_bytes, read_json
+from .jsonio import atomic_write_bytes, utc_now
 from .launch import Exit
 from .plan import LaunchPlan, verify_engine_version
 from .providers import LocalProvider, PreparedLaunch, Provider, RayProvider
@@ -50,9 +50,6 @@ def _fill(text: str, run_dir: Path, python: str, engine_home: str | None) -> str
         text = text.replace(ENGINE_HOME, engine_home)
     return text.replace(RUN_DIR, str(run_dir)).replace(PYTHON, python)
 
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore) -> Checkpoint:
@@ -109,8 +106,8 @@ def completed(plan: LaunchPlan, store: RunStore) -> tuple[Result, Path] | None:
     if not latest.is_file():
         return None
     try:
-        result = Result.model_validate(read_json(latest, what="result"))
-    except (InvalidInput, ValueError):
+        result = Result.load(latest)
+    except InvalidInput:
         return None
     if result.status == "succeeded" and result.committed_updates >= result.planned_updates:
         return result, latest
@@ -172,7 +169,7 @@ def _record_failure(plan: LaunchPlan, spec: ExperimentSpec, store: RunStore, att
                     reason: str) -> Path | None:
     """Every attempt folder ends with a result.json saying what happened; when not even that
     can be written (a full disk), the folder is removed rather than left unexplained."""
-    now = _now()
+    now = utc_now()
     result = Result(
         run_id=plan.run_id, attempt=attempt.number, experiment_digest=plan.experiment_digest,
         binding_digest=plan.binding_digest, plan_checksum=plan.checksum, engine=plan.engine,
@@ -200,7 +197,7 @@ def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, atte
                                live_progress=live_progress)
     provider: Provider = RayProvider(ray_address or os.environ.get("RAY_ADDRESS")) \
         if plan.provider == "ray" else LocalProvider()
-    started, t0 = _now(), time.monotonic()
+    started, t0 = utc_now(), time.monotonic()
     exit_ = provider.launch(prepared, timeout)
     duration = time.monotonic() - t0
     result = collect_and_validate(plan, adapter, attempt, spec, exit_, resume_from,
@@ -270,7 +267,7 @@ def collect_and_validate(plan: LaunchPlan, adapter: EngineAdapter, attempt: Atte
         run_id=plan.run_id, attempt=attempt.number, experiment_digest=plan.experiment_digest,
         binding_digest=plan.binding_digest, plan_checksum=plan.checksum, engine=plan.engine,
         engine_version=plan.engine_version, provider=plan.provider, status=status,
-        exit_code=exit_.code, started_at=started, ended_at=_now(), duration_s=round(duration, 3),
+        exit_code=exit_.code, started_at=started, ended_at=utc_now(), duration_s=round(duration, 3),
         planned_updates=spec.budget.total_updates,
         committed_updates=collected.committed_updates if collected else 0,
         resumed_from=link,

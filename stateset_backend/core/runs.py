@@ -37,9 +37,9 @@ def _attempt_results(store: RunStore, run_id: str) -> list[tuple[int, Result | N
                                                 "one)"))
             continue
         try:
-            out.append((int(folder.name), Result.model_validate(read_json(path)), ""))
-        except (InvalidInput, ValueError) as exc:
-            out.append((int(folder.name), None, f"unreadable result.json: {exc}"))
+            out.append((int(folder.name), Result.load(path), ""))
+        except InvalidInput as exc:
+            out.append((int(folder.name), None, f"unreadable result.json: {exc.message}"))
     return out
 
 

@@ -75,8 +75,9 @@ class RunStore:
         runs = [] if target.startswith("sha256:") else \
             sorted(p.name for p in self.root.glob(f"{glob.escape(target)}*")
                    if (p / "plan.json").is_file()) if self.root.is_dir() else []
-        digests = sorted({r["experiment_digest"] for r in self.query()
-                          if r["experiment_digest"].startswith("sha256:" + hex_part)}) \
+        digests = [row[0] for row in self._select(
+            "SELECT DISTINCT experiment_digest FROM attempts WHERE experiment_digest LIKE ? "
+            "ORDER BY experiment_digest", [f"sha256:{hex_part}%"])] \
             if len(hex_part) >= MIN_DIGEST_PREFIX and _HEX.fullmatch(hex_part) else []
         found: list[tuple[Literal["run", "digest"], str]] = \
             [("run", r) for r in runs] + [("digest", d) for d in digests]
@@ -95,6 +96,12 @@ class RunStore:
         if kind != "run":
             raise InvalidInput(f"{target}: names experiment {name}, not one run; pick a run "
                                f"with `runs list --digest {name}`")
+        return name
+
+    def resolve_digest(self, target: str) -> str:
+        kind, name = self.resolve(target)
+        if kind != "digest":
+            raise InvalidInput(f"{target}: names run {name}, not an experiment digest")
         return name
 
     def begin_attempt(self, plan: LaunchPlan) -> Attempt:
@@ -174,12 +181,10 @@ class RunStore:
             if not path.parent.name.isdigit():
                 continue
             try:
-                found.append(Result.model_validate(read_json(path, what="result")))
-            except (InvalidInput, ValueError) as exc:
-                detail = exc.message if isinstance(exc, InvalidInput) else \
-                    f"{path}: not a result ({str(exc).splitlines()[0]})"
+                found.append(Result.load(path))
+            except InvalidInput as exc:
                 unreadable.append((path.parent.parent.parent.name, int(path.parent.name),
-                                   detail))
+                                   exc.message))
         return found, unreadable
 
     def reindex(self) -> tuple[int, list[str]]:
@@ -239,8 +244,25 @@ class RunStore:
     def query(self, *, digest: str | None = None, engine: str | None = None,
               status: str | None = None, latest_only: bool = True) -> list[dict[str, Any]]:
         """Attempts from the index (the latest attempt of each run unless asked otherwise),
-        newest first, with the run's status (``quarantined`` while its mark holds). A missing
-        or unreadable index is rebuilt from the directories first."""
+        newest first, with the run's status (``quarantined`` while its mark holds)."""
+        where, args = [], []
+        for column, value in (("experiment_digest", digest), ("engine", engine)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if latest_only:
+            where.append("attempt = (SELECT MAX(b.attempt) FROM attempts b "
+                         "WHERE b.run_id = attempts.run_id)")
+        sql = (f"SELECT {', '.join(self._COLUMNS)} FROM attempts" +
+               (f" WHERE {' AND '.join(where)}" if where else "") +
+               " ORDER BY run_id DESC, attempt DESC")
+        rows = [self._run_status(dict(zip(self._COLUMNS, row, strict=True)))
+                for row in self._select(sql, args)]
+        return [r for r in rows if status is None or r["status"] == status]
+
+    def _select(self, sql: str, args: list[Any]) -> list[tuple[Any, ...]]:
+        """Rows of a read-only query of the index; a missing or unreadable index is rebuilt
+        from the directories first."""
         if not self.root.is_dir():
             return []
         for tries in range(2):
@@ -249,20 +271,7 @@ class RunStore:
                     raise sqlite3.DatabaseError("no index")
                 with closing(sqlite3.connect(
                         f"{self.index_path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
-                    where, args = [], []
-                    for column, value in (("experiment_digest", digest), ("engine", engine)):
-                        if value is not None:
-                            where.append(f"{column} = ?")
-                            args.append(value)
-                    if latest_only:
-                        where.append("attempt = (SELECT MAX(b.attempt) FROM attempts b "
-                                     "WHERE b.run_id = attempts.run_id)")
-                    sql = (f"SELECT {', '.join(self._COLUMNS)} FROM attempts" +
-                           (f" WHERE {' AND '.join(where)}" if where else "") +
-                           " ORDER BY run_id DESC, attempt DESC")
-                    rows = [self._run_status(dict(zip(self._COLUMNS, row, strict=True)))
-                            for row in conn.execute(sql, args)]
-                    return [r for r in rows if status is None or r["status"] == status]
+                    return list(conn.execute(sql, args))
             except sqlite3.DatabaseError:
                 if tries:
                     raise

@@ -10,7 +10,6 @@ rather than from the damaged newest. Nothing verifies: the mark stays, exit 6 na
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +17,7 @@ from . import quarantine
 from .adapter import Checkpoint
 from .content import sha256_file
 from .errors import InvalidInput, ResumeImpossible, StatesetError, Unsupported
-from .jsonio import atomic_write_json, read_json
+from .jsonio import atomic_write_json, read_json, utc_now
 from .plan import LaunchPlan
 from .store import RunStore
 
@@ -67,7 +66,7 @@ def verify_run(store: RunStore, registry: Registry, run_id: str) -> dict[str, An
                     "loaded": loaded, "skipped": skipped}
         # the record a resume reads to continue from this checkpoint rather than a damaged
         # newer one, kept whether or not the run was marked
-        atomic_write_json(run_dir / VERIFIED_FILE, {**verified, "verified_at": _now()})
+        atomic_write_json(run_dir / VERIFIED_FILE, {**verified, "verified_at": utc_now()})
         cleared = quarantine.clear(run_dir, verified) if marker is not None else None
         return {"run_id": run_id, "verified": verified, "was_quarantined": marker is not None,
                 "quarantine": cleared}
@@ -106,6 +105,3 @@ def verified_fallback(run_dir: Path, newest: Checkpoint) -> Checkpoint | None:
         return None  # rewritten since it was verified
     return Checkpoint(folder, update)
 
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

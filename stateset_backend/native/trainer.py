@@ -446,20 +446,17 @@ class Trainer:
         environment.max_failed_share as training, so that a mean over the few survivors is
         never reported as the policy's). ``record`` writes every conversation, failed ones
         with their error, to the trajectories as ``validation-update-N.jsonl``."""
-        returns: list[float] = []
-        parts: list[conversation.Collected] = []
         chunk = max(1, 64 // self.spec.evaluation.samples)
-        for start in range(0, len(rows), chunk):
-            idx = list(range(start, min(start + chunk, len(rows))))
-            got = self._converse(idx, self.spec.evaluation.samples, rows_source=rows,
-                                 decoding=decoding, generator=generator)
-            returns.extend(r for r in got.returns if r is not None)
-            parts.append(got)
-        every = conversation.Collected.join(parts)
+        every = conversation.Collected.join([
+            self._converse(list(range(start, min(start + chunk, len(rows)))),
+                           self.spec.evaluation.samples, rows_source=rows, decoding=decoding,
+                           generator=generator)
+            for start in range(0, len(rows), chunk)])
         if record:
             self._write_conversations(every, f"validation-update-{self.update_count:06d}.jsonl")
         conversation.refuse_failed_share(every, self.spec.environment.max_failed_share,
                                          what=split)
+        returns = [r for r in every.returns if r is not None]
         return {"val/reward/mean": sum(returns) / len(returns),
                 "val/conversations/failed_share": every.failed / len(every.conversations)}
 
