@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -853,6 +854,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def one_line(message: str) -> str:
+    """An error is one line whatever the user's strings in it hold: a newline or other
+    control character in a path or name is shown escaped, as Python writes it."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .core.errors import StatesetError
 
@@ -866,7 +876,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         if as_json:
             print(json.dumps({"error": exc.to_json()}, indent=2))
-        print(f"{PROG}: error: {exc.message}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(exc.message)}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
@@ -880,7 +890,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
-        print(f"{PROG}: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
+        print(f"{PROG}: internal error: {type(exc).__name__}: {one_line(str(exc))} "
+              "(rerun with --debug)",
               file=sys.stderr)
         code = 1
     if argv is None:

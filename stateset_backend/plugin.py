@@ -48,6 +48,7 @@ from .core.inputs import (
     REWARD_SHIM_FILE,
     Uncountable,
     local_path,
+    resolved,
     reward_function,
     reward_shim,
     split_rows,
@@ -91,6 +92,7 @@ from .core.shared_rules import (
     zero_variance_rule,
 )
 from .core.spec import ExperimentSpec
+from .core.surfaces import check_options
 from .core.tensorboard import canonical_rows, read_hparams, read_scalars
 from .native.tiny_model import BUILTIN_PREFIX, builtin_dir
 
@@ -135,6 +137,7 @@ __all__ = [
     "by_conversation",
     "canonical_rows",
     "carried",
+    "check_options",
     "conversation_rules",
     "conversation_settings",
     "directory_digest",
@@ -157,6 +160,7 @@ __all__ = [
     "read_scalars",
     "refuse",
     "refuse_selection",
+    "resolved",
     "revision_outcome",
     "reward_function",
     "reward_shim",

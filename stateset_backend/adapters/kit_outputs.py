@@ -34,9 +34,11 @@ def _tensorboard(log_dir: Path, metrics: list[dict[str, Any]], names: dict[str, 
     writer.close()
 
 
-def hydra_overrides(plan: Any) -> dict[str, Any]:
+def hydra_overrides(plan: Any, *, in_place_resolves: int = 0) -> dict[str, Any]:
     """The launch's overrides as Hydra's own override parser reads them, applied to an empty
-    config and resolved (an interpolation that was not escaped would resolve here)."""
+    config, resolved in place ``in_place_resolves`` times (as the engine's own code does
+    before it reads), then read with resolution: an interpolation that survives any of it
+    resolves here."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
@@ -44,9 +46,24 @@ def hydra_overrides(plan: Any) -> dict[str, Any]:
     cfg = OmegaConf.create({})
     for override in OverridesParser.create().parse_overrides(overrides=overrides):
         OmegaConf.update(cfg, override.key_or_group, override.value(), force_add=True)
+    for _ in range(in_place_resolves):
+        OmegaConf.resolve(cfg)
     out = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(out, dict)
     return out  # type: ignore[return-value]
+
+
+def verl_launch(plan: Any) -> dict[str, Any]:
+    """verl's read path: Hydra's parser, main_ppo's ``OmegaConf.resolve(config)`` in place,
+    ``hydra.utils.instantiate`` resolving each ``_target_`` section's copy in place again,
+    then reads that interpolate."""
+    return hydra_overrides(plan, in_place_resolves=2)
+
+
+def nemo_rl_launch(plan: Any) -> dict[str, Any]:
+    """NeMo RL's read path: its YAML with Hydra's overrides applied, then one
+    ``OmegaConf.to_container(config, resolve=True)``; everything after reads plain dicts."""
+    return hydra_overrides(plan)
 
 
 def write_native(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
@@ -79,9 +96,9 @@ def write_verl(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any
     name = ctx.run_name if identity else OTHER_RUN
     if VerlAdapter().keys(ctx.dialect).logger == "tensorboard":
         _tensorboard(attempt / LOG_ROOT / name, metrics, METRICS)
-    else:  # FileLogger: one JSON object per step, {"step": n, "data": {tag: value}}
-        log = attempt / LOG_ROOT / "conformance" / f"{name}.jsonl"
-        log.parent.mkdir(parents=True)
+    else:  # FileLogger at VERL_FILE_LOGGER_PATH: one {"step": n, "data": {tag: value}} a line
+        log = attempt / LOG_ROOT / f"{name}.jsonl"
+        log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text("".join(json.dumps({"step": r["step"], "data": {
             METRICS[k]: v for k, v in r.items() if k in METRICS}}) + "\n" for r in metrics))
     if artifacts and checkpoint_step is not None:

@@ -260,7 +260,7 @@ class NemoRLAdapter(EngineAdapter):
         from . import kit_outputs
 
         return KitSupport(write_outputs=kit_outputs.write_nemo_rl,
-                          parse_launch=kit_outputs.hydra_overrides,
+                          parse_launch=kit_outputs.nemo_rl_launch,
                           option_key=lambda plan: "logger.wandb.project")
 
     def render(self, translation: Translation, spec: ExperimentSpec,
@@ -270,7 +270,8 @@ class NemoRLAdapter(EngineAdapter):
                  CHECKPOINT_DIR: f"{RUN_DIR}/{CHECKPOINTS}"}
         base = Path(ctx.base_dir or ".")
         # validation reads max_val_samples // val_batch_size batches: every row, in one batch
-        rows = 1 if spec.data.validation is None else _row_count(spec.data.validation.uri, base)
+        rows = 1 if spec.data.validation is None else \
+            _row_count(spec.data.validation.uri, base, "data.validation.uri")
         owned.update({"grpo.max_val_samples": rows, "grpo.val_batch_size": rows})
         native = with_owned_keys("nemo-rl", translation.native, owned)
         keys: NemoRLKeys = self.keys(ctx.dialect)
@@ -652,10 +653,10 @@ def _validation_temperature(value: Any, spec: ExperimentSpec) -> Outcome:
                      "validation_temperature")
 
 
-def _row_count(uri: str, base_dir: Path) -> int:
+def _row_count(uri: str, base_dir: Path, field: str) -> int:
     """Rows of a local split (NeMo RL sizes the validation batch by it)."""
     try:
-        return split_rows(uri, base_dir)
+        return split_rows(uri, base_dir, field)
     except Uncountable as exc:
         raise InvalidInput(f"the NeMo RL launch sizes validation by the split's rows: {exc}") \
             from None

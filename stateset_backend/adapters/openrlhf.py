@@ -41,6 +41,7 @@ from ..plugin import (
     atomic_write_bytes,
     by_conversation,
     carried,
+    check_options,
     conversation_rules,
     conversation_settings,
     disabled_when_none,
@@ -556,7 +557,7 @@ class OpenRLHFAdapter(EngineAdapter):
                         "state")),
             "model.lora": lambda v, s: Pinned({f.lora_rank: 0, f.lora_alpha: 16,
                                                f.lora_dropout: 0.0,
-                                               f.target_modules: "all-linear"},
+                                               f.target_modules: ["all-linear"]},
                                               "no LoRA (rank 0; the other keys are unused)"),
             "model.lora.rank": to(f.lora_rank),
             "model.lora.alpha": only(lambda v: float(v).is_integer(), "OpenRLHF takes an "
@@ -602,6 +603,7 @@ class OpenRLHFAdapter(EngineAdapter):
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
         f: OpenRLHFKeys = self.keys(ctx.dialect)
+        check_options("openrlhf", ctx.engine_version, spec.engine_options.get("openrlhf", {}))
         owned = {f.run_name: ctx.run_name,
                  f.tensorboard: f"{RUN_DIR}/{TENSORBOARD}",
                  f.ckpt_path: f"{RUN_DIR}/{CHECKPOINTS}",

@@ -49,6 +49,7 @@ from ..plugin import (
     only,
     overrides,
     pinned_model_path,
+    resolved,
     reward_shim,
     rl_objective,
     to,
@@ -81,6 +82,10 @@ GRPO_EPSILON = 1e-6  # compute_grpo_outcome_advantage's default; no caller passe
 K3_CLAMP = 10.0  # kl_penalty_forward clamps low_var_kl to [-10, 10]
 NO_DUAL_CLIP = 1e9  # above exp(20) >= any ratio verl computes: min() never picks -A * c
 NO_VALUE_CLIP = 1e9  # cliprange_value for an unclipped value loss
+# What verl does with a launch's strings: Hydra's override parser, then main_ppo's
+# OmegaConf.resolve(config) in place (every release), then reads that interpolate again, and
+# hydra.utils.instantiate resolving a copy of each _target_ section once more.
+READ_PATH = "main_ppo resolves its config in place and Hydra's instantiate resolves again"
 ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which verl passes on before 0.6.1
 
 # canonical metric -> verl's metric key (the same in its file and TensorBoard loggers)
@@ -601,7 +606,7 @@ class VerlAdapter(EngineAdapter):
         from . import kit_outputs
 
         return KitSupport(write_outputs=kit_outputs.write_verl,
-                          parse_launch=kit_outputs.hydra_overrides,
+                          parse_launch=kit_outputs.verl_launch,
                           option_key=lambda plan: "trainer.validation_data_dir")
 
     def render(self, translation: Translation, spec: ExperimentSpec,
@@ -619,16 +624,18 @@ class VerlAdapter(EngineAdapter):
                 continue  # converted by the conversation launcher
             path = local_path(native[key], Path(ctx.base_dir or "."))
             if path is not None:
-                native[key] = str(path.resolve())
+                native[key] = str(resolved(translation.sources.get(key, key), path))
         # Identity and outputs: the run id and digest name the run inside verl's own outputs.
+        # The project name is a folder name to verl's loggers and dumps: never the user's text.
         owned = {
-            "trainer.project_name": spec.name,
+            "trainer.project_name": overrides.slug(spec.name, "stateset"),
             "trainer.experiment_name": ctx.run_name,
             "trainer.default_local_dir": f"{RUN_DIR}/{CHECKPOINTS}",
             "trainer.logger": ["console", keys.logger],
             "trainer.resume_mode": "disable",
         }
         native = with_owned_keys("verl", native, owned)
+        overrides.refuse_interpolations(native, translation.sources, "verl", READ_PATH)
         if is_conversation(spec):
             return NativeLaunch(
                 argv=[PYTHON, f"{RUN_DIR}/{AGENT_LAUNCHER}", *overrides.render(native)],
@@ -644,11 +651,11 @@ class VerlAdapter(EngineAdapter):
 
     @staticmethod
     def _logger_env(keys: VerlKeys, ctx: LaunchContext) -> dict[str, str]:
-        """Where verl's metrics logger writes: the file logger (>=0.6) under a root it names
-        ``<project>/<experiment_name>.jsonl``; before it, the TensorBoard logger, given a
-        folder named by the run."""
+        """Where verl's metrics logger writes, named by the run and nothing of the user's: the
+        file logger's (>=0.6) whole path, which it then takes as given; before it, the
+        TensorBoard logger's folder."""
         if keys.logger == "file":
-            return {"VERL_FILE_LOGGER_ROOT": f"{RUN_DIR}/{LOG_ROOT}"}
+            return {"VERL_FILE_LOGGER_PATH": f"{RUN_DIR}/{LOG_ROOT}/{ctx.run_name}.jsonl"}
         return {"TENSORBOARD_DIR": f"{RUN_DIR}/{LOG_ROOT}/{ctx.run_name}"}
 
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
@@ -660,8 +667,12 @@ class VerlAdapter(EngineAdapter):
             if log_dir.is_dir():
                 out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
                 out.metrics = canonical_rows(read_scalars(log_dir), METRICS)
-        # the file logger writes <root>/<project>/<experiment_name>.jsonl
-        for log in sorted((attempt_dir / LOG_ROOT).glob(f"*/{ctx.run_name}.jsonl")):
+        # the file logger writes the path the launch gave it (plans made before that:
+        # <root>/<project>/<experiment_name>.jsonl)
+        logs = [attempt_dir / LOG_ROOT / f"{ctx.run_name}.jsonl"]
+        logs = [p for p in logs if p.is_file()] or \
+            sorted((attempt_dir / LOG_ROOT).glob(f"*/{ctx.run_name}.jsonl"))
+        for log in logs:
             out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
             for line in log.read_text(encoding="utf-8").splitlines():
                 if line.strip():

@@ -245,7 +245,9 @@ class AdapterConformance:
 
         def read(p: LaunchPlan) -> dict[str, Any]:
             assert parse_launch is not None
-            return dict(checks.normalize_values(parse_launch(p), p))
+            with pytest.MonkeyPatch.context() as env:
+                env.setenv("STATESET_PROBE", checks.PROBE_SECRET)
+                return dict(checks.normalize_values(parse_launch(p), p))
 
         clean_read = read(clean) if parse_launch is not None else None
         refused = 0

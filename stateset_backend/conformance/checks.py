@@ -328,12 +328,29 @@ def check_read_back(clean: dict[str, Any], hostile: dict[str, Any],
                           f"{sorted(a.keys() ^ b.keys())[:5]}")
     allowed = set(values.values())
     for key, got in b.items():
+        if PROBE_SECRET in json.dumps(got):
+            raise CheckFailed(f"{key}: the engine reads the value of STATESET_PROBE: an "
+                              "interpolation in a user string resolved, copying an "
+                              "environment variable into the run")
         if got == a[key]:
             continue
         items = got if isinstance(got, list) else [got]
-        if not items or not all(isinstance(i, str) and i in allowed for i in items):
+        if not items or not all(isinstance(i, str) and (i in allowed or _safe_name(i))
+                                for i in items):
             raise CheckFailed(f"{key}: the engine reads {got!r} (clean launch: {a[key]!r}), "
-                              "which is not a hostile value verbatim")
+                              "which is neither a hostile value verbatim nor a name made "
+                              "safe (letters, digits, '.', '_', '-')")
+
+
+# The value the kit gives STATESET_PROBE while it reads launches back: nothing a launch sets
+# may ever hold it. Not a safe name itself, so it can never pass as one.
+PROBE_SECRET = "kit probe: secret/../value"
+
+
+def _safe_name(text: str) -> bool:
+    """A user's text turned into one path component by the adapter: the engine may use it
+    as a folder name (verl's project name) without it choosing a location."""
+    return re.fullmatch(r"[A-Za-z0-9._-]+", text) is not None and text not in (".", "..")
 
 
 # -- engine_options keys ---------------------------------------------------------------------------

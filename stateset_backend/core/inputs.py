@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import copy
 import os
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .content import sha256_file
 from .errors import InvalidInput
@@ -23,6 +24,29 @@ def local_path(uri: str, base_dir: Path) -> Path | None:
         return None
     path = Path(uri.removeprefix("file://"))
     return path if path.is_absolute() else base_dir / path
+
+
+def probe(field: str, path: Path) -> Literal["file", "dir", "missing"]:
+    """What a path a spec names is on this machine. Anything the operating system refuses
+    (permission, a symlink loop, a file where a folder should be, a name too long) is the
+    spec's to fix: one line naming the field, never an operating-system traceback."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, RuntimeError) as exc:  # RuntimeError: pathlib's own symlink-loop error
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InvalidInput(f"{field}: cannot use {str(path)!r}: {reason}") from None
+    return "dir" if stat.S_ISDIR(mode) else "file"
+
+
+def resolved(field: str, path: Path) -> Path:
+    """``path`` made absolute with its links followed; a loop is the spec's to fix."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InvalidInput(f"{field}: cannot use {str(path)!r}: {reason}") from None
 
 
 def _rebased(value: str, source: Path, target: Path) -> str:
@@ -61,14 +85,14 @@ class Uncountable(ValueError):
     """A split whose rows cannot be counted on this machine; the message says why."""
 
 
-def split_rows(uri: str, base_dir: Path) -> int:
+def split_rows(uri: str, base_dir: Path, field: str = "data.train.uri") -> int:
     """Rows of a local split: non-empty lines of JSON lines, elements of a JSON array, or a
     parquet file's row count from its footer (pyarrow, imported only here). Engines that size
     their passes or validation batches from the data need it at plan time."""
     path = local_path(uri, base_dir)
     if path is None:
         raise Uncountable(f"{uri} is not a local file")
-    if not path.is_file():
+    if probe(field, path) != "file":
         raise Uncountable(f"{path}: no such file")
     try:
         if path.suffix == ".parquet":
@@ -174,9 +198,15 @@ def pinned_files(spec: ExperimentSpec, base_dir: Path) -> list[tuple[str, Path, 
 def verify_inputs(spec: ExperimentSpec, base_dir: Path) -> None:
     """Exit 2 naming the first local file that is missing or has changed."""
     for field, path, expected in pinned_files(spec, base_dir):
-        if not path.is_file():
-            raise InvalidInput(f"{field}: {path} does not exist on this machine")
-        actual = sha256_file(path)
+        kind = probe(field, path)
+        if kind != "file":
+            raise InvalidInput(f"{field}: {str(path)!r} " + (
+                "is a directory, not a file" if kind == "dir" else
+                "does not exist on this machine"))
+        try:
+            actual = sha256_file(path)
+        except OSError as exc:
+            raise InvalidInput(f"{field}: cannot read {str(path)!r}: {exc.strerror}") from None
         if actual != expected:
             raise InvalidInput(f"{field}: {path} has sha256 {actual}, the spec pins {expected}: "
                                "the file changed, so this would be a different experiment")

@@ -27,6 +27,16 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed (non-finite numbers are rejected)")
 
 
+def _finite_float(text: str) -> float:
+    """A number literal too large for a double (``1e400``) parses to infinity; refused here so
+    no infinity reaches a digest, a plan or an engine."""
+    number = float(text)
+    if number in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {text} is too large to be carried exactly "
+                         "(non-finite numbers are rejected)")
+    return number
+
+
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     doc: dict[str, Any] = {}
     for key, value in pairs:
@@ -39,7 +49,7 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def loads(text: str, *, source: str = "<input>") -> Any:
     """Parse JSON, rejecting NaN/Infinity and duplicate keys, with line and column on error."""
     try:
-        return json.loads(text, parse_constant=_reject_constant,
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
                           object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise InvalidInput(

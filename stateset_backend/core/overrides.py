@@ -19,6 +19,9 @@ from .errors import InvalidInput
 # A leading "." is not bare: Hydra reads ".5" as a float.
 _BARE = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./-]*$")
 _RESERVED = {"true", "false", "null", "none", "nan", "inf", "-inf"}
+# Mapping keys Hydra's grammar reads as another type (case-insensitively); keys cannot be quoted.
+_RESERVED_KEYS = {"true": "boolean", "false": "boolean", "null": "null", "nan": "float",
+                  "inf": "float"}
 _KEY = re.compile(r"^(~|\+\+|\+)?[A-Za-z_][A-Za-z0-9_.\-]*$")
 _DICT_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 _BEFORE_INTERPOLATION = re.compile(r"(\\*)\$\{")
@@ -54,11 +57,49 @@ def value(v: Any) -> str:
             if not isinstance(k, str) or not _DICT_KEY.match(k):
                 raise InvalidInput(f"{k!r}: not a key a Hydra override can carry (letters, "
                                    "digits, '_' and '-')")
+            if k.lower() in _RESERVED_KEYS:
+                raise InvalidInput(f"{k!r}: Hydra reads this mapping key as a "
+                                   f"{_RESERVED_KEYS[k.lower()]}, not a string, and has no "
+                                   "way to quote a key")
         return "{" + ",".join(f"{k}:{value(x)}" for k, x in v.items()) + "}"
     text = literal(str(v))
     if _BARE.match(text) and text.lower() not in _RESERVED:
         return text
     return quoted(text)
+
+
+def _strings(v: Any) -> list[str]:
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, list | tuple):
+        return [t for x in v for t in _strings(x)]
+    if isinstance(v, dict):
+        return [t for x in v.values() for t in _strings(x)]
+    return []
+
+
+def refuse_interpolations(native: dict[str, Any], sources: dict[str, str], engine: str,
+                          why: str) -> None:
+    """For an engine whose read path resolves a config more than once (verl resolves it in
+    place, then Hydra's ``instantiate`` resolves sections again), no escape carries ``${``
+    through every read: the value would become an interpolation again and, for
+    ``${oc.env:…}``, copy a secret into the run. Such a value is refused at plan time,
+    naming the spec field it came from."""
+    for key, v in native.items():
+        for text in _strings(v):
+            if "${" in text:
+                field = sources.get(key, key)
+                field = f"{field}.{key}" if field.startswith("engine_options.") else field
+                raise InvalidInput(f"{field}: {text!r} holds '${{', which {engine} reads as an "
+                                   f"OmegaConf interpolation ({why}); no escape carries it "
+                                   "literally, so remove it")
+
+
+def slug(text: str, fallback: str) -> str:
+    """A user's name as one safe path component for an engine that builds folder names from
+    it (letters, digits, '.', '_', '-'; never '.' or '..'; at most 64 characters)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip(".-")[:64].strip(".-")
+    return cleaned or fallback
 
 
 def render(native: dict[str, Any]) -> list[str]:
@@ -68,4 +109,10 @@ def render(native: dict[str, Any]) -> list[str]:
     for key in native:
         if not _KEY.match(key):
             raise InvalidInput(f"{key!r}: not a key a Hydra override can carry")
-    return [f"{key}={value(v)}" for key, v in sorted(native.items())]
+    lines = []
+    for key, v in sorted(native.items()):
+        try:
+            lines.append(f"{key}={value(v)}")
+        except InvalidInput as exc:
+            raise InvalidInput(f"{key}: {exc.message}") from None
+    return lines

@@ -240,7 +240,31 @@ def explain_rows(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect,
         if rule is None:
             raise AdapterBug(f"the {engine} adapter has no rule for {path}")
         rows.append(_resolve(path, value, rule(value, spec), spec, dialect, engine))
-    return rows
+    return _one_key_two_leaves(rows, engine)
+
+
+def _one_key_two_leaves(rows: list[FieldRow], engine: str) -> list[FieldRow]:
+    """An engine that reads one key for two spec leaves (verl's single ``data.prompt_key`` for
+    every split) cannot honour them when they differ: the later leaf is refused, naming both.
+    Only leaves copied verbatim onto the key count; two rules that derive different values for
+    one key are an adapter bug, which translation reports."""
+    setters: dict[str, FieldRow] = {}
+    out: list[FieldRow] = []
+    for row in rows:
+        clash = next((key for key, v in row.native.items() if key in setters
+                      and _same(v, row.value) and _same(setters[key].native[key],
+                                                        setters[key].value)
+                      and not _same(v, setters[key].native[key])), None)
+        if clash is not None:
+            first = setters[clash]
+            out.append(FieldRow(row.path, row.value, "refused", reason=(
+                f"{engine} reads one key, {clash}, for both {first.path} and {row.path}; "
+                f"they differ ({_quoted(first.value)} and {_quoted(row.value)}): set them equal")))
+            continue
+        for key in row.native:
+            setters.setdefault(key, row)
+        out.append(row)
+    return out
 
 
 def _resolve(path: str, value: Any, outcome: Outcome, spec: ExperimentSpec, dialect: Dialect,
@@ -282,6 +306,13 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
+
+
+def _quoted(value: Any) -> str:
+    """A user's value inside a message: quoted, so the message stays one line."""
+    import json
+
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _show(value: Any) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .errors import InvalidInput
 from .hub import revision_outcome
-from .inputs import local_path
+from .inputs import local_path, resolved
 from .rules import (
     Hardcoded,
     NotApplicable,
@@ -185,7 +185,7 @@ def local_splits(spec: ExperimentSpec, base_dir: Path, engine: str,
             if source is None:
                 raise InvalidInput(f"data.{name}.uri: the {engine} launch converts local split "
                                    "files only")
-            splits[name] = {"source": str(source.resolve()),
+            splits[name] = {"source": str(resolved(f"data.{name}.uri", source)),
                             **{f: getattr(split, f) for f in fields}}
     return splits
 
@@ -196,7 +196,7 @@ def environment_file(spec: ExperimentSpec, base_dir: Path) -> str:
     path = local_path(spec.environment.entrypoint.rpartition(":")[0], base_dir)
     if path is None:
         raise InvalidInput("environment.entrypoint: the environment file must be local")
-    return str(path.resolve())
+    return str(resolved("environment.entrypoint", path))
 
 
 def by_conversation(single: Rule, conversation: Rule) -> Rule:

@@ -7,6 +7,7 @@ an unknown key is a near-miss of a real one (``grup_size`` → ``group_size``).
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from typing import Any
@@ -77,6 +78,8 @@ def carriable_problems(doc: Any, path: str = "", depth: int = 0) -> list[str]:
         return [f"{where}: nested deeper than {MAX_DEPTH} levels"]
     if isinstance(doc, bool):
         return []
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return [f"{where}: {doc} is not a finite number (NaN and infinities are rejected)"]
     if isinstance(doc, int):
         return [f"{where}: integer outside ±(2^53-1), which canonical JSON cannot carry "
                 "exactly"] if abs(doc) > SAFE_INTEGER else []
@@ -130,6 +133,42 @@ def secret_problems(doc: Any, path: str = "") -> list[str]:
     return problems
 
 
+NAME_MAX = 255  # bytes in one path component, on every local filesystem we run on
+PATH_MAX = 4095  # bytes in a whole path, as the kernel takes it
+
+
+def _local_paths(spec: ExperimentSpec) -> list[tuple[str, str]]:
+    """(field, path) for every string the hub or an engine opens as a local path."""
+    paths = [("model.path", spec.model.path)]
+    for name in ("train", "validation", "test"):
+        split = getattr(spec.data, name)
+        if split is not None:
+            paths.append((f"data.{name}.uri", split.uri))
+    for section in ("reward", "environment"):
+        entry = getattr(spec, section).entrypoint
+        if entry and ":" in entry and (section == "environment" or spec.reward.kind == "python"):
+            paths.append((f"{section}.entrypoint", entry.rpartition(":")[0]))
+    return [(f, p.removeprefix("file://")) for f, p in paths
+            if "://" not in p or p.startswith("file://")]
+
+
+def path_problems(spec: ExperimentSpec) -> list[str]:
+    """Local paths no filesystem can hold: a component over NAME_MAX bytes or a path over
+    PATH_MAX. Found here, every later command (check, plan, run) would fail on them with an
+    operating-system error instead."""
+    problems = []
+    for field, path in _local_paths(spec):
+        size = len(path.encode("utf-8"))
+        longest = max((len(part.encode("utf-8")) for part in path.split("/")), default=0)
+        if longest > NAME_MAX:
+            problems.append(f"{field}: a path component of {longest} bytes; filesystems hold "
+                            f"at most {NAME_MAX}")
+        elif size > PATH_MAX:
+            problems.append(f"{field}: a path of {size} bytes; the system takes at most "
+                            f"{PATH_MAX}")
+    return problems
+
+
 def parse_spec(doc: Any, *, source: str = "spec", stored: bool = False) -> ExperimentSpec:
     """``stored``: the spec a plan carries, read back as it was accepted then (a check added
     since, such as select_by's metric names, does not turn an existing run invalid)."""
@@ -140,13 +179,18 @@ def parse_spec(doc: Any, *, source: str = "spec", stored: bool = False) -> Exper
         raise InvalidInput(f"{source}: {len(problems)} problem(s): " + "; ".join(problems[:10]),
                            details={"problems": problems})
     try:
-        return ExperimentSpec.model_validate(doc, context={"stored": stored})
+        spec = ExperimentSpec.model_validate(doc, context={"stored": stored})
     except ValidationError as exc:
         problems = format_errors(exc)
         raise InvalidInput(
             f"{source}: {len(problems)} problem(s): " + "; ".join(problems),
             details={"problems": problems},
         ) from None
+    problems = path_problems(spec)
+    if problems:
+        raise InvalidInput(f"{source}: {len(problems)} problem(s): " + "; ".join(problems),
+                           details={"problems": problems})
+    return spec
 
 
 def load_spec(path: str | os.PathLike[str]) -> ExperimentSpec:

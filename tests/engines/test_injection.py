@@ -18,6 +18,7 @@ import copy
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -31,6 +32,7 @@ from stateset_backend.adapters import nemo_rl_launcher
 from stateset_backend.adapters.nemo_rl import NemoRLAdapter
 from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
 from stateset_backend.adapters.verl import VerlAdapter
+from stateset_backend.core import overrides
 from stateset_backend.core.adapter import identity_name
 from stateset_backend.core.errors import InvalidInput
 from stateset_backend.core.jsonio import flatten
@@ -106,7 +108,10 @@ TIED = {"verl": {"val_prompt": "train_prompt"},
 # (engine, field, value) the adapter refuses with InvalidInput instead of passing on: checked
 # as a refusal below, and replaced by a benign value in the read-back specs
 REFUSED_VALUES = {("openrlhf", "lora", "--help"): "an argparse list item starting with '-' "
-                                                  "would be read as an option"}
+                                                  "would be read as an option",
+                  **{("verl", field, HOSTILE[0]): "verl resolves its config in place, then "
+                     "Hydra's instantiate again: no escape carries '${' through every read"
+                     for field in ("model", "train_prompt", "val_prompt", "lora", "option")}}
 
 
 def _entry(engine: str) -> AdapterEntry:
@@ -145,7 +150,7 @@ def targets(engine: str, version: str) -> dict[str, tuple[str, ...]]:
     the NeMo RL launcher's JSON, or ("nowhere",): the field never reaches the engine."""
     nowhere = ("nowhere",)
     if engine == "verl":
-        return {"name": ("config", "trainer.project_name"),
+        return {"name": ("slug", "trainer.project_name"),
                 "model": ("config", "actor_rollout_ref.model.path"),
                 "train_prompt": ("config", "data.prompt_key"),
                 "val_prompt": ("config", "data.prompt_key"),
@@ -223,7 +228,7 @@ def scenarios(engine: str, version: str) -> dict[str, tuple[dict[str, str], Laun
         values = rotation(engine, j)
         for (e, field, value) in REFUSED_VALUES:
             if e == engine and values[field] == value:
-                values[field] = BENIGN[field]
+                values[field] = benign(engine)[field]
         out[f"rotation{j}"] = (values, _plan(engine, version, values, lora))
     return out
 
@@ -405,7 +410,9 @@ def test_hostile_strings_change_only_their_own_keys(engine, version, verl_tmp):
         if label == "baseline":
             continue
         values, plan = specs[label]
-        reaching = {values[f] for f, t in plan_targets.items() if t[0] == "config"}
+        reaching = {values[f] for f, t in plan_targets.items() if t[0] == "config"} | \
+            {overrides.slug(values[f], "stateset") for f, t in plan_targets.items()
+             if t[0] == "slug"}
         config = flatten(result["config"])
         assert config.keys() == baseline.keys(), (label, config.keys() ^ baseline.keys())
         for key, got in config.items():
@@ -440,6 +447,10 @@ def test_each_hostile_value_reads_back_verbatim(engine, version, field, verl_tmp
         if target[0] == "config":
             got = flatten(result["config"]).get(target[1], KeyError)
             assert got == ([value] if target[2:] == ("list",) else value), (label, got, value)
+        elif target[0] == "slug":  # a folder name to the engine: the name made safe
+            got = flatten(result["config"])[target[1]]
+            assert got == overrides.slug(value, "stateset"), (label, got, value)
+            assert re.fullmatch(r"[A-Za-z0-9._-]+", got) and got not in (".", ".."), got
         elif target[0] == "launcher":
             assert result["launcher"]["splits"][target[1]][target[2]] == value
         else:  # never reaches the engine: no leaf holds it
@@ -455,6 +466,9 @@ def test_values_an_adapter_cannot_carry_are_refused(engine, field, value):
     for version in {"verl": VERL_RELEASES, "openrlhf": OPENRLHF_RELEASES,
                     "nemo-rl": NEMO_RELEASES}[engine]:
         values = {**benign(engine), field: value}
+        for tied, same in TIED[engine].items():  # a tied pair holds one value
+            if field in (tied, same):
+                values[tied] = values[same] = value
         with pytest.raises(InvalidInput) as info:
             _plan(engine, version, values, lora=True)
         assert info.value.exit_code == 2
