@@ -97,8 +97,7 @@ def write_verl(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any
     if VerlAdapter().keys(ctx.dialect).logger == "tensorboard":
         _tensorboard(attempt / LOG_ROOT / name, metrics, METRICS)
     else:  # FileLogger at VERL_FILE_LOGGER_PATH: one {"step": n, "data": {tag: value}} a line
-        log = attempt / LOG_ROOT / f"{name}.jsonl"
-        log.parent.mkdir(parents=True, exist_ok=True)
+        log = attempt / f"{name}.jsonl"
         log.write_text("".join(json.dumps({"step": r["step"], "data": {
             METRICS[k]: v for k, v in r.items() if k in METRICS}}) + "\n" for r in metrics))
     if artifacts and checkpoint_step is not None:

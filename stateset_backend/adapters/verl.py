@@ -655,7 +655,8 @@ class VerlAdapter(EngineAdapter):
         file logger's (>=0.6) whole path, which it then takes as given; before it, the
         TensorBoard logger's folder."""
         if keys.logger == "file":
-            return {"VERL_FILE_LOGGER_PATH": f"{RUN_DIR}/{LOG_ROOT}/{ctx.run_name}.jsonl"}
+            # the attempt folder itself: verl opens the path without creating its folder
+            return {"VERL_FILE_LOGGER_PATH": f"{RUN_DIR}/{ctx.run_name}.jsonl"}
         return {"TENSORBOARD_DIR": f"{RUN_DIR}/{LOG_ROOT}/{ctx.run_name}"}
 
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
@@ -669,7 +670,7 @@ class VerlAdapter(EngineAdapter):
                 out.metrics = canonical_rows(read_scalars(log_dir), METRICS)
         # the file logger writes the path the launch gave it (plans made before that:
         # <root>/<project>/<experiment_name>.jsonl)
-        logs = [attempt_dir / LOG_ROOT / f"{ctx.run_name}.jsonl"]
+        logs = [attempt_dir / f"{ctx.run_name}.jsonl"]
         logs = [p for p in logs if p.is_file()] or \
             sorted((attempt_dir / LOG_ROOT).glob(f"*/{ctx.run_name}.jsonl"))
         for log in logs:

@@ -158,6 +158,32 @@ def test_verl_file_logger_is_collected(tmp_path):
     assert any(a.startswith("trainer.resume_from_path=") for a in resumed)
 
 
+@needs_verl
+@pytest.mark.parametrize("name", ["../../escaped", "/abs/elsewhere", "a/b", "${oc.env:HOME}"])
+def test_a_hostile_name_never_chooses_where_verls_file_logger_writes(tmp_path, name):
+    """verl's own FileLogger, given the plan's environment and project name: the metrics land
+    at the one path the plan names inside the attempt folder, and collection finds them."""
+    adapter = VerlAdapter()
+    entry = AdapterEntry(adapter, "builtin", "stateset-backend", "0.1.0")
+    plan = make_plan(parse_spec({**verl_golden({"objective": "grpo"}), "name": name}), entry,
+                     "0.9.1", base_dir=Path("/"))
+    attempt = tmp_path / "attempt"
+    attempt.mkdir()
+    env = {**os.environ, **{k: v.replace("{run_dir}", str(attempt))
+                            for k, v in plan.set_env.items()}}
+    env.pop("VERL_FILE_LOGGER_ROOT", None)
+    proc = subprocess.run([VERL_PYTHON or "", "-c", VERL_WRITER,
+                           plan.native["trainer.project_name"],
+                           plan.native["trainer.experiment_name"]], env=env, cwd=attempt,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == [Path("attempt") / f"{plan.native['trainer.experiment_name']}.jsonl"]
+    ctx = LaunchContext(plan.run_id, plan.experiment_digest, "0.9.1", plan.resolved_dialect())
+    got = adapter.collect(attempt, ctx)
+    assert (got.run_id, got.committed_updates) == (plan.run_id, 3)
+
+
 def test_verl_zero_exit_without_updates_is_invalid(tmp_path):
     adapter = VerlAdapter()
     ctx = _ctx(adapter, "0.9.1")

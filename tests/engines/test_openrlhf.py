@@ -261,6 +261,9 @@ def test_real_parser_accepts_our_argv_and_parses_back(name, version, tmp_path):
         assert v("best") == "none"
     assert v("dtype") == "bf16" and v("zero") == 2
     assert v("lora") == (16 if spec.model.lora else 0)
+    if not spec.model.lora:  # the LoRA-off pin reads back as the list the plan records
+        flag = OpenRLHFAdapter().keys(dialect).target_modules
+        assert got[flag.removeprefix("--")] == plan.native[flag] == ["all-linear"]
     assert v("run") == f"{plan.run_id}.{plan.experiment_digest.removeprefix('sha256:')}"
     assert v("ckpt") == f"{tmp_path}/checkpoints"
     rm = v("rm")
@@ -268,6 +271,28 @@ def test_real_parser_accepts_our_argv_and_parses_back(name, version, tmp_path):
     if a.overlong is not None:
         assert v("overlong") == 64
     assert (v("gamma"), v("lambd")) == ((a.gae.gamma, a.gae.lam) if a.gae else (1.0, 1.0))
+
+
+@needs_wheels
+@pytest.mark.parametrize("version", sorted(RELEASES))
+def test_shipped_surfaces_are_the_release_parsers_own(version):
+    """The option surface plans check ``engine_options`` against, regenerated from the wheel
+    by the command that wrote it, is byte for byte the one shipped; its defaults agree with
+    the contract's recorded ones."""
+    from importlib import resources
+
+    from stateset_backend.conformance import surface_gen
+
+    (wheel,) = Path(WHEELS or "").glob(f"openrlhf-{version}-*.whl")
+    shipped = resources.files("stateset_backend.contracts").joinpath(
+        "surfaces", f"openrlhf-{version}.json").read_text()
+    generated = surface_gen.render(surface_gen.openrlhf_surface(wheel))
+    assert generated == shipped, f"regenerate: python -m stateset_backend.conformance." \
+                                 f"surface_gen openrlhf {wheel} -o stateset_backend/contracts/surfaces"
+    options = json.loads(shipped)["options"]
+    dialect = OpenRLHFAdapter().contract.dialect(Version(version))
+    assert {k: _normal(options[k]["default"]) for k in dialect.defaults} == \
+        {k: _normal(v) for k, v in dialect.defaults.items()}
 
 
 @needs_wheels
