@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from stateset_backend.adapters.native import NativeAdapter
+from stateset_backend.adapters.verl import VerlAdapter
 from stateset_backend.conformance.runner import run_module
 from stateset_backend.core.adapter import Checkpoint, Collected, LaunchContext, NativeLaunch
 from stateset_backend.core.modeltree import all_leaf_paths
@@ -82,6 +83,21 @@ class NamedUnlikeItsContract(NativeAdapter):
     name = "native-renamed"
 
 
+class EscapesInterpolationsOnce(VerlAdapter):
+    """Escapes '${' for one OmegaConf resolution, as if verl read its config once: verl
+    resolves it in place first, so the escape is gone and the next read resolves."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        from stateset_backend.core import overrides
+
+        real = overrides.refuse_interpolations
+        overrides.refuse_interpolations = lambda *a, **k: None  # type: ignore[assignment]
+        try:
+            return super().render(translation, spec, ctx)
+        finally:
+            overrides.refuse_interpolations = real  # type: ignore[assignment]
+
+
 BROKEN: dict[str, tuple[type[NativeAdapter], str]] = {
     # adapter: (its class, the check it must fail, as `-k` selects it)
     "translates_nothing": (TranslatesNothing, "test_capability"),
@@ -132,6 +148,40 @@ def test_the_kit_fails_a_broken_adapter(broken, tmp_path):
     failed = [c for c in report["checks"] if c["state"] == "failed"]
     assert failed, f"{broken}: the kit passed {report['counts']}"
     assert all(c["reason"] for c in failed)
+
+
+VERL_MODULE = '''
+import pytest
+from test_conformance_kit import TestVerlConformance
+from test_conformance_kit_fails import {cls}
+
+
+class TestBroken(TestVerlConformance):
+    engine_versions = ["0.9.1"]
+
+    @pytest.fixture
+    def adapter(self):
+        return {cls}()
+'''
+
+
+@pytest.mark.parametrize("cls, fails", [(EscapesInterpolationsOnce, True),
+                                        (VerlAdapter, False)])
+def test_the_kit_reads_verl_launches_as_verl_does(tmp_path, cls, fails):
+    """The hostile-string check reads verl's launch through verl's whole read path (the
+    in-place resolve included): an escape good for one resolution leaks the probe secret."""
+    pytest.importorskip("hydra")
+    module = tmp_path / f"test_verl_{cls.__name__.lower()}.py"
+    module.write_text(VERL_MODULE.format(cls=cls.__name__), encoding="utf-8")
+    here = str(Path(__file__).parent)
+    report = run_module(module, "::TestBroken", ["-k", "test_hostile_strings_cannot_inject",
+                                                 "--import-mode=importlib",
+                                                 "-o", f"pythonpath={here}"])
+    failed = [c for c in report["checks"] if c["state"] == "failed"]
+    if fails:
+        assert failed and "STATESET_PROBE" in failed[0]["reason"], report["checks"]
+    else:
+        assert not failed and report["counts"]["passed"] == 1, report["checks"]
 
 
 def test_the_same_selection_passes_on_the_real_adapter(tmp_path):

@@ -54,7 +54,7 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
-# -- a secret copied into the run ---------------------------------------------------------------
+# -- a secret copied into the run -----------------------------------------------------------------
 @pytest.mark.parametrize("field", ["model.path", "data.train.uri", "lora", "option",
                                    "prompt_field"])
 def test_an_interpolation_verl_would_resolve_is_refused_naming_the_field(
@@ -126,7 +126,7 @@ def test_a_verl_release_before_the_file_logger_names_its_tensorboard_folder(
     assert plan["set_env"] == {"TENSORBOARD_DIR": f"{{run_dir}}/logs/{run_name}"}
 
 
-# -- exit 1 after validate said valid ----------------------------------------------------------------
+# -- exit 1 after validate said valid -------------------------------------------------------------
 @pytest.mark.parametrize("where", ["data.train.uri", "reward.entrypoint", "model.path"])
 def test_a_path_no_filesystem_can_hold_is_invalid_at_validate(capsys, tmp_path, grpo, where):
     long = "a" * 300
@@ -191,11 +191,11 @@ def test_non_finite_numbers_from_the_python_api_are_refused():
 
     doc = json.loads((EXAMPLES / "grpo.json").read_text())
     doc["labels"] = {"x": float("inf")}
-    with pytest.raises(InvalidInput, match="labels.x: inf is not a finite number"):
+    with pytest.raises(InvalidInput, match=r"labels\.x: inf is not a finite number"):
         parse_spec(doc)
 
 
-# -- a valid spec reported as an adapter bug ---------------------------------------------------------
+# -- a valid spec reported as an adapter bug ------------------------------------------------------
 def test_two_leaves_verl_reads_from_one_key_are_a_refusal_naming_both(capsys, tmp_path, grpo):
     grpo["data"]["validation"]["prompt_field"] = "question"
     spec = _write(tmp_path, grpo)
@@ -231,7 +231,7 @@ def test_two_rules_deriving_different_values_for_one_key_stay_an_adapter_bug():
         translate(spec, rules, dialect, "verl", "0.9.1")
 
 
-# -- smaller ------------------------------------------------------------------------------------------
+# -- smaller --------------------------------------------------------------------------------------
 def test_a_newline_in_a_path_keeps_the_error_on_one_line(capsys, tmp_path, grpo):
     grpo["data"]["train"]["uri"] = "data/train.parquet/a\nb.parquet"
     code, _, err = _cli(capsys, "check", "--engine", "verl", "--engine-version", "0.9.1",

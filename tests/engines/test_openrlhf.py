@@ -287,8 +287,8 @@ def test_shipped_surfaces_are_the_release_parsers_own(version):
     shipped = resources.files("stateset_backend.contracts").joinpath(
         "surfaces", f"openrlhf-{version}.json").read_text()
     generated = surface_gen.render(surface_gen.openrlhf_surface(wheel))
-    assert generated == shipped, f"regenerate: python -m stateset_backend.conformance." \
-                                 f"surface_gen openrlhf {wheel} -o stateset_backend/contracts/surfaces"
+    assert generated == shipped, "regenerate: python -m stateset_backend.conformance." \
+        f"surface_gen openrlhf {wheel} -o stateset_backend/contracts/surfaces"
     options = json.loads(shipped)["options"]
     dialect = OpenRLHFAdapter().contract.dialect(Version(version))
     assert {k: _normal(options[k]["default"]) for k in dialect.defaults} == \
