@@ -51,8 +51,9 @@ import pytest
 
 from ..core.adapter import CannotWrite, EngineAdapter
 from ..core.contracts import parse_version
+from ..core.jsonio import flatten
 from ..core.plan import LaunchPlan
-from . import checks
+from . import checks, readers
 from .checks import COLLECTION_CASES, CheckFailed, Writer
 from .samples import SAMPLED, SampleFiles, write_sample_files
 from .specs import SAMPLES
@@ -61,11 +62,17 @@ __all__ = ["COLLECTION_CASES", "SAMPLED", "SAMPLES", "AdapterConformance", "Cann
            "CheckFailed", "Writer"]
 
 UNSUPPORTED = "unsupported: "  # prefix of a skip reason that reports a declared gap
+UNVERIFIED = "unverified: "  # prefix of a skip reason: the kit could not see what the engine reads
 
 
 def unsupported(reason: str) -> None:
     """Report the running check as ``unsupported`` (a declared gap), with its reason."""
     pytest.skip(UNSUPPORTED + reason)
+
+
+def unverified(reason: str) -> None:
+    """Report the running check as ``unverified``: nothing was checked, so it cannot pass."""
+    pytest.skip(UNVERIFIED + reason)
 
 
 @contextmanager
@@ -113,11 +120,10 @@ class AdapterConformance:
     @pytest.fixture
     def parse_launch(self, adapter: EngineAdapter) -> Callable[[LaunchPlan],
                                                                 dict[str, Any]] | None:
-        """Optional, from ``kit_support()``: read a plan's launch back with the engine's own
-        parser, as a nested or flat mapping of the values the engine will use."""
-        reader: Callable[[LaunchPlan], dict[str, Any]] | None = \
-            adapter.kit_support().parse_launch
-        return reader
+        """What the engine reads from a plan's launch: the kit's own reader for a built-in
+        engine, else ``kit_support().parse_launch``. Without one, the checks that need it are
+        reported ``unverified``."""
+        return readers.reader_for(adapter.name, adapter.kit_support().parse_launch)
 
     def option_key(self, adapter: EngineAdapter, plan: LaunchPlan) -> str:
         """A free-text ``engine_options`` key no spec field maps to, for the hostile-value
@@ -264,6 +270,42 @@ class AdapterConformance:
                 if parse_launch is not None:
                     checks.check_read_back(clean_read or {}, read(hostile), values)
         assert refused < len(checks.rotations()), "every hostile spec was refused"
+
+    def test_launch_reads_back_as_declared(
+            self, adapter: EngineAdapter, engine_version: str, sample_files: SampleFiles,
+            parse_launch: Callable[[LaunchPlan], dict[str, Any]] | None) -> None:
+        """Every claimed sample's launch, read the way the engine reads it: the keys and values
+        the engine gets are the ones the launch declares, every key exists in the release's
+        configuration surface, and every default the contract records is the release's own."""
+        self._version(adapter, engine_version)
+        if parse_launch is None:
+            unverified("no launch reader: give KitSupport.parse_launch, the engine's own "
+                       "reading of a launch (docs/plugins.md)")
+        assert parse_launch is not None
+        from ..core.modeltree import all_leaf_paths
+        from ..core.spec import ExperimentSpec
+        from ..core.surfaces import surface
+
+        leaves = set(all_leaf_paths(ExperimentSpec)) if adapter.name == "native" else set()
+        samples = checks.claimed_plans(adapter, engine_version, sample_files, type(self).base,
+                                       lambda c: self._gap(adapter, c,
+                                                           engine_version) is not None)
+        if not samples:
+            pytest.fail(f"no claimed capability of {adapter.name} {engine_version} plans: "
+                        "nothing is read back", pytrace=False)
+        known = surface(adapter.name, engine_version) or adapter.kit_support().surface
+        with _reported():
+            for sample in samples:
+                plan = checks.plan_doc(adapter, engine_version, sample.doc, sample_files)
+                try:
+                    read = flatten(parse_launch(plan))
+                except readers.LaunchUnreadable as exc:
+                    raise CheckFailed(f"{sample.capability}: {exc}") from None
+                try:
+                    checks.check_reads_as_declared(adapter, plan, read, known,
+                                                   also_read=leaves.__contains__)
+                except CheckFailed as exc:
+                    raise CheckFailed(f"{sample.capability}: {exc}") from None
 
     def test_engine_options_cannot_reach_owned_keys(self, adapter: EngineAdapter,
                                                     engine_version: str,

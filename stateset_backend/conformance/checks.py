@@ -572,3 +572,97 @@ def base_plan(adapter: EngineAdapter, version: str, files: SampleFiles,
     except Exception as exc:
         raise CheckFailed(f"the base sample does not plan on {adapter.name} {version}: "
                           f"{_describe(exc)}") from None
+
+
+# -- what the engine reads, against what the launch claims and what the release has ------------
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return float(a) == float(b)
+    if isinstance(a, str) and isinstance(b, float) and not math.isfinite(b):
+        return a == ("nan" if b != b else "inf" if b > 0 else "-inf")
+    if isinstance(b, str) and isinstance(a, float):
+        return _same_value(b, a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _flat_native(plan: LaunchPlan) -> tuple[dict[str, Any], set[str]]:
+    """The launch's declared native keys, dotted, without Hydra's ``+``; and the keys it
+    adds with ``+`` (not in the release's base config: read with ``.get()``)."""
+    out: dict[str, Any] = {}
+    added: set[str] = set()
+    for key, value in plan.native.items():
+        bare = key.lstrip("+")
+        flat = flatten(value, bare) if isinstance(value, dict) and value else {bare: value}
+        out.update(flat)
+        if key.startswith("+"):
+            added.update(flat)
+    return out, added
+
+
+def _closest(key: str, known: Iterable[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.8)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_reads_as_declared(adapter: EngineAdapter, plan: LaunchPlan, read: dict[str, Any],
+                            surface: dict[str, Any] | None,
+                            also_read: Callable[[str], bool] = lambda key: False) -> None:
+    """What the engine reads from the launch is what the launch declares, key for key; every
+    key it reads exists in the release's surface; every default the contract records is the
+    release's own."""
+    engine, version = adapter.name, plan.engine_version
+    where = f"{engine} {version}"
+    declared, added = _flat_native(plan)
+    options: dict[str, Any] = surface["options"] if surface is not None else {}
+    for key, value in declared.items():
+        if key not in read:
+            default = options.get(key, {}).get("default", object())
+            if (value is False or value is None) and (not options or
+                                                      _same_value(default, value)):
+                continue  # an omitted switch or value: the release's default is the value
+            raise CheckFailed(f"{key}: the launch lists it as set to {value!r}, but {where} "
+                              "reads nothing for it from the launch (dropped from the argv, "
+                              "or set under another spelling); put it in the launch")
+        if not _same_value(read[key], value):
+            raise CheckFailed(f"{key}: {where} reads {read[key]!r} from the launch, which "
+                              f"declares {value!r}; render what the translation says")
+    for key in read:
+        if key not in declared and not also_read(key):
+            raise CheckFailed(f"{key}: {where} reads it from the launch, but the launch does "
+                              "not list it among its native keys; declare every key it sets")
+    if surface is None:
+        return
+    def in_surface(key: str) -> bool:
+        """The key, or a mapping above it the release reads whole (a default of null or
+        {}: the engine takes whatever mapping the launch gives, e.g. an optimizer's extra
+        keyword arguments)."""
+        parts = key.split(".")
+        return key in options or any(
+            options.get(".".join(parts[:i]), {}).get("default", 0) in (None, {})
+            for i in range(1, len(parts)))
+
+    for key in read:
+        if not in_surface(key) and key not in added:
+            raise CheckFailed(f"{key}: {where} has no such key, so the setting is ignored or "
+                              f"refused (a typo, or another release's spelling?)"
+                              f"{_closest(key, options)}")
+    dialect = plan.resolved_dialect()
+    for key, recorded in dialect.defaults.items():
+        bare = key.lstrip("+")
+        if bare not in options:
+            if key.startswith("+") or bare in added:
+                continue  # read with .get(): not in the release's config to compare
+            raise CheckFailed(f"the {dialect.name} dialect records a default for {bare}, which "
+                              f"{where} does not have{_closest(bare, options)}")
+        real = options[bare]
+        if not (_same_value(real.get("default"), recorded) or
+                _same_value(real.get("written"), recorded)):
+            raise CheckFailed(f"the {dialect.name} dialect records {bare} = {recorded!r}, but "
+                              f"{where}'s default is {real.get('default')!r}; record the "
+                              "release's own default")

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 UNSUPPORTED = "unsupported: "
-STATES = ("passed", "failed", "unsupported", "skipped")
+UNVERIFIED = "unverified: "
+STATES = ("passed", "failed", "unverified", "unsupported", "skipped")
 
 
 @dataclass
@@ -57,8 +58,9 @@ class Collector:
                 outcome.state, outcome.reason = "failed", f"known failure: {report.wasxfail}"
             else:
                 reason = _reason(report)
-                outcome.state = "unsupported" if reason.startswith(UNSUPPORTED) else "skipped"
-                outcome.reason = reason.removeprefix(UNSUPPORTED)
+                outcome.state = "unsupported" if reason.startswith(UNSUPPORTED) else \
+                    "unverified" if reason.startswith(UNVERIFIED) else "skipped"
+                outcome.reason = reason.removeprefix(UNSUPPORTED).removeprefix(UNVERIFIED)
 
     def report(self) -> dict[str, Any]:
         counts = dict.fromkeys(STATES, 0)
@@ -105,4 +107,7 @@ def pytest_report_teststatus(report: pytest.TestReport,
     if report.skipped and not hasattr(report, "wasxfail") and \
             _reason(report).startswith(UNSUPPORTED):
         return "unsupported", "U", "UNSUPPORTED"
+    if report.skipped and not hasattr(report, "wasxfail") and \
+            _reason(report).startswith(UNVERIFIED):
+        return "unverified", "V", "UNVERIFIED"
     return None

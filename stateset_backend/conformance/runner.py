@@ -120,7 +120,7 @@ def render_text(report: dict[str, Any]) -> str:
     """The report for a terminal: failures and declared gaps with reasons, then counts."""
     lines = [f"{report['engine']} ({report['distribution']} {report['adapter_version']}), "
              f"versions {', '.join(report['engine_versions'])}"]
-    for state in ("failed", "unsupported", "skipped"):
+    for state in ("failed", "unverified", "unsupported", "skipped"):
         grouped: dict[tuple[str, str], list[str]] = {}
         for check in report["checks"]:
             if check["state"] == state:

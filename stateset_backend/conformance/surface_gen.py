@@ -3,8 +3,10 @@
 ``python -m stateset_backend.conformance.surface_gen openrlhf WHEEL... -o DIR`` runs the
 ``__main__`` block of each OpenRLHF release's ``train_ppo_ray`` (its real argparse parser)
 from the wheel, without installing it (OpenRLHF needs CUDA to install), and writes one
-surface per release. The repo's real-engine tests regenerate them and fail when a shipped
-surface differs from its release.
+surface per release. ``... verl WHEEL...`` (or an installed ``verl/trainer/config`` with
+``--version``) composes each release's trainer config with Hydra and records every key.
+The repo's real-engine tests regenerate them and fail when a shipped surface differs from
+its release.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import math
 import os
 import re
 import sys
@@ -43,8 +46,14 @@ class _Captured(Exception):
 
 
 def _jsonable(value: Any) -> Any:
+    """JSON that strict readers accept: a non-finite default is its name, as contracts
+    record it ("inf")."""
     if isinstance(value, tuple | list):
         return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)
@@ -122,6 +131,58 @@ def openrlhf_surface(wheel: Path) -> dict[str, Any]:
             "options": dict(sorted(options.items()))}
 
 
+def verl_surface(source: Path, version: str | None = None) -> dict[str, Any]:
+    """Every key of verl's composed trainer config (``ppo_trainer``, no overrides) with its
+    default as Hydra composes it, from a release wheel or an installed ``verl/trainer/config``
+    folder. A default that interpolates another key is recorded resolved; one that cannot be
+    resolved outside a run (``${oc.env:...}``) is recorded as written."""
+    import tempfile
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if source.suffix == ".whl":
+            match = re.match(r"verl-([^-]+)-", source.name)
+            if match is None:
+                raise SystemExit(f"{source}: not a verl wheel name")
+            version = match.group(1)
+            with zipfile.ZipFile(source) as archive:
+                for name in archive.namelist():
+                    if name.startswith("verl/trainer/config/"):
+                        archive.extract(name, tmp)
+            config_dir = Path(tmp) / "verl" / "trainer" / "config"
+        else:
+            config_dir = source
+        if version is None:
+            raise SystemExit(f"{source}: give --version for a config folder")
+        with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
+            cfg = compose(config_name="ppo_trainer")
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    keys: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(value, f"{prefix}.{key}" if prefix else str(key))
+            return
+        try:
+            value = OmegaConf.select(cfg, prefix, throw_on_resolution_failure=True)
+            value = OmegaConf.to_container(value, resolve=True) \
+                if OmegaConf.is_config(value) else value
+        except Exception:  # an interpolation only a run can resolve: kept as written
+            value = node
+        keys[prefix] = {"default": _jsonable(value)}
+        if _jsonable(node) != keys[prefix]["default"]:
+            keys[prefix]["written"] = _jsonable(node)  # the interpolation it resolves from
+
+    walk(raw, "")
+    return {"schema": SURFACE_SCHEMA_ID, "engine": "verl", "version": version,
+            "source": f"verl=={version}: verl/trainer/config/ppo_trainer composed by Hydra, "
+                      "no overrides",
+            "options": dict(sorted(keys.items()))}
+
+
 def render(doc: dict[str, Any]) -> str:
     """Reviewable JSON: one line per option, so a release's change reads as a diff."""
     head = {k: v for k, v in doc.items() if k != "options"}
@@ -133,13 +194,16 @@ def render(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stateset_backend.conformance.surface_gen")
-    parser.add_argument("engine", choices=["openrlhf"])
-    parser.add_argument("wheels", nargs="+", type=Path)
+    parser.add_argument("engine", choices=["openrlhf", "verl"])
+    parser.add_argument("sources", nargs="+", type=Path,
+                        help="release wheels (or, for verl, an installed verl/trainer/config)")
+    parser.add_argument("--version", help="the release of a config folder (verl)")
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
-    for wheel in args.wheels:
-        doc = openrlhf_surface(wheel)
+    for source in args.sources:
+        doc = openrlhf_surface(source) if args.engine == "openrlhf" else \
+            verl_surface(source, args.version)
         target = args.output / f"{doc['engine']}-{doc['version']}.json"
         target.write_text(render(doc), encoding="utf-8")
         print(f"wrote {target} ({len(doc['options'])} options)")

@@ -111,7 +111,10 @@ class KitSupport:
     writes the engine's native output files for canonical metric rows; without it collection
     and resume are reported ``unsupported``. ``parse_launch(plan)`` reads a launch back with
     the engine's own parser (nested or flat values); ``option_key(plan)`` names a free-text
-    ``engine_options`` key the engine's parser accepts. ``unsupported`` declares gaps the
+    ``engine_options`` key the engine's parser accepts. ``surface`` is the engine release's
+    configuration surface (``{"options": {key: {"default": ...}}}``, as
+    ``stateset_backend.conformance.surface_gen`` writes it): every key it reads, with its real
+    default; the built-in engines' ship with the hub. ``unsupported`` declares gaps the
     kit reports ``unsupported`` instead of failing: capability or case names, optionally
     limited by a PEP 440 specifier after a space, each with its reason.
     """
@@ -119,6 +122,7 @@ class KitSupport:
     write_outputs: Any = None
     parse_launch: Any = None
     option_key: Any = None
+    surface: dict[str, Any] | None = None
     unsupported: dict[str, str] = field(default_factory=dict)
 
 

@@ -8,25 +8,43 @@ import random
 import time
 from pathlib import Path
 
-p = argparse.ArgumentParser()
-for flag in ("--out", "--run-id", "--digest", "--behaviour"):
-    p.add_argument(flag, required=True)
-p.add_argument("--updates", type=int, required=True)
-p.add_argument("--seed", type=int, required=True)
-a = p.parse_args()
-out = Path(a.out)
-Path(os.environ["ECHO_MARKER"]).write_text("started\n")
-if a.behaviour == "crash":
-    raise SystemExit("echo engine: simulated crash")
-if a.behaviour == "hang":
-    time.sleep(3600)
-if a.behaviour != "no-identity":
-    (out / "identity.json").write_text(json.dumps({"run_id": a.run_id, "digest": a.digest}))
-rng = random.Random(a.seed)
-with open(out / "log.jsonl", "w") as fh:
-    for k in range(1, a.updates + 1):
-        score = math.nan if (a.behaviour == "nan" and k == a.updates) else rng.random()
-        fh.write(json.dumps({"update": k, "score": score}) + "\n")
-if a.behaviour != "no-artifacts":
-    (out / "weights.bin").write_bytes(bytes(rng.randrange(256) for _ in range(64)))
-print("echo engine: done")
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    for flag in ("--out", "--run-id", "--digest", "--behaviour"):
+        p.add_argument(flag, required=True)
+    p.add_argument("--updates", type=int, required=True)
+    p.add_argument("--seed", type=int, required=True)
+    return p
+
+
+def read_launch(argv: list, files: dict) -> dict:
+    """What this engine takes from a launch: its flags, as its own parser reads them, and
+    the settings it records (echo.json)."""
+    a = parser().parse_args(argv)
+    return {"--updates": a.updates, "seed": a.seed, "behaviour": a.behaviour,
+            **json.loads(files["echo.json"])}
+
+
+def main() -> None:
+    a = parser().parse_args()
+    out = Path(a.out)
+    Path(os.environ["ECHO_MARKER"]).write_text("started\n")
+    if a.behaviour == "crash":
+        raise SystemExit("echo engine: simulated crash")
+    if a.behaviour == "hang":
+        time.sleep(3600)
+    if a.behaviour != "no-identity":
+        (out / "identity.json").write_text(json.dumps({"run_id": a.run_id, "digest": a.digest}))
+    rng = random.Random(a.seed)
+    with open(out / "log.jsonl", "w") as fh:
+        for k in range(1, a.updates + 1):
+            score = math.nan if (a.behaviour == "nan" and k == a.updates) else rng.random()
+            fh.write(json.dumps({"update": k, "score": score}) + "\n")
+    if a.behaviour != "no-artifacts":
+        (out / "weights.bin").write_bytes(bytes(rng.randrange(256) for _ in range(64)))
+    print("echo engine: done")
+
+
+if __name__ == "__main__":
+    main()

@@ -41,19 +41,21 @@ class EchoAdapter(EngineAdapter):
                         "budget.total_updates": to(dialect.keys["updates"])}
 
     def kit_support(self) -> KitSupport:
-        return KitSupport(write_outputs=write_outputs)
+        return KitSupport(write_outputs=write_outputs, parse_launch=read_launch)
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
         native = dict(translation.native)
         settings = {k: native.pop(k) for k in list(native) if not k.startswith("--")
                     and k not in ("seed", "behaviour")}
+        behaviour = native.pop("behaviour", "ok")
         argv = [PYTHON, "-m", "stateset_echo_engine.engine", "--out", RUN_DIR,
                 "--run-id", ctx.run_id, "--digest", ctx.experiment_digest,
                 "--updates", str(native.pop("--updates")), "--seed", str(native.pop("seed")),
-                "--behaviour", str(native.pop("behaviour", "ok"))]
+                "--behaviour", str(behaviour)]
         return NativeLaunch(argv=argv, set_env={"ECHO_MARKER": f"{RUN_DIR}/marker"},
-                            files={"echo.json": json.dumps(settings, sort_keys=True)})
+                            files={"echo.json": json.dumps(settings, sort_keys=True)},
+                            native={**translation.native, "behaviour": behaviour})
 
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
         out = Collected(raw_metric_names={"reward/mean": "score"})
@@ -88,3 +90,11 @@ def write_outputs(attempt: Path, ctx: LaunchContext, *, metrics: list[dict], ide
 @hookimpl
 def register_adapters(register):
     register(EchoAdapter())
+
+
+def read_launch(plan) -> dict:
+    """The launch as the engine reads it (its own parser), for the conformance kit."""
+    from .engine import read_launch as engine_reads
+
+    start = plan.argv.index("stateset_echo_engine.engine") + 1
+    return engine_reads(plan.argv[start:], plan.files)

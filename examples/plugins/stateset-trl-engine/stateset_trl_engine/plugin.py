@@ -504,6 +504,7 @@ class TRLAdapter(EngineAdapter):
     def kit_support(self) -> KitSupport:
         # hub_model_id: free text GRPOConfig accepts and an offline run never uses
         return KitSupport(write_outputs=write_outputs, option_key=lambda plan: "hub_model_id",
+                          parse_launch=read_launch,
                           unsupported={
             "loss_agg:seq_mean_token_sum": "TRL sums tokens per sequence (luspo) only with "
                                            "GSPO's sequence ratios; the kit's sample uses "
@@ -521,7 +522,8 @@ class TRLAdapter(EngineAdapter):
                                    + (f" (did you mean {close[0]!r}?)" if close else "")
                                    + "; TRL would stop at launch on it")
         owned = {f.output_dir: CHECKPOINTS, f.run_name: ctx.run_name,
-                 f.logging_steps: steps_per_update(spec), f.report_to: "none"}
+                 # no trackers: [] is what TRL makes of "none"
+                 f.logging_steps: steps_per_update(spec), f.report_to: []}
         # speed knobs that never change the math, set alike on every launch
         knobs = {"gradient_checkpointing": False, "disable_tqdm": True,
                  "dataloader_num_workers": 0}
@@ -552,6 +554,9 @@ class TRLAdapter(EngineAdapter):
                     raise InvalidInput(f"model.revision: {model} has content digest "
                                        f"{directory_digest(model)}, the spec pins {revision}")
             launch["init_from_seed"] = False
+        # the launch declares what the script is handed, resolved paths included
+        native = {k: v for k, v in native.items() if not k.startswith(LAUNCH)}
+        native.update(_launch_keys(launch))
         settings = {"run_id": ctx.run_id, "experiment_digest": ctx.experiment_digest,
                     "steps_per_update": steps_per_update(spec), "seed": spec.seed,
                     "launch": launch, "config": config,
@@ -655,3 +660,39 @@ def trl_reward(prompts, completions, stateset_prompt, stateset_answer, **kwargs)
 @hookimpl
 def register_adapters(register: Any) -> None:
     register(TRLAdapter())
+
+
+def _launch_keys(launch: dict[str, Any]) -> dict[str, Any]:
+    """The launch script's settings as native keys (``launch.``, ``launch.validation.``)."""
+    out = {LAUNCH + k: v for k, v in launch.items() if k != "validation"}
+    for k, v in (launch.get("validation") or {}).items():
+        out[VALIDATION + k] = v
+    return out
+
+
+def read_launch(plan: Any) -> dict[str, Any]:
+    """What a TRL launch hands TRL, for the conformance kit: the settings embedded in the
+    generated script, its GRPOConfig part parsed by TRL's own HfArgumentParser (a field TRL
+    does not have, or a value of the wrong type, is refused there as at launch)."""
+    import ast
+
+    from transformers import HfArgumentParser
+    from trl import GRPOConfig
+
+    tree = ast.parse(plan.files[LAUNCH_FILE])
+    literal = next(node.value.args[0].value for node in tree.body
+                   if isinstance(node, ast.Assign) and
+                   getattr(node.targets[0], "id", None) == "SETTINGS")
+    settings = json.loads(literal)
+    # GRPOConfig checks bf16 against this machine's hardware; parsed as on the CPU, with the
+    # launch's own use_cpu (a plain bool GRPOConfig keeps as given) reported as written
+    given = settings["config"]
+    (parsed,) = HfArgumentParser(GRPOConfig).parse_dict(
+        {"output_dir": "unused", **given, "use_cpu": True}, allow_extra_keys=False)
+    config = {key: getattr(parsed, key) for key in given}
+    if "use_cpu" in given:
+        config["use_cpu"] = given["use_cpu"]
+    for key, value in config.items():
+        if hasattr(value, "value"):  # an enum TRL parses a name into
+            config[key] = value.value
+    return {**config, **_launch_keys(settings["launch"])}

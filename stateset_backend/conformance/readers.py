@@ -1,0 +1,132 @@
+"""Launch readers: what an engine reads from a launch (argv, files, environment), modelled on
+the engine's own read path and never taken from the adapter's declared ``native`` dict.
+
+The kit certifies an adapter against the engine, so for the built-in engines it brings its own
+readers, written from the engines' code and not from the adapters'. A plugin supplies its reader
+as ``KitSupport.parse_launch``; without one, every check that needs to see what the engine reads
+is reported ``unverified``, never passed.
+
+- verl: Hydra's override grammar, main_ppo's ``OmegaConf.resolve(config)`` in place, Hydra's
+  ``instantiate`` resolving a ``_target_`` section's copy again, then reads that interpolate.
+- NeMo RL: Hydra's overrides, then one ``OmegaConf.to_container(resolve=True)``.
+- OpenRLHF: the release's argparse parser, rebuilt from its generated surface (every option
+  string with its action, type, nargs and choices), so abbreviations, switches and lists parse
+  as the release parses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from ..core.jsonio import flatten
+from ..core.plan import LaunchPlan
+from ..core.surfaces import surface
+
+Reader = Callable[[LaunchPlan], dict[str, Any]]
+
+
+class LaunchUnreadable(ValueError):
+    """The engine's own parser would refuse this launch; the message is the parser's."""
+
+
+def _overrides(plan: LaunchPlan) -> list[str]:
+    return [a for a in plan.argv if "=" in a and not a.startswith("-")]
+
+
+def hydra(plan: LaunchPlan, *, in_place_resolves: int) -> dict[str, Any]:
+    """Hydra's own override parser, applied to an empty config, resolved in place
+    ``in_place_resolves`` times, then read with resolution; a flat mapping of dotted keys."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({})
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=_overrides(plan))
+    except Exception as exc:  # hydra's grammar errors carry the element
+        raise LaunchUnreadable(f"Hydra refuses the overrides: {exc}") from None
+    for override in parsed:
+        key = override.key_or_group
+        if override.is_delete():
+            raise LaunchUnreadable(f"the launch deletes {key} (~)")
+        OmegaConf.update(cfg, key, override.value(), force_add=True)
+    for _ in range(in_place_resolves):
+        OmegaConf.resolve(cfg)
+    out = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(out, dict)
+    return flatten(out)
+
+
+def verl(plan: LaunchPlan) -> dict[str, Any]:
+    return hydra(plan, in_place_resolves=2)
+
+
+def nemo_rl(plan: LaunchPlan) -> dict[str, Any]:
+    return hydra(plan, in_place_resolves=0)
+
+
+class _Refusal(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse exits; the kit reports instead
+        raise _Refusal(message)
+
+
+_TYPES: dict[str | None, Any] = {"int": int, "float": float, "str": str, None: None}
+
+
+def argparse_from_surface(options: dict[str, Any]) -> argparse.ArgumentParser:
+    """The release's parser as its surface records it: one action per option string, its
+    value stored under the option string itself."""
+    parser = _Parser(add_help=False, allow_abbrev=True)
+    for name, option in options.items():
+        action = option["action"]
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS}
+        if action in ("store_true", "store_false"):
+            kwargs["action"] = action
+        else:
+            kwargs.update(type=_TYPES.get(option.get("type")), nargs=option.get("nargs"),
+                          choices=option.get("choices"))
+        parser.add_argument(name, **kwargs)
+    return parser
+
+
+def openrlhf(plan: LaunchPlan) -> dict[str, Any]:
+    """The flags after the launched module, parsed by the release's parser; only the options
+    the launch sets (a parsed value keyed by the option string)."""
+    doc = surface("openrlhf", plan.engine_version)
+    if doc is None:
+        raise LaunchUnreadable(f"no OpenRLHF {plan.engine_version} surface is known")
+    argv = list(plan.argv)
+    start = next((i + 1 for i, a in enumerate(argv) if a.endswith(".py") or
+                  a == "openrlhf.cli.train_ppo_ray"), len(argv))
+    try:
+        parsed, rest = argparse_from_surface(doc["options"]).parse_known_args(argv[start:])
+    except _Refusal as exc:
+        raise LaunchUnreadable(f"OpenRLHF {plan.engine_version}'s parser refuses the launch: "
+                               f"{exc}") from None
+    if rest:
+        raise LaunchUnreadable(f"OpenRLHF {plan.engine_version}'s parser does not know "
+                               f"{rest[:3]}")
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(parsed).items()}
+
+
+def native(plan: LaunchPlan) -> dict[str, Any]:
+    """The native engine reads its settings file, in the spec's own vocabulary."""
+    import json
+
+    doc = json.loads(plan.files["native_config.json"])
+    settings: dict[str, Any] = doc["settings"]
+    return settings
+
+
+BUILTIN: dict[str, Reader] = {"verl": verl, "nemo-rl": nemo_rl, "openrlhf": openrlhf,
+                              "native": native}
+
+
+def reader_for(engine: str, declared: Reader | None) -> Reader | None:
+    """The kit's own reader for a built-in engine, else the one the plugin declares."""
+    return BUILTIN.get(engine, declared)
