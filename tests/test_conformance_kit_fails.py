@@ -150,6 +150,45 @@ def test_the_kit_fails_a_broken_adapter(broken, tmp_path):
     assert all(c["reason"] for c in failed)
 
 
+class SetsAMisspeltKey(VerlAdapter):
+    """Pins a setting to a key no verl release has (clip_ratio_hgih)."""
+
+    def rules(self, dialect) -> RuleSet:
+        from stateset_backend.core.rules import to
+
+        return {**super().rules(dialect),
+                "algorithm.clip.high": to("actor_rollout_ref.actor.clip_ratio_hgih")}
+
+
+class AlsoSetsAMisspeltKey(VerlAdapter):
+    """Sets a key no verl release has beside the right one (ppo_epoch)."""
+
+    def rules(self, dialect) -> RuleSet:
+        from stateset_backend.core.rules import to
+
+        return {**super().rules(dialect), "budget.ppo_epochs": to(
+            "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.actor.ppo_epoch")}
+
+
+class DropsAKeyFromTheArgv(VerlAdapter):
+    """Lists a key as set, but the argv never carries it."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        argv = [a for a in launch.argv if not a.startswith("actor_rollout_ref.actor.clip_ratio_low=")]
+        return NativeLaunch(argv, launch.files, launch.set_env, launch.env, launch.native)
+
+
+class RendersAnotherValue(VerlAdapter):
+    """Declares one learning rate and launches another."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        argv = [a.replace("actor_rollout_ref.actor.optim.lr=", "actor_rollout_ref.actor.optim.lr=9")
+                if a.startswith("actor_rollout_ref.actor.optim.lr=") else a for a in launch.argv]
+        return NativeLaunch(argv, launch.files, launch.set_env, launch.env, launch.native)
+
+
 VERL_MODULE = '''
 import pytest
 from test_conformance_kit import TestVerlConformance
@@ -182,6 +221,29 @@ def test_the_kit_reads_verl_launches_as_verl_does(tmp_path, cls, fails):
         assert failed and "STATESET_PROBE" in failed[0]["reason"], report["checks"]
     else:
         assert not failed and report["counts"]["passed"] == 1, report["checks"]
+
+
+@pytest.mark.parametrize("cls, says", [
+    # the release's default for the key it should have set is left unpinned: every sample
+    # is refused, and the one failure says why
+    (SetsAMisspeltKey, "leaves actor_rollout_ref.actor.clip_ratio_high at the verl"),
+    (AlsoSetsAMisspeltKey, "actor_rollout_ref.actor.ppo_epoch: verl 0.9.1 has no such key"),
+    (DropsAKeyFromTheArgv, "actor_rollout_ref.actor.clip_ratio_low: the launch lists it as set"),
+    (RendersAnotherValue, "actor_rollout_ref.actor.optim.lr: verl 0.9.1 reads 9"),
+    (VerlAdapter, None)])
+def test_the_kit_reads_the_launch_against_the_release(tmp_path, cls, says):
+    pytest.importorskip("hydra")
+    module = tmp_path / f"test_reads_{cls.__name__.lower()}.py"
+    module.write_text(VERL_MODULE.format(cls=cls.__name__), encoding="utf-8")
+    here = str(Path(__file__).parent)
+    report = run_module(module, "::TestBroken", ["-k", "test_launch_reads_back_as_declared",
+                                                 "--import-mode=importlib",
+                                                 "-o", f"pythonpath={here}"])
+    failed = [c for c in report["checks"] if c["state"] == "failed"]
+    if says is None:
+        assert not failed and report["counts"]["passed"] == 1, report["checks"]
+    else:
+        assert failed and says in failed[0]["reason"], report["checks"]
 
 
 def test_the_same_selection_passes_on_the_real_adapter(tmp_path):

@@ -209,9 +209,10 @@ class AdapterConformance:
                                                    engine_version: str,
                                                    sample_files: SampleFiles) -> None:
         self._version(adapter, engine_version)
-        samples = checks.claimed_plans(adapter, engine_version, sample_files, type(self).base,
-                                       lambda c: self._gap(adapter, c,
-                                                           engine_version) is not None)
+        with _reported():
+            samples = checks.claimed_plans(adapter, engine_version, sample_files,
+                                           type(self).base, lambda c: self._gap(
+                                               adapter, c, engine_version) is not None)
         if not samples:
             pytest.fail(f"no claimed capability of {adapter.name} {engine_version} plans: "
                         "nothing is translated", pytrace=False)
@@ -287,9 +288,10 @@ class AdapterConformance:
         from ..core.surfaces import surface
 
         leaves = set(all_leaf_paths(ExperimentSpec)) if adapter.name == "native" else set()
-        samples = checks.claimed_plans(adapter, engine_version, sample_files, type(self).base,
-                                       lambda c: self._gap(adapter, c,
-                                                           engine_version) is not None)
+        with _reported():
+            samples = checks.claimed_plans(adapter, engine_version, sample_files,
+                                           type(self).base, lambda c: self._gap(
+                                               adapter, c, engine_version) is not None)
         if not samples:
             pytest.fail(f"no claimed capability of {adapter.name} {engine_version} plans: "
                         "nothing is read back", pytrace=False)

@@ -162,18 +162,22 @@ def claimed_plans(adapter: EngineAdapter, version: str, files: SampleFiles,
                   overrides: dict[str, Any] | None,
                   skip: Callable[[str], bool]) -> list[Sample]:
     """One plannable sample per claimed capability (those ``skip`` says are not declared gaps);
-    capabilities with no plannable sample are left to the capability check."""
+    capabilities with no plannable sample are left to the capability check. When none plans,
+    the failure is one, with the reasons the samples were refused."""
     from .samples import SAMPLED
 
-    out = []
+    out, errors = [], []
     provided = adapter.contract.provided(parse_version(version))
     for capability in SAMPLED:
         if capability not in provided or skip(capability):
             continue
         try:
             out.append(plannable_sample(adapter, version, capability, files, overrides)[0])
-        except CheckFailed:
-            continue
+        except CheckFailed as exc:
+            errors.append(str(exc).split(": ", 1)[-1])
+    if not out and errors:
+        raise CheckFailed(f"no claimed capability of {adapter.name} {version} plans; the "
+                          f"samples are refused with: {' | '.join(dict.fromkeys(errors))[:1500]}")
     return out
 
 

@@ -622,3 +622,34 @@ def test_the_installed_version_is_detected_in_another_interpreter(cli, tmp_path)
     assert json.loads(proc.stdout)["engine_version"] == "0.9.1"
     engines = json.loads(cli("engines", "--json", "--python", VERL_PYTHON).stdout)["engines"]
     assert next(e for e in engines if e["engine"] == "verl")["installed"] == "0.9.1"
+
+
+VERL_SURFACE_RELEASES = ["0.4.1", "0.5.0", "0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0",
+                         "0.9.1"]
+
+
+@pytest.mark.parametrize("version", VERL_SURFACE_RELEASES)
+def test_shipped_surfaces_are_the_releases_composed_configs(version):
+    """The surface the kit reads launches against, regenerated from the release (its wheel, or
+    the installed 0.9.1) by the command that wrote it, is byte for byte the one shipped."""
+    import subprocess
+    from importlib import resources
+
+    from stateset_backend.conformance import surface_gen
+
+    if version == "0.9.1":
+        if VERL_PYTHON is None:
+            pytest.skip("STATESET_TEST_VERL_PYTHON is not set (see .ci/run)")
+        found = subprocess.run([VERL_PYTHON, "-c", "import os, verl; print(os.path.join("
+                                "os.path.dirname(verl.__file__), 'trainer', 'config'))"],
+                               capture_output=True, text=True, check=True, timeout=120)
+        source = Path(found.stdout.strip())
+    else:
+        if VERL_WHEELS is None:
+            pytest.skip("STATESET_TEST_VERL_WHEELS is not set (see .ci/run)")
+        (source,) = Path(VERL_WHEELS).glob(f"verl-{version}-*.whl")
+    shipped = resources.files("stateset_backend.contracts").joinpath(
+        "surfaces", f"verl-{version}.json").read_text()
+    generated = surface_gen.render(surface_gen.verl_surface(source, version))
+    assert generated == shipped, "regenerate: python -m stateset_backend.conformance." \
+        f"surface_gen verl {source} --version {version} -o stateset_backend/contracts/surfaces"
