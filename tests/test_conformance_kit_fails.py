@@ -56,6 +56,21 @@ class PassesUserTextAsSyntax(NativeAdapter):
         return NativeLaunch([*launch.argv, "--name", spec.name], launch.files)
 
 
+class WritesABrokenLauncher(NativeAdapter):
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        return NativeLaunch(launch.argv, {**launch.files, "launch.py": "def main(:\n"},
+                            launch.set_env, launch.env, launch.native)
+
+
+class DependsOnHashOrder(NativeAdapter):
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        order = ",".join({"alpha", "beta", "gamma", "delta", "epsilon"})
+        return NativeLaunch([*launch.argv, f"--order={order}"], launch.files,
+                            launch.set_env, launch.env, launch.native)
+
+
 class ReportsNaNAsFine(NativeAdapter):
     def collect(self, attempt_dir, ctx) -> Collected:
         out = super().collect(attempt_dir, ctx)
@@ -112,6 +127,9 @@ BROKEN: dict[str, tuple[type[NativeAdapter], str]] = {
     "passes_user_text_as_syntax": (PassesUserTextAsSyntax,
                                    "test_hostile_strings_cannot_inject"),
     "reports_nan_as_fine": (ReportsNaNAsFine, "test_collection and nan_metric"),
+    "writes_a_broken_launcher": (WritesABrokenLauncher,
+                                 "test_translation_is_deterministic_and_pure"),
+    "depends_on_hash_order": (DependsOnHashOrder, "test_plans_agree_across_processes"),
     "takes_identity_from_the_launch": (TakesIdentityFromTheLaunch,
                                        "test_collection and missing_identity"),
     "resumes_into_the_old_attempt": (ResumesIntoTheOldAttempt, "test_resume"),

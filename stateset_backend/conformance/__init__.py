@@ -221,6 +221,23 @@ class AdapterConformance:
                 checks.check_deterministic_and_pure(adapter, engine_version, sample,
                                                     sample_files)
 
+    def test_plans_agree_across_processes(self, adapter: EngineAdapter, engine_version: str,
+                                          sample_files: SampleFiles) -> None:
+        """The base sample planned in two fresh interpreters with different
+        ``PYTHONHASHSEED``: byte-identical plans."""
+        self._version(adapter, engine_version)
+        with _reported():
+            samples = checks.claimed_plans(adapter, engine_version, sample_files,
+                                           type(self).base, lambda c: self._gap(
+                                               adapter, c, engine_version) is not None)
+            if not samples:
+                raise CheckFailed(f"no claimed capability of {adapter.name} "
+                                  f"{engine_version} plans")
+            reason = checks.check_plans_agree_across_processes(adapter, engine_version,
+                                                               samples[0], sample_files)
+        if reason is not None:
+            unverified(reason)
+
     # -- user strings are data ----------------------------------------------------------------
     def test_hostile_strings_cannot_inject(
             self, adapter: EngineAdapter, engine_version: str, sample_files: SampleFiles,
