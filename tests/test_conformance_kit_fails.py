@@ -193,7 +193,8 @@ class DropsAKeyFromTheArgv(VerlAdapter):
 
     def render(self, translation, spec, ctx) -> NativeLaunch:
         launch = super().render(translation, spec, ctx)
-        argv = [a for a in launch.argv if not a.startswith("actor_rollout_ref.actor.clip_ratio_low=")]
+        dropped = "actor_rollout_ref.actor.clip_ratio_low="
+        argv = [a for a in launch.argv if not a.startswith(dropped)]
         return NativeLaunch(argv, launch.files, launch.set_env, launch.env, launch.native)
 
 
