@@ -11,8 +11,9 @@ from pathlib import Path
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
-    for flag in ("--out", "--run-id", "--digest", "--behaviour"):
+    for flag in ("--out", "--run-id", "--digest"):
         p.add_argument(flag, required=True)
+    p.add_argument("--behaviour", default=None)
     p.add_argument("--updates", type=int, required=True)
     p.add_argument("--seed", type=int, required=True)
     return p
@@ -22,12 +23,13 @@ def read_launch(argv: list, files: dict) -> dict:
     """What this engine takes from a launch: its flags, as its own parser reads them, and
     the settings it records (echo.json)."""
     a = parser().parse_args(argv)
-    return {"--updates": a.updates, "seed": a.seed, "behaviour": a.behaviour,
-            **json.loads(files["echo.json"])}
+    given = {} if a.behaviour is None else {"behaviour": a.behaviour}
+    return {"--updates": a.updates, "seed": a.seed, **given, **json.loads(files["echo.json"])}
 
 
 def main() -> None:
     a = parser().parse_args()
+    a.behaviour = a.behaviour or "ok"
     out = Path(a.out)
     Path(os.environ["ECHO_MARKER"]).write_text("started\n")
     if a.behaviour == "crash":

@@ -48,14 +48,13 @@ class EchoAdapter(EngineAdapter):
         native = dict(translation.native)
         settings = {k: native.pop(k) for k in list(native) if not k.startswith("--")
                     and k not in ("seed", "behaviour")}
-        behaviour = native.pop("behaviour", "ok")
         argv = [PYTHON, "-m", "stateset_echo_engine.engine", "--out", RUN_DIR,
                 "--run-id", ctx.run_id, "--digest", ctx.experiment_digest,
-                "--updates", str(native.pop("--updates")), "--seed", str(native.pop("seed")),
-                "--behaviour", str(behaviour)]
+                "--updates", str(native.pop("--updates")), "--seed", str(native.pop("seed"))]
+        if "behaviour" in native:  # an engine option; the engine behaves well without it
+            argv += ["--behaviour", str(native.pop("behaviour"))]
         return NativeLaunch(argv=argv, set_env={"ECHO_MARKER": f"{RUN_DIR}/marker"},
-                            files={"echo.json": json.dumps(settings, sort_keys=True)},
-                            native={**translation.native, "behaviour": behaviour})
+                            files={"echo.json": json.dumps(settings, sort_keys=True)})
 
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
         out = Collected(raw_metric_names={"reward/mean": "score"})
