@@ -26,8 +26,13 @@ Every check is derived from the adapter's contract, never hand-written per engin
   default set; an unclaimed one is refused with exit 3 before anything could launch;
 - two plans of one spec are the same (up to run id and time), and planning changes neither the
   spec nor the spec's folder;
+- every claimed sample's launch, read the way the engine reads it (the kit's own reader for
+  a built-in engine, ``parse_launch`` for a plugin; without one: ``unverified``), is what the
+  launch declares, key for key, and every key exists in the release's surface, whose defaults
+  are the ones the contract records; generated launchers compile; plans agree byte for byte
+  across fresh interpreters with different ``PYTHONHASHSEED``;
 - hostile values in every user string field and in an ``engine_options`` value keep the
-  launch's shape (read back with the engine's own parser when ``parse_launch`` is given);
+  launch's shape (read back through the engine's whole read path);
   ``engine_options`` keys cannot reach a key the launch sets, in any spelling;
 - collection: healthy outputs are ``succeeded``; NaN, Infinity and string metrics, missing or
   escaping artifacts, a missing identity and no committed update are ``invalid``;
