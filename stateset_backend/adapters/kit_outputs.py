@@ -34,38 +34,6 @@ def _tensorboard(log_dir: Path, metrics: list[dict[str, Any]], names: dict[str, 
     writer.close()
 
 
-def hydra_overrides(plan: Any, *, in_place_resolves: int = 0) -> dict[str, Any]:
-    """The launch's overrides as Hydra's own override parser reads them, applied to an empty
-    config, resolved in place ``in_place_resolves`` times (as the engine's own code does
-    before it reads), then read with resolution: an interpolation that survives any of it
-    resolves here."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    overrides = [a for a in plan.argv if "=" in a and not a.startswith("-")]
-    cfg = OmegaConf.create({})
-    for override in OverridesParser.create().parse_overrides(overrides=overrides):
-        OmegaConf.update(cfg, override.key_or_group, override.value(), force_add=True)
-    for _ in range(in_place_resolves):
-        OmegaConf.resolve(cfg)
-    out = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(out, dict)
-    return out  # type: ignore[return-value]
-
-
-def verl_launch(plan: Any) -> dict[str, Any]:
-    """verl's read path: Hydra's parser, main_ppo's ``OmegaConf.resolve(config)`` in place,
-    ``hydra.utils.instantiate`` resolving each ``_target_`` section's copy in place again,
-    then reads that interpolate."""
-    return hydra_overrides(plan, in_place_resolves=2)
-
-
-def nemo_rl_launch(plan: Any) -> dict[str, Any]:
-    """NeMo RL's read path: its YAML with Hydra's overrides applied, then one
-    ``OmegaConf.to_container(config, resolve=True)``; everything after reads plain dicts."""
-    return hydra_overrides(plan)
-
-
 def write_native(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
                  identity: bool, artifacts: bool, checkpoint_step: int | None) -> None:
     """run_info.json, metrics.jsonl, checkpoints with a manifest, final weights."""

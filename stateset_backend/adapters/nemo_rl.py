@@ -260,7 +260,6 @@ class NemoRLAdapter(EngineAdapter):
         from . import kit_outputs
 
         return KitSupport(write_outputs=kit_outputs.write_nemo_rl,
-                          parse_launch=kit_outputs.nemo_rl_launch,
                           option_key=lambda plan: "logger.wandb.project")
 
     def render(self, translation: Translation, spec: ExperimentSpec,

@@ -606,7 +606,6 @@ class VerlAdapter(EngineAdapter):
         from . import kit_outputs
 
         return KitSupport(write_outputs=kit_outputs.write_verl,
-                          parse_launch=kit_outputs.verl_launch,
                           option_key=lambda plan: "trainer.validation_data_dir")
 
     def render(self, translation: Translation, spec: ExperimentSpec,
