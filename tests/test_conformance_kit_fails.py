@@ -208,6 +208,72 @@ class RendersAnotherValue(VerlAdapter):
         return NativeLaunch(argv, launch.files, launch.set_env, launch.env, launch.native)
 
 
+class LaunchesGrpoForRloo(VerlAdapter):
+    """Claims rloo, but its launch runs verl's grpo estimator."""
+
+    def rules(self, dialect) -> RuleSet:
+        rules = dict(super().rules(dialect))
+        real = rules["algorithm.objective"]
+
+        def objective(value, spec):
+            return real("grpo" if value == "rloo" else value, spec)
+
+        return {**rules, "algorithm.objective": objective}
+
+
+class PinsAConstant(VerlAdapter):
+    """Claims to pin weight decay, but always launches verl's default."""
+
+    def rules(self, dialect) -> RuleSet:
+        from stateset_backend.core.rules import Pinned
+
+        return {**super().rules(dialect), "optim.weight_decay": lambda v, s: Pinned(
+            {"actor_rollout_ref.actor.optim.weight_decay": 0.01,
+             "critic.optim.weight_decay": 0.01})}
+
+
+class ResponseLimitIncludesThePrompt(VerlAdapter):
+    """Sets max_response_length to prompt + response tokens."""
+
+    def rules(self, dialect) -> RuleSet:
+        from stateset_backend.core.rules import Pinned
+
+        return {**super().rules(dialect), "data.max_response_tokens": lambda v, s: Pinned(
+            {"data.max_response_length": v + s.data.max_prompt_tokens})}
+
+
+class SwapsTheClipPair(VerlAdapter):
+    def rules(self, dialect) -> RuleSet:
+        from stateset_backend.core.rules import to
+
+        return {**super().rules(dialect),
+                "algorithm.clip.low": to("actor_rollout_ref.actor.clip_ratio_high"),
+                "algorithm.clip.high": to("actor_rollout_ref.actor.clip_ratio_low")}
+
+
+class CountsMiniBatchesInResponses(VerlAdapter):
+    def rules(self, dialect) -> RuleSet:
+        from stateset_backend.core.rules import Pinned
+
+        return {**super().rules(dialect), "budget.mini_batches": lambda v, s: Pinned(
+            {"actor_rollout_ref.actor.ppo_mini_batch_size":
+             s.budget.prompts_per_update * s.algorithm.group_size // v})}
+
+
+class SwapsK1AndK3(VerlAdapter):
+    def rules(self, dialect) -> RuleSet:
+        from stateset_backend.core.rules import Pinned
+
+        names = {"k1": "low_var_kl", "k2": "mse", "k3": "kl"}
+
+        def estimator(value, spec):
+            key = "actor_rollout_ref.actor.kl_loss_type" if spec.algorithm.kl.placement == \
+                "loss" else "algorithm.kl_penalty"
+            return Pinned({key: names[value]})
+
+        return {**super().rules(dialect), "algorithm.kl.estimator": estimator}
+
+
 VERL_MODULE = '''
 import pytest
 from test_conformance_kit import TestVerlConformance
@@ -263,6 +329,29 @@ def test_the_kit_reads_the_launch_against_the_release(tmp_path, cls, says):
         assert not failed and report["counts"]["passed"] == 1, report["checks"]
     else:
         assert failed and says in failed[0]["reason"], report["checks"]
+
+
+@pytest.mark.parametrize("cls, says", [
+    (LaunchesGrpoForRloo, "algorithm.objective: 'grpo' and 'rloo' launch alike"),
+    (PinsAConstant, "optim.weight_decay = 0.005: actor_rollout_ref.actor.optim.weight_decay"),
+    (ResponseLimitIncludesThePrompt, "data.max_response_length: verl 0.9.1 reads"),
+    (SwapsTheClipPair, "actor_rollout_ref.actor.clip_ratio_"),
+    (CountsMiniBatchesInResponses, "actor_rollout_ref.actor.ppo_mini_batch_size: verl"),
+    (SwapsK1AndK3, "algorithm.kl_penalty: verl 0.9.1 reads 'low_var_kl', but for this spec"),
+    (VerlAdapter, None)])
+def test_the_kit_varies_each_setting(tmp_path, cls, says):
+    pytest.importorskip("hydra")
+    module = tmp_path / f"test_varies_{cls.__name__.lower()}.py"
+    module.write_text(VERL_MODULE.format(cls=cls.__name__), encoding="utf-8")
+    here = str(Path(__file__).parent)
+    report = run_module(module, "::TestBroken", [
+        "-k", "test_each_setting_reaches_its_claimed or test_launch_reads_back_as_declared",
+        "--import-mode=importlib", "-o", f"pythonpath={here}"])
+    failed = [c for c in report["checks"] if c["state"] == "failed"]
+    if says is None:
+        assert not failed and report["counts"]["passed"] == 2, report["checks"]
+    else:
+        assert any(says in c["reason"] for c in failed), report["checks"]
 
 
 def test_the_same_selection_passes_on_the_real_adapter(tmp_path):

@@ -226,6 +226,33 @@ class AdapterConformance:
                 checks.check_deterministic_and_pure(adapter, engine_version, sample,
                                                     sample_files)
 
+    def test_each_setting_reaches_its_claimed_keys(
+            self, adapter: EngineAdapter, engine_version: str, sample_files: SampleFiles,
+            parse_launch: Callable[[LaunchPlan], dict[str, Any]] | None) -> None:
+        """Every numeric setting the translation pins, planned at two more values and read
+        back: it changes what the engine reads, and only in the keys it claims. Different
+        estimators, aggregations and objectives launch differently."""
+        self._version(adapter, engine_version)
+        if parse_launch is None:
+            unverified("no launch reader: give KitSupport.parse_launch (docs/plugins.md)")
+        assert parse_launch is not None
+        from ..core.modeltree import all_leaf_paths
+        from ..core.spec import ExperimentSpec
+        from ..core.surfaces import surface
+
+        leaves = set(all_leaf_paths(ExperimentSpec)) if adapter.name == "native" else set()
+        base, _ = self._base(adapter, engine_version, sample_files)
+        with _reported():
+            varied = checks.check_sensitivity(
+                adapter, engine_version, base, sample_files, parse_launch,
+                also_read=leaves.__contains__,
+                surface=surface(adapter.name, engine_version) or adapter.kit_support().surface)
+            compared = checks.check_distinct_launches(adapter, engine_version, base,
+                                                      sample_files, parse_launch)
+        if not varied and not compared:
+            pytest.fail("no setting could be planned at two other values: nothing was varied",
+                        pytrace=False)
+
     def test_plans_agree_across_processes(self, adapter: EngineAdapter, engine_version: str,
                                           sample_files: SampleFiles) -> None:
         """The base sample planned in two fresh interpreters with different
@@ -328,6 +355,7 @@ class AdapterConformance:
                 try:
                     checks.check_reads_as_declared(adapter, plan, read, known,
                                                    also_read=leaves.__contains__)
+                    checks.check_expected(adapter.name, plan, read, known)
                 except CheckFailed as exc:
                     raise CheckFailed(f"{sample.capability}: {exc}") from None
 

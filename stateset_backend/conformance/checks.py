@@ -739,3 +739,207 @@ def check_reads_as_declared(adapter: EngineAdapter, plan: LaunchPlan, read: dict
             raise CheckFailed(f"the {dialect.name} dialect records {bare} = {recorded!r}, but "
                               f"{where}'s default is {real.get('default')!r}; record the "
                               "release's own default")
+
+
+# -- sensitivity: a setting reaches exactly the keys its rule claims -----------------------------
+def _variants(value: Any) -> list[Any]:
+    """Two values distinct from each other and from ``value``, of its type, small moves that
+    specs usually accept (tried in order; those the spec or the engine refuses are skipped)."""
+    if isinstance(value, bool) or value is None:
+        return []
+    tries: list[Any]
+    if isinstance(value, int):
+        tries = [value + 1, value + 2, value * 2, value + 3, value * 4, value - 1]
+    elif isinstance(value, float):
+        tries = [value * 0.5, value * 0.75, value * 1.25, value + 0.05, value + 0.1] \
+            if value else [0.01, 0.02, 0.05]
+    else:
+        return []
+    return [v for v in dict.fromkeys(tries) if v != value]
+
+
+def _set(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(doc)
+    node = out
+    parts = path.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def _plan_or_none(adapter: EngineAdapter, version: str, doc: dict[str, Any],
+                  files: SampleFiles) -> LaunchPlan | None:
+    try:
+        return plan_doc(adapter, version, doc, files)
+    except (InvalidInput, Unsupported):
+        return None
+
+
+def _claimed(adapter: EngineAdapter, plan: LaunchPlan, path: str) -> set[str]:
+    """The native keys the plan's translation says ``path`` sets (dotted, without '+')."""
+    dialect = plan.resolved_dialect()
+    rows = explain_rows(plan.validated_spec(), adapter.rules(dialect), dialect, adapter.name)
+    out: set[str] = set()
+    for row in rows:
+        if row.path == path:
+            for key, value in row.native.items():
+                bare = key.lstrip("+")
+                out |= set(flatten(value, bare)) if isinstance(value, dict) and value \
+                    else {bare}
+    return out
+
+
+def _moot(path: str, spec: Any) -> bool:
+    """Settings the spec's own meaning makes moot in this sample, whatever the engine (the
+    kit's knowledge of the spec, not of any adapter): a launch may pin them at anything."""
+    return path == "optim.min_lr_ratio" and spec.optim.schedule == "constant"
+
+
+def _leaf(plan: LaunchPlan, path: str) -> Any:
+    node: Any = plan.spec
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any],
+                      files: SampleFiles, read: Callable[[LaunchPlan], dict[str, Any]],
+                      also_read: Callable[[str], bool] = lambda key: False,
+                      surface: dict[str, Any] | None = None) -> int:
+    """For every numeric leaf the translation pins onto engine keys: the sample planned at
+    two more values (distinct from each other and the base) and read back as the engine reads
+    it. At least one claimed key must read differently (the setting reaches the engine), and
+    every key that reads differently must be one the translation says changed (no setting
+    leaks into keys it does not claim). Returns how many leaves were varied."""
+    dialect = adapter.contract.dialect(parse_version(version))
+    origin = plan_doc(adapter, version, base, files)
+    spec = origin.validated_spec()
+    rows = explain_rows(spec, adapter.rules(dialect), dialect, adapter.name)
+    full = spec.model_dump(mode="json")
+    varied = 0
+    for row in rows:
+        if row.state != "pinned" or not row.native or row.path.split(".")[0] in (
+                "resources", "seed", "engine_options"):
+            continue
+        plans = []
+        for value in _variants(row.value):
+            plan = _plan_or_none(adapter, version, _set(full, row.path, value), files)
+            if plan is not None:
+                plans.append((value, plan))
+            if len(plans) == 2:
+                break
+        if len(plans) < 2:
+            continue
+        (a_value, a), (b_value, b) = plans
+        read_a = flatten(normalize_values(read(a), a))
+        read_b = flatten(normalize_values(read(b), b))
+        for plan, got in ((a, read_a), (b, read_b)):
+            try:
+                check_expected(adapter.name, plan, got, surface)
+            except CheckFailed as exc:
+                raise CheckFailed(f"{row.path} = {_leaf(plan, row.path)!r}: {exc}") from None
+        changed = {k for k in set(read_a) | set(read_b)
+                   if not _same_value(read_a.get(k), read_b.get(k))}
+        claimed = _claimed(adapter, a, row.path) | _claimed(adapter, b, row.path)
+        declared_a, _ = _flat_native(a)
+        declared_b, _ = _flat_native(b)
+        moved = {k for k in set(declared_a) | set(declared_b)
+                 if not _same_value(declared_a.get(k), declared_b.get(k))}
+        if not changed & claimed and not _moot(row.path, spec):
+            raise CheckFailed(f"{row.path}: planned at {a_value!r} and {b_value!r}, the "
+                              f"engine reads the same value for every key the translation "
+                              f"claims for it ({sorted(claimed)[:4]}): the setting never "
+                              "reaches the engine")
+        stray = sorted(k for k in changed - claimed - moved if not also_read(k))
+        if stray:
+            raise CheckFailed(f"{row.path}: changing it changes {stray[:4]} as the engine "
+                              "reads the launch, which its translation does not set")
+        varied += 1
+    return varied
+
+
+# Objectives whose math differs whatever the other settings are: two of different classes
+# must never launch alike (an adapter that claims rloo and launches grpo fails here).
+OBJECTIVE_CLASSES = {"grpo": "group", "dr_grpo": "group", "dapo": "group", "gspo": "gspo",
+                     "cispo": "cispo", "rloo": "rloo", "reinforce_pp": "reinforce_pp",
+                     "ppo": "ppo"}
+DISTINCT_LEAVES = {"algorithm.kl.estimator": ("k1", "k2", "k3"),
+                   "algorithm.loss_aggregation": ("token_mean", "seq_mean_token_mean",
+                                                  "seq_mean_token_sum",
+                                                  "seq_mean_token_sum_norm")}
+
+
+def check_distinct_launches(adapter: EngineAdapter, version: str, base: dict[str, Any],
+                            files: SampleFiles,
+                            read: Callable[[LaunchPlan], dict[str, Any]]) -> int:
+    """Different estimators, aggregations and objectives (with every other setting held)
+    launch differently, as the engine reads them. Returns how many pairs were compared."""
+    origin = plan_doc(adapter, version, base, files)
+    full = origin.validated_spec().model_dump(mode="json")
+    compared = 0
+
+    def launches(doc: dict[str, Any]) -> dict[str, Any] | None:
+        plan = _plan_or_none(adapter, version, doc, files)
+        if plan is None:
+            return None
+        out = flatten(normalize_values(read(plan), plan))
+        return {k: v for k, v in out.items() if "<run-id>" not in str(v)}
+
+    for path, values in DISTINCT_LEAVES.items():
+        if path.startswith("algorithm.kl.") and full["algorithm"].get("kl") is None:
+            held = _set(full, "algorithm.kl", {"coef": 0.01, "estimator": "k1",
+                                               "placement": "loss"})
+        else:
+            held = full
+        seen: dict[str, Any] = {}
+        for value in values:
+            got = launches(_set(held, path, value))
+            if got is None:
+                continue
+            for other, launched in seen.items():
+                compared += 1
+                if launched == got:
+                    raise CheckFailed(f"{path}: {other!r} and {value!r} launch alike as the "
+                                      "engine reads them; one of them is not what it claims")
+            seen[value] = got
+    for first in OBJECTIVE_CLASSES:
+        for second in OBJECTIVE_CLASSES:
+            if first >= second or OBJECTIVE_CLASSES[first] == OBJECTIVE_CLASSES[second]:
+                continue
+            for recipe in (first, second):  # every other setting held at one recipe's
+                try:
+                    filled = parse_spec(_set(base, "algorithm.objective", recipe)) \
+                        .model_dump(mode="json")
+                except InvalidInput:
+                    continue
+                a = launches(_set(filled, "algorithm.objective", first))
+                b = launches(_set(filled, "algorithm.objective", second))
+                if a is None or b is None:
+                    continue
+                compared += 1
+                if a == b:
+                    raise CheckFailed(f"algorithm.objective: {first!r} and {second!r} launch "
+                                      "alike as the engine reads them (other settings held "
+                                      f"at {recipe}'s); one of them is not what it claims")
+                break
+    return compared
+
+
+def check_expected(engine: str, plan: LaunchPlan, read: dict[str, Any],
+                   surface: dict[str, Any] | None) -> None:
+    """The values the kit knows, from the engine itself, that the engine must read for this
+    spec (``expectations``), are the ones it reads."""
+    from .expectations import OneOf, expected
+
+    for key, want in expected(engine, plan.validated_spec(), surface).items():
+        got = read.get(key, _MISSING)
+        ok = any(_same_value(got, w) for w in want) if isinstance(want, OneOf) else \
+            _same_value(got, want)
+        if not ok:
+            shown = "missing" if got is _MISSING else repr(got)
+            raise CheckFailed(f"{key}: {engine} {plan.engine_version} reads {shown}, but for "
+                              f"this spec it must read {want!r}")
+
+
+_MISSING = object()
