@@ -79,6 +79,22 @@ class ReportsNaNAsFine(NativeAdapter):
         return out
 
 
+class CountsLogRows(NativeAdapter):
+    """committed_updates counting every logged row instead of updates."""
+
+    def collect(self, attempt_dir, ctx) -> Collected:
+        out = super().collect(attempt_dir, ctx)
+        out.committed_updates = len(out.metrics)
+        return out
+
+
+class UnderCounts(NativeAdapter):
+    def collect(self, attempt_dir, ctx) -> Collected:
+        out = super().collect(attempt_dir, ctx)
+        out.committed_updates = max(0, out.committed_updates - 1)
+        return out
+
+
 class TakesIdentityFromTheLaunch(NativeAdapter):
     def collect(self, attempt_dir, ctx) -> Collected:
         out = super().collect(attempt_dir, ctx)
@@ -130,6 +146,8 @@ BROKEN: dict[str, tuple[type[NativeAdapter], str]] = {
     "writes_a_broken_launcher": (WritesABrokenLauncher,
                                  "test_translation_is_deterministic_and_pure"),
     "depends_on_hash_order": (DependsOnHashOrder, "test_plans_agree_across_processes"),
+    "counts_log_rows": (CountsLogRows, "test_collection and two_rows_at_one_update"),
+    "under_counts": (UnderCounts, "test_collection and healthy"),
     "takes_identity_from_the_launch": (TakesIdentityFromTheLaunch,
                                        "test_collection and missing_identity"),
     "resumes_into_the_old_attempt": (ResumesIntoTheOldAttempt, "test_resume"),

@@ -39,7 +39,7 @@ def write_native(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, A
     """run_info.json, metrics.jsonl, checkpoints with a manifest, final weights."""
     from ..native import layout
 
-    info: dict[str, Any] = {"committed_updates": len(metrics)}
+    info: dict[str, Any] = {"committed_updates": max((r["step"] for r in metrics), default=0)}
     if identity:
         info.update(run_id=ctx.run_id, experiment_digest=ctx.experiment_digest)
     (attempt / layout.RUN_INFO_FILE).write_text(json.dumps(info))

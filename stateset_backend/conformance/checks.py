@@ -505,6 +505,10 @@ COLLECTION_CASES: dict[str, Case] = {c.name: c for c in (
     Case("artifact_symlink_outside", "invalid", HEALTHY, after="symlink_artifacts"),
     Case("missing_identity", "invalid", HEALTHY, identity=False),
     Case("no_committed_update", "invalid", [], checkpoint_step=None),
+    # a second row logged at the last update (validation metrics beside training ones): still
+    # three updates, not four
+    Case("two_rows_at_one_update", "succeeded",
+         [*HEALTHY, {"step": 3, "reward/mean": 0.7}]),
 )}
 
 
@@ -543,6 +547,14 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
         collected, error = _collect(adapter, attempt, ctx)
     status, checks, _ = evaluate(plan, Exit(0), collected, attempt, collect_error=error)
     failed = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
+    if case.expect == "succeeded" and collected is not None:
+        shown = max((int(r["step"]) for r in case.metrics), default=0)
+        if collected.committed_updates != shown:
+            raise CheckFailed(f"{case.name}: committed_updates is "
+                              f"{collected.committed_updates}, but the outputs show {shown} "
+                              f"updates (logged up to update {shown}, a checkpoint at "
+                              f"{case.checkpoint_step}); count updates, not log rows, and "
+                              "take them from the engine's outputs, not from the launch")
     if status != case.expect:
         raise CheckFailed(f"{case.name}: the result is {status}, expected {case.expect}"
                           + (f" ({'; '.join(failed)})" if failed else ""))

@@ -67,7 +67,8 @@ class EchoAdapter(EngineAdapter):
         for line in lines:
             row = json.loads(line)
             out.metrics.append({"step": row["update"], "reward/mean": row["score"]})
-        out.committed_updates = len(out.metrics)
+        # updates, not log rows: the highest update any row reports
+        out.committed_updates = max((r["step"] for r in out.metrics), default=0)
         if (attempt_dir / "weights.bin").is_file():
             out.artifacts.append(Artifact("weights.bin", "model", out.committed_updates))
         return out
