@@ -10,9 +10,9 @@ import math
 
 import pytest
 
-from stateset_backend.adapters.kit_outputs import write_native
 from stateset_backend.adapters.native import NativeAdapter
 from stateset_backend.conformance import AdapterConformance
+from stateset_backend.conformance.writers import write_native
 from stateset_backend.core.adapter import LaunchContext
 
 

@@ -12,10 +12,9 @@ import stateset_backend.plugin as plugin
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = [*sorted((ROOT / "stateset_backend" / "adapters").glob("*.py")),
            *sorted((ROOT / "examples" / "plugins").glob("*/*/*.py"))]
-# The native engine's own adapter, and the writer of its outputs for the kit, may also reach
-# into the native engine it launches (its output layout).
-ENGINE_OWN = {"stateset_backend/adapters/native.py": ("..native",),
-              "stateset_backend/adapters/kit_outputs.py": ("..native",)}
+# The native engine's own adapter may also reach into the native engine it launches (its
+# output layout).
+ENGINE_OWN = {"stateset_backend/adapters/native.py": ("..native",)}
 
 
 def _internal_imports(path: Path) -> list[str]:

@@ -143,9 +143,8 @@ class NativeAdapter(EngineAdapter):
         return rules
 
     def kit_support(self) -> KitSupport:
-        from . import kit_outputs
-
-        return KitSupport(write_outputs=kit_outputs.write_native)
+        # the kit writes the native engine's outputs from the engine's own layout
+        return KitSupport()
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:

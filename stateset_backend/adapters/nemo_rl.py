@@ -257,10 +257,8 @@ class NemoRLAdapter(EngineAdapter):
         }
 
     def kit_support(self) -> KitSupport:
-        from . import kit_outputs
-
-        return KitSupport(write_outputs=kit_outputs.write_nemo_rl,
-                          option_key=lambda plan: "logger.wandb.project")
+        # the kit reads NeMo RL's launches and writes its outputs with its own knowledge
+        return KitSupport(option_key=lambda plan: "logger.wandb.project")
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:

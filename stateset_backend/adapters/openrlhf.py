@@ -595,10 +595,11 @@ class OpenRLHFAdapter(EngineAdapter):
         }
 
     def kit_support(self) -> KitSupport:
-        from . import kit_outputs
-
-        return KitSupport(write_outputs=kit_outputs.write_openrlhf,
-                          option_key=kit_outputs.openrlhf_option_key)
+        # the kit reads OpenRLHF's launches and writes its outputs with its own knowledge;
+        # a free-text option of the release's own spelling (flags renamed at 0.10.2)
+        return KitSupport(option_key=lambda plan: "--wandb_project" if self.keys(
+            plan.resolved_dialect()).run_name.startswith("--wandb") else
+            "--logger.wandb.project")
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:

@@ -603,10 +603,8 @@ class VerlAdapter(EngineAdapter):
         }
 
     def kit_support(self) -> KitSupport:
-        from . import kit_outputs
-
-        return KitSupport(write_outputs=kit_outputs.write_verl,
-                          option_key=lambda plan: "trainer.validation_data_dir")
+        # the kit reads verl's launches and writes its outputs with its own knowledge
+        return KitSupport(option_key=lambda plan: "trainer.validation_data_dir")
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:

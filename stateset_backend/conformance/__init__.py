@@ -58,7 +58,7 @@ from ..core.adapter import CannotWrite, EngineAdapter
 from ..core.contracts import parse_version
 from ..core.jsonio import flatten
 from ..core.plan import LaunchPlan
-from . import checks, readers
+from . import checks, readers, writers
 from .checks import COLLECTION_CASES, CheckFailed, Writer
 from .samples import SAMPLED, SampleFiles, write_sample_files
 from .specs import SAMPLES
@@ -66,6 +66,7 @@ from .specs import SAMPLES
 __all__ = ["COLLECTION_CASES", "SAMPLED", "SAMPLES", "AdapterConformance", "CannotWrite",
            "CheckFailed", "Writer"]
 
+_BUILTIN_WRITER: object = object()  # the kit writes this engine's outputs itself, per launch
 UNSUPPORTED = "unsupported: "  # prefix of a skip reason that reports a declared gap
 UNVERIFIED = "unverified: "  # prefix of a skip reason: the kit could not see what the engine reads
 
@@ -116,11 +117,24 @@ class AdapterConformance:
 
     @pytest.fixture
     def write_outputs(self, adapter: EngineAdapter) -> Writer | None:
-        """``write(attempt_dir, ctx, *, metrics, identity, artifacts, checkpoint_step)``
-        from the adapter's ``kit_support()``: the engine's native output files for canonical
-        metric rows. Without one, collection and resume are reported unsupported."""
+        """``write(attempt_dir, ctx, *, metrics, identity, artifacts, checkpoint_step)``:
+        the engine's native output files for canonical metric rows, from the adapter's
+        ``kit_support()`` (the kit writes the built-in engines' itself, per launch). Without
+        one, collection and resume are reported unsupported."""
         writer: Writer | None = adapter.kit_support().write_outputs
+        if writer is None and adapter.name in writers.BUILTIN:
+            return _BUILTIN_WRITER  # type: ignore[return-value]
         return writer
+
+    def _writer(self, adapter: EngineAdapter, plan: LaunchPlan, declared: Writer | None,
+                read: Callable[[LaunchPlan], dict[str, Any]] | None) -> Writer:
+        if declared is not _BUILTIN_WRITER:
+            assert declared is not None
+            return declared
+        assert read is not None
+        made = writers.writer_for(adapter.name, plan, lambda p: flatten(read(p)), None)
+        assert made is not None
+        return made
 
     @pytest.fixture
     def parse_launch(self, adapter: EngineAdapter) -> Callable[[LaunchPlan],
@@ -373,7 +387,8 @@ class AdapterConformance:
     # -- collection and resume ----------------------------------------------------------------
     def test_collection(self, adapter: EngineAdapter, engine_version: str, case: str,
                         sample_files: SampleFiles, write_outputs: Writer | None,
-                        tmp_path: Path) -> None:
+                        tmp_path: Path,
+                        parse_launch: Callable[[LaunchPlan], dict[str, Any]] | None) -> None:
         self._version(adapter, engine_version)
         gap = self._gap(adapter, case, engine_version)
         if gap is not None:
@@ -386,8 +401,9 @@ class AdapterConformance:
         cannot = None
         with _reported():
             try:
-                checks.check_collection(adapter, plan, COLLECTION_CASES[case], write_outputs,
-                                        tmp_path)
+                checks.check_collection(adapter, plan, COLLECTION_CASES[case],
+                                        self._writer(adapter, plan, write_outputs,
+                                                     parse_launch), tmp_path)
             except CannotWrite as exc:
                 cannot = str(exc)
         if cannot is not None:
@@ -395,7 +411,8 @@ class AdapterConformance:
 
     def test_resume(self, adapter: EngineAdapter, engine_version: str,
                     sample_files: SampleFiles, write_outputs: Writer | None,
-                    tmp_path: Path) -> None:
+                    tmp_path: Path,
+                    parse_launch: Callable[[LaunchPlan], dict[str, Any]] | None) -> None:
         self._version(adapter, engine_version)
         if "resume:exact" not in adapter.contract.provided(parse_version(engine_version)):
             unsupported(f"resume:exact is not claimed by {adapter.name} {engine_version}")
@@ -410,4 +427,6 @@ class AdapterConformance:
         extra = {"checkpoint": {"every": 1}} if "checkpoint" in provided else {}
         _, plan = self._base(adapter, engine_version, sample_files, **extra)
         with _reported():
-            checks.check_resume(adapter, plan, write_outputs, tmp_path)
+            checks.check_resume(adapter, plan,
+                                self._writer(adapter, plan, write_outputs, parse_launch),
+                                tmp_path)

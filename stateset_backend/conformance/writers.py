@@ -1,0 +1,175 @@
+"""The built-in external engines' output files, written by the kit from its own knowledge of
+each engine: where the launch (as the engine reads it) tells the engine to write, in the
+engine's own file formats and metric names. Nothing here comes from an adapter, so an adapter
+that reads a wrong metric name, a wrong folder or a wrong file format fails collection instead
+of agreeing with itself.
+
+A writer is built per plan (``writer_for``): it needs the launch to know where the engine
+writes. The native engine's writer follows the engine's own layout
+(``stateset_backend.native.layout``); a plugin supplies its writer in
+``KitSupport.write_outputs``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..core.adapter import CannotWrite, LaunchContext
+from ..core.plan import LaunchPlan
+
+OTHER_RUN = "20990101T000000Z-ffffffff.someone-elses-run"  # outputs of an unrelated run
+
+# canonical metric -> the name each engine logs it under (its trainer's own metric keys)
+VERL_METRICS = {"reward/mean": "critic/score/mean", "loss/policy": "actor/pg_loss",
+                "kl": "actor/kl_loss"}
+OPENRLHF_METRICS = {"reward/mean": "train/reward", "loss/policy": "train/policy_loss",
+                    "kl": "train/kl"}
+NEMO_RL_METRICS = {"reward/mean": "train/reward", "loss/policy": "train/loss"}
+
+
+def tensorboard(log_dir: Path, metrics: list[dict[str, Any]], names: dict[str, str],
+                hparams: dict[str, Any] | None = None) -> None:
+    """Scalars as the engines' TensorBoard loggers write them (add_scalar per tag)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    for row in metrics:
+        if any(isinstance(v, str) for k, v in row.items() if k != "step"):
+            raise CannotWrite("TensorBoard scalars are numbers")
+    writer = SummaryWriter(log_dir=str(log_dir))
+    if hparams is not None:
+        writer.add_hparams(hparams, {})
+    for row in metrics:
+        for name, value in row.items():
+            if name != "step" and name in names:
+                writer.add_scalar(names[name], value, row["step"])
+    writer.close()
+
+
+def _in(attempt: Path, value: str) -> Path:
+    return Path(value.replace("{run_dir}", str(attempt)))
+
+
+def _other(path: Path, ctx: LaunchContext, identity: bool) -> Path:
+    """The same output as another run would leave it (named by that run)."""
+    return path if identity else Path(str(path).replace(ctx.run_name, OTHER_RUN))
+
+
+Writer = Callable[..., None]
+
+
+def verl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
+    """verl's loggers and checkpoints: FileLogger writes ``{"step", "data"}`` lines to
+    VERL_FILE_LOGGER_PATH (else ``<root>/<project>/<experiment>.jsonl``); the TensorBoard
+    logger writes to TENSORBOARD_DIR (else ``tensorboard_log/<project>/<experiment>``); the
+    trainer saves ``<default_local_dir>/global_step_N/actor`` and records the step in
+    ``latest_checkpointed_iteration.txt``."""
+    loggers = read.get("trainer.logger") or []
+
+    def write(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
+              identity: bool, artifacts: bool, checkpoint_step: int | None) -> None:
+        project, experiment = read["trainer.project_name"], read["trainer.experiment_name"]
+        if "file" in loggers:
+            given = plan.set_env.get("VERL_FILE_LOGGER_PATH")
+            root = _in(attempt, plan.set_env.get("VERL_FILE_LOGGER_ROOT", str(attempt)))
+            log = _in(attempt, given) if given else root / project / f"{experiment}.jsonl"
+            log = _other(log, ctx, identity)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text("".join(json.dumps({"step": r["step"], "data": {
+                VERL_METRICS[k]: v for k, v in r.items() if k in VERL_METRICS}}) + "\n"
+                for r in metrics))
+        elif "tensorboard" in loggers:
+            given = plan.set_env.get("TENSORBOARD_DIR")
+            folder = _in(attempt, given) if given else \
+                attempt / "tensorboard_log" / project / experiment
+            tensorboard(_other(folder, ctx, identity), metrics, VERL_METRICS)
+        else:
+            raise CannotWrite(f"the launch asks for no logger the kit writes ({loggers})")
+        if artifacts and checkpoint_step is not None:
+            root = _in(attempt, str(read["trainer.default_local_dir"]))
+            ckpt = root / f"global_step_{checkpoint_step}" / "actor"
+            ckpt.mkdir(parents=True)
+            (ckpt / "model_world_size_1_rank_0.pt").write_bytes(b"weights")
+            (root / "latest_checkpointed_iteration.txt").write_text(str(checkpoint_step))
+
+    return write
+
+
+def openrlhf(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
+    """OpenRLHF's TensorBoard logger writes under ``<tensorboard dir>/<run name>``; DeepSpeed
+    saves ``<ckpt path>/_actor/global_stepN``."""
+    def flag(*names: str) -> Any:
+        return next(read[n] for n in names if n in read)
+
+    def write(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
+              identity: bool, artifacts: bool, checkpoint_step: int | None) -> None:
+        board = _in(attempt, str(flag("--use_tensorboard", "--logger.tensorboard_dir")))
+        name = flag("--wandb_run_name", "--logger.wandb.run_name")
+        tensorboard(board / (name if identity else OTHER_RUN), metrics, OPENRLHF_METRICS)
+        if artifacts and checkpoint_step is not None:
+            root = _in(attempt, str(flag("--ckpt_path", "--ckpt.path")))
+            ckpt = root / "_actor" / f"global_step{checkpoint_step}"
+            ckpt.mkdir(parents=True)
+            (ckpt / "mp_rank_00_model_states.pt").write_bytes(b"weights")
+
+    return write
+
+
+def nemo_rl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
+    """NeMo RL numbers each run's log folder (``<log_dir>/exp_NNN``), writes TensorBoard under
+    it with the whole config as hparams, and saves ``<checkpoint_dir>/step_N`` with
+    ``training_info.json`` once complete."""
+    def write(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
+              identity: bool, artifacts: bool, checkpoint_step: int | None) -> None:
+        logs = _in(attempt, str(read["logger.log_dir"]))
+        name = read.get("logger.wandb.name") if identity else OTHER_RUN
+        tensorboard(logs / "exp_001" / "tensorboard", metrics, NEMO_RL_METRICS,
+                    hparams={"logger.wandb.name": name})
+        if artifacts and checkpoint_step is not None:
+            ckpt = _in(attempt, str(read["checkpointing.checkpoint_dir"])) / \
+                f"step_{checkpoint_step}"
+            (ckpt / "policy").mkdir(parents=True)
+            (ckpt / "policy" / "weights.pt").write_bytes(b"weights")
+            (ckpt / "training_info.json").write_text(json.dumps({"step": checkpoint_step}))
+
+    return write
+
+
+def write_native(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
+                 identity: bool, artifacts: bool, checkpoint_step: int | None) -> None:
+    """run_info.json, metrics.jsonl, checkpoints with a manifest, final weights."""
+    from ..native import layout
+
+    info: dict[str, Any] = {"committed_updates": max((r["step"] for r in metrics), default=0)}
+    if identity:
+        info.update(run_id=ctx.run_id, experiment_digest=ctx.experiment_digest)
+    (attempt / layout.RUN_INFO_FILE).write_text(json.dumps(info))
+    (attempt / layout.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    if artifacts and checkpoint_step is not None:
+        ckpt = attempt / layout.CHECKPOINTS_DIR / layout.checkpoint_name(checkpoint_step)
+        ckpt.mkdir(parents=True)
+        (ckpt / "model.safetensors").write_bytes(b"weights")
+        files = {"model.safetensors": hashlib.sha256(b"weights").hexdigest()}
+        (ckpt / layout.MANIFEST).write_text(json.dumps(
+            {"experiment_digest": ctx.experiment_digest, "files": files}))
+    if artifacts:
+        (attempt / layout.FINAL_DIR).mkdir(exist_ok=True)
+        (attempt / layout.FINAL_DIR / "model.safetensors").write_bytes(b"final")
+
+
+BUILTIN: dict[str, Callable[[LaunchPlan, dict[str, Any]], Writer]] = {
+    "verl": verl, "openrlhf": openrlhf, "nemo-rl": nemo_rl,
+    "native": lambda plan, read: write_native}
+
+
+def writer_for(engine: str, plan: LaunchPlan, read: Callable[[LaunchPlan], dict[str, Any]],
+               declared: Writer | None) -> Writer | None:
+    """The kit's own writer for a built-in external engine, else the adapter's."""
+    make = BUILTIN.get(engine)
+    return make(plan, read(plan)) if make is not None else declared
+
+
+__all__ = ["BUILTIN", "OTHER_RUN", "tensorboard", "writer_for"]
