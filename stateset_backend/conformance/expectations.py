@@ -89,11 +89,43 @@ OPENRLHF: list[tuple[tuple[str, ...], Expect]] = [
     (("--temperature", "--rollout.temperature"), lambda s: s.rollout.temperature),
     (("--top_p", "--rollout.top_p"), lambda s: s.rollout.top_p),
     (("--rollout_batch_size", "--rollout.batch_size"), lambda s: s.budget.prompts_per_update),
+    # OpenRLHF's train batch is counted in samples (prompts x samples per prompt)
+    (("--train_batch_size", "--train.batch_size"),
+     lambda s: s.budget.prompts_per_update * s.algorithm.group_size // s.budget.mini_batches),
     (("--kl_estimator", "--algo.kl.estimator"),
      lambda s: s.algorithm.kl.estimator if s.algorithm.kl is not None else None),
 ]
 
-BUILTIN = {"verl": VERL, "openrlhf": OPENRLHF}
+# NeMo RL: its GRPO master config (examples/configs/grpo_math_1B.yaml)
+NEMO_RL: list[tuple[tuple[str, ...], Expect]] = [
+    (("grpo.num_generations_per_prompt",), lambda s: s.algorithm.group_size),
+    (("grpo.num_prompts_per_step",), lambda s: s.budget.prompts_per_update),
+    (("loss_fn.ratio_clip_min",), lambda s: s.algorithm.clip.low),
+    (("loss_fn.ratio_clip_max",), lambda s: s.algorithm.clip.high),
+    (("policy.optimizer.kwargs.lr",), lambda s: s.optim.lr),
+    (("policy.optimizer.kwargs.weight_decay",), lambda s: s.optim.weight_decay),
+    (("policy.max_grad_norm",), lambda s: s.optim.grad_clip),
+    (("policy.generation.temperature",), lambda s: s.rollout.temperature),
+    (("policy.generation.top_p",), lambda s: s.rollout.top_p),
+]
+
+# TRL: GRPOConfig's fields (TRL's epsilon pair is CISPO's weight cap there: not checked)
+TRL: list[tuple[tuple[str, ...], Expect]] = [
+    (("num_generations",), lambda s: s.algorithm.group_size),
+    (("epsilon",), lambda s: None if s.algorithm.objective == "cispo" else s.algorithm.clip.low),
+    (("epsilon_high",),
+     lambda s: None if s.algorithm.objective == "cispo" else s.algorithm.clip.high),
+    (("learning_rate",), lambda s: s.optim.lr),
+    (("weight_decay",), lambda s: s.optim.weight_decay),
+    (("max_grad_norm",), lambda s: s.optim.grad_clip),
+    (("num_iterations",), lambda s: s.budget.ppo_epochs),
+    (("temperature",), lambda s: s.rollout.temperature),
+    (("top_p",), lambda s: s.rollout.top_p),
+    (("max_completion_length",),
+     lambda s: s.data.max_response_tokens if _single_turn(s) else None),
+]
+
+BUILTIN = {"verl": VERL, "openrlhf": OPENRLHF, "nemo-rl": NEMO_RL, "trl": TRL}
 
 
 def expected(engine: str, spec: ExperimentSpec,
