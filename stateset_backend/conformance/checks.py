@@ -102,6 +102,8 @@ def plannable_sample(adapter: EngineAdapter, version: str, capability: str, file
             return sample, plan_doc(adapter, version, sample.doc, files)
         except Exception as exc:
             errors.append(_describe(exc))
+    # an adapter's own bug first: it is the root cause whatever else a sample runs into
+    errors.sort(key=lambda e: not e.startswith("AdapterBug"))
     raise CheckFailed(f"{adapter.name} {version} claims {capability}, but no sample needing it "
                       f"plans: " + " | ".join(dict.fromkeys(errors)))
 

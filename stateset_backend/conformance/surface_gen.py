@@ -4,7 +4,8 @@
 ``__main__`` block of each OpenRLHF release's ``train_ppo_ray`` (its real argparse parser)
 from the wheel, without installing it (OpenRLHF needs CUDA to install), and writes one
 surface per release. ``... verl WHEEL...`` (or an installed ``verl/trainer/config`` with
-``--version``) composes each release's trainer config with Hydra and records every key.
+``--version``) composes each release's trainer config with Hydra and records every key;
+``... nemo-rl grpo_math_1B.yaml --version V`` loads a NeMo RL tag's example config.
 The repo's real-engine tests regenerate them and fail when a shipped surface differs from
 its release.
 """
@@ -139,7 +140,6 @@ def verl_surface(source: Path, version: str | None = None) -> dict[str, Any]:
     import tempfile
 
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     with tempfile.TemporaryDirectory() as tmp:
         if source.suffix == ".whl":
@@ -158,6 +158,17 @@ def verl_surface(source: Path, version: str | None = None) -> dict[str, Any]:
             raise SystemExit(f"{source}: give --version for a config folder")
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
             cfg = compose(config_name="ppo_trainer")
+    return {"schema": SURFACE_SCHEMA_ID, "engine": "verl", "version": version,
+            "source": f"verl=={version}: verl/trainer/config/ppo_trainer composed by Hydra, "
+                      "no overrides",
+            "options": _leaves(cfg)}
+
+
+def _leaves(cfg: Any) -> dict[str, Any]:
+    """Every leaf of an OmegaConf config with its default: resolved where it interpolates
+    another key, as written where only a run can resolve it."""
+    from omegaconf import OmegaConf
+
     raw = OmegaConf.to_container(cfg, resolve=False)
     keys: dict[str, Any] = {}
 
@@ -174,13 +185,25 @@ def verl_surface(source: Path, version: str | None = None) -> dict[str, Any]:
             value = node
         keys[prefix] = {"default": _jsonable(value)}
         if _jsonable(node) != keys[prefix]["default"]:
-            keys[prefix]["written"] = _jsonable(node)  # the interpolation it resolves from
+            keys[prefix]["written"] = _jsonable(node)
 
     walk(raw, "")
-    return {"schema": SURFACE_SCHEMA_ID, "engine": "verl", "version": version,
-            "source": f"verl=={version}: verl/trainer/config/ppo_trainer composed by Hydra, "
-                      "no overrides",
-            "options": dict(sorted(keys.items()))}
+    return dict(sorted(keys.items()))
+
+
+def nemo_rl_surface(config: Path, version: str) -> dict[str, Any]:
+    """Every key of a NeMo RL release's GRPO example config (``examples/configs/
+    grpo_math_1B.yaml`` of its tag; NeMo RL, Apache-2.0), which ``run_grpo.py`` loads and the
+    launch's overrides apply to in struct mode."""
+    from omegaconf import OmegaConf
+
+    # run_grpo registers this resolver before it loads the config
+    OmegaConf.register_new_resolver("mul", lambda a, b: a * b, replace=True)
+    cfg = OmegaConf.load(config)
+    return {"schema": SURFACE_SCHEMA_ID, "engine": "nemo-rl", "version": version,
+            "source": f"NeMo RL v{version} (Apache-2.0): examples/configs/{config.name} as "
+                      "OmegaConf loads it",
+            "options": _leaves(cfg)}
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -194,7 +217,7 @@ def render(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stateset_backend.conformance.surface_gen")
-    parser.add_argument("engine", choices=["openrlhf", "verl"])
+    parser.add_argument("engine", choices=["openrlhf", "verl", "nemo-rl"])
     parser.add_argument("sources", nargs="+", type=Path,
                         help="release wheels (or, for verl, an installed verl/trainer/config)")
     parser.add_argument("--version", help="the release of a config folder (verl)")
@@ -202,8 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
     for source in args.sources:
-        doc = openrlhf_surface(source) if args.engine == "openrlhf" else \
-            verl_surface(source, args.version)
+        if args.engine == "openrlhf":
+            doc = openrlhf_surface(source)
+        elif args.engine == "verl":
+            doc = verl_surface(source, args.version)
+        else:
+            doc = nemo_rl_surface(source, args.version or "")
         target = args.output / f"{doc['engine']}-{doc['version']}.json"
         target.write_text(render(doc), encoding="utf-8")
         print(f"wrote {target} ({len(doc['options'])} options)")

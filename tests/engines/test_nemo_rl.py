@@ -460,3 +460,22 @@ def test_a_folder_that_is_not_a_checkout_is_refused(cli, tmp_path):
     spec.write_text(json.dumps(golden({"objective": "grpo"})))
     proc = cli("check", "--engine", "nemo-rl", "--engine-home", tmp_path, spec)
     assert proc.returncode == 2 and "not a NeMo RL checkout" in proc.stderr
+
+
+@pytest.mark.parametrize("version", ["0.5.0", "0.6.0", "0.7.0"])
+def test_shipped_surfaces_are_the_tags_example_configs(version):
+    """The surface the kit reads NeMo RL launches against, regenerated from the tag's
+    grpo_math_1B.yaml by the command that wrote it, is byte for byte the one shipped."""
+    from importlib import resources
+
+    from stateset_backend.conformance import surface_gen
+
+    config = CONFIGS / f"v{version}" / "examples" / "configs" / "grpo_math_1B.yaml"
+    if not config.is_file():
+        pytest.skip(f"{config} is absent: check out NeMo RL's examples/configs at tag "
+                    f"v{version} there to compare the shipped surface with it")
+    shipped = resources.files("stateset_backend.contracts").joinpath(
+        "surfaces", f"nemo-rl-{version}.json").read_text()
+    generated = surface_gen.render(surface_gen.nemo_rl_surface(config, version))
+    assert generated == shipped, "regenerate: python -m stateset_backend.conformance." \
+        f"surface_gen nemo-rl {config} --version {version} -o stateset_backend/contracts/surfaces"

@@ -504,7 +504,7 @@ class TRLAdapter(EngineAdapter):
     def kit_support(self) -> KitSupport:
         # hub_model_id: free text GRPOConfig accepts and an offline run never uses
         return KitSupport(write_outputs=write_outputs, option_key=lambda plan: "hub_model_id",
-                          parse_launch=read_launch,
+                          parse_launch=read_launch, surface=grpo_surface(),
                           unsupported={
             "loss_agg:seq_mean_token_sum": "TRL sums tokens per sequence (luspo) only with "
                                            "GSPO's sequence ratios; the kit's sample uses "
@@ -696,3 +696,32 @@ def read_launch(plan: Any) -> dict[str, Any]:
         if hasattr(value, "value"):  # an enum TRL parses a name into
             config[key] = value.value
     return {**config, **_launch_keys(settings["launch"])}
+
+
+@functools.cache
+def grpo_surface() -> dict[str, Any]:
+    """The configuration surface of the installed TRL, for the conformance kit: every
+    GRPOConfig field with its default (enums by value), read from the dataclass itself."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    def plain(value: Any) -> Any:
+        value = getattr(value, "value", value)
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        return value if value is None or isinstance(value, bool | int | float | str) \
+            else str(value)
+
+    options = {}
+    for f in dataclasses.fields(GRPOConfig):
+        if f.default is not dataclasses.MISSING:
+            options[f.name] = {"default": plain(f.default)}
+        elif f.default_factory is not dataclasses.MISSING:
+            options[f.name] = {"default": plain(f.default_factory())}
+        else:
+            options[f.name] = {"default": None}
+    # the generated launch script's own settings (data, prompt handling, validation): a
+    # mapping it takes whole, beside GRPOConfig
+    options[LAUNCH.rstrip(".")] = {"default": {}}
+    return {"engine": "trl", "options": options}

@@ -1,0 +1,197 @@
+"""Realistic adapter bugs, one per mutant, for the conformance kit's mutation suite.
+
+Each mutant is a text edit to a copy of an adapter, its contract or the TRL plugin: the kind of
+mistake a plugin author or a refactor makes (a swapped pair, a unit error, a renamed key, a
+dropped pin, a collector that over-counts). The suite applies each to a copy, runs the kit on
+the engine and counts it killed when the kit fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+VERL = "stateset_backend/adapters/verl.py"
+VERL_CONTRACT = "stateset_backend/contracts/verl.json"
+ORL = "stateset_backend/adapters/openrlhf.py"
+ORL_CONTRACT = "stateset_backend/contracts/openrlhf.json"
+NEMO = "stateset_backend/adapters/nemo_rl.py"
+NEMO_CONTRACT = "stateset_backend/contracts/nemo-rl.json"
+TRL = "stateset_trl_engine/plugin.py"
+TRL_CONTRACT = "stateset_trl_engine/contract.json"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    engine: str
+    version: str
+    edits: tuple[tuple[str, str, str], ...]  # (file, old text, new text): every occurrence
+    kind: str = "translation"
+    notes: str = field(default="", compare=False)
+
+
+def m(name: str, engine: str, version: str, *edits: tuple[str, str, str],
+      kind: str = "translation") -> Mutant:
+    return Mutant(name, engine, version, tuple(edits), kind)
+
+
+MUTANTS: list[Mutant] = [
+    # -- verl -------------------------------------------------------------------------------------
+    m("verl: clip low and high swapped", "verl", "0.9.1",
+      (VERL, '"algorithm.clip.low": to(f"{ACTOR}.clip_ratio_low")',
+       '"algorithm.clip.low": to(f"{ACTOR}.clip_ratio_high")'),
+      (VERL, '"algorithm.clip.high": to(f"{ACTOR}.clip_ratio_high")',
+       '"algorithm.clip.high": to(f"{ACTOR}.clip_ratio_low")')),
+    m("verl: k1 and k3 swapped", "verl", "0.9.1",
+      (VERL, 'KL_TYPE = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}',
+       'KL_TYPE = {"k1": "low_var_kl", "k2": "mse", "k3": "kl"}')),
+    m("verl: mini-batch counted in responses", "verl", "0.9.1",
+      (VERL, 'Pinned({f"{ACTOR}.ppo_mini_batch_size": prompts // value},',
+       'Pinned({f"{ACTOR}.ppo_mini_batch_size": prompts * spec.algorithm.group_size // value},')),
+    m("verl: max response length is prompt + response", "verl", "0.9.1",
+      (VERL, '"data.max_response_tokens": to("data.max_response_length")',
+       '"data.max_response_tokens": lambda v, s: Pinned({"data.max_response_length": '
+       'v + s.data.max_prompt_tokens})')),
+    m("verl: rloo launched as grpo", "verl", "0.9.1",
+      (VERL, '"rloo": "rloo",', '"rloo": "grpo",')),
+    m("verl: group size on the validation sampler", "verl", "0.9.1",
+      (VERL, '"algorithm.group_size": to(f"{ROLLOUT}.n")',
+       '"algorithm.group_size": to(f"{VAL}.n")')),
+    m("verl: learning rate pinned to a constant", "verl", "0.9.1",
+      (VERL, '"optim.lr": to(k(f"{ACTOR}.optim.lr"))',
+       '"optim.lr": lambda v, s: Pinned({k(f"{ACTOR}.optim.lr"): 1e-6})')),
+    m("verl: temperature key misspelt", "verl", "0.9.1",
+      (VERL, '"rollout.temperature": to(f"{ROLLOUT}.temperature")',
+       '"rollout.temperature": to(f"{ROLLOUT}.temprature")')),
+    m("verl: entropy key of another spelling", "verl", "0.9.1",
+      (VERL, 'to(f"{ACTOR}.entropy_coeff")', 'to(f"{ACTOR}.entropy_coef")')),
+    m("verl: seq-mean-token-mean mapped to token-mean", "verl", "0.9.1",
+      (VERL, '"seq_mean_token_mean": "seq-mean-token-mean",',
+       '"seq_mean_token_mean": "token-mean",')),
+    m("verl: gradient clipping dropped", "verl", "0.9.1",
+      (VERL, '"optim.grad_clip": to(*keys.grad_clip, *keys.critic_grad_clip)',
+       '"optim.grad_clip": carried("verl clips gradients")')),
+    m("verl: train batch counted in responses", "verl", "0.9.1",
+      (VERL, '"budget.prompts_per_update": to("data.train_batch_size")',
+       '"budget.prompts_per_update": lambda v, s: Pinned({"data.train_batch_size": '
+       'v * s.algorithm.group_size})')),
+    m("verl: ppo epochs key misspelt", "verl", "0.9.1",
+      (VERL, 'to(f"{ACTOR}.ppo_epochs")', 'to(f"{ACTOR}.ppo_epoch")')),
+    m("verl: interpolations carried with one escape", "verl", "0.9.1",
+      (VERL, '        overrides.refuse_interpolations(native, translation.sources, "verl", '
+             'READ_PATH)\n', '')),
+    m("verl: KL coefficient on the unused placement", "verl", "0.9.1",
+      (VERL, 'key = f"{ACTOR}.kl_loss_coef" if _in_loss(spec) else "algorithm.kl_ctrl.kl_coef"',
+       'key = "algorithm.kl_ctrl.kl_coef" if _in_loss(spec) else f"{ACTOR}.kl_loss_coef"')),
+    m("verl: reward metric read under another name", "verl", "0.9.1",
+      (VERL, '"reward/mean": "critic/score/mean"', '"reward/mean": "critic/rewards/mean"'),
+      kind="collection"),
+    m("verl: committed updates counted as log rows", "verl", "0.9.1",
+      (VERL, 'out.committed_updates = max((int(r["step"]) for r in out.metrics), default=0)',
+       'out.committed_updates = len(out.metrics)'), kind="collection"),
+    m("verl: weight decay pinned to the default", "verl", "0.9.1",
+      (VERL, '"optim.weight_decay": k.optim_rule("weight_decay")',
+       '"optim.weight_decay": lambda v, s: Pinned(k.optim("weight_decay", 0.01))')),
+    m("verl: top_p on the validation sampler", "verl", "0.9.1",
+      (VERL, '"rollout.top_p": to(f"{ROLLOUT}.top_p")', '"rollout.top_p": to(f"{VAL}.top_p")')),
+    m("verl: prompt limit carried as the response limit", "verl", "0.9.1",
+      (VERL, '"data.max_prompt_tokens": to("data.max_prompt_length")',
+       '"data.max_prompt_tokens": to("data.max_prompt_length", "data.max_response_length")')),
+    m("verl: recorded dual-clip default changed", "verl", "0.9.1",
+      (VERL_CONTRACT, '"actor_rollout_ref.actor.clip_ratio_c": 3.0',
+       '"actor_rollout_ref.actor.clip_ratio_c": 10.0'), kind="contract"),
+    m("verl: a recorded default under a misspelt key", "verl", "0.9.1",
+      (VERL_CONTRACT, '"actor_rollout_ref.actor.clip_ratio_c": 3.0',
+       '"actor_rollout_ref.actor.clip_ratio_cc": 3.0'), kind="contract"),
+    m("verl: ppo epochs pinned at 1", "verl", "0.9.1",
+      (VERL, 'to(f"{ACTOR}.ppo_epochs")', 'to(f"{ACTOR}.ppo_epochs", convert=lambda v: 1)')),
+    # -- OpenRLHF ---------------------------------------------------------------------------------
+    m("openrlhf: clip pair swapped", "openrlhf", "0.11.2",
+      (ORL, 'Pinned({f.eps_clip_low_high: [spec.algorithm.clip.low, spec.algorithm.clip.high]})',
+       'Pinned({f.eps_clip_low_high: [spec.algorithm.clip.high, spec.algorithm.clip.low]})')),
+    m("openrlhf: train batch counted in prompts", "openrlhf", "0.11.2",
+      (ORL, 'Pinned({f.train_batch_size: samples // value})',
+       'Pinned({f.train_batch_size: spec.budget.prompts_per_update // value})')),
+    m("openrlhf: group size key of the flat dialect", "openrlhf", "0.11.2",
+      (ORL_CONTRACT, '"group_size": "--rollout.n_samples_per_prompt"',
+       '"group_size": "--n_samples_per_prompt"'), kind="contract"),
+    m("openrlhf: learning rate pinned to a constant", "openrlhf", "0.11.2",
+      (ORL, '"optim.lr": lambda v, s: Pinned({f.lr[0]: v})',
+       '"optim.lr": lambda v, s: Pinned({f.lr[0]: 1e-6})')),
+    m("openrlhf: gradient clip pinned to 1.0", "openrlhf", "0.11.2",
+      (ORL, '"optim.grad_clip": lambda v, s: Pinned({k: v for k in f.max_norm})',
+       '"optim.grad_clip": lambda v, s: Pinned({k: 1.0 for k in f.max_norm})')),
+    m("openrlhf: temperature from the validation decoding", "openrlhf", "0.11.2",
+      (ORL, '"rollout.temperature": to(f.temperature)',
+       '"rollout.temperature": lambda v, s: Pinned({f.temperature: s.evaluation.temperature})')),
+    m("openrlhf: weight decay dropped", "openrlhf", "0.11.2",
+      (ORL, 'native = {k: value for k in f.weight_decay}',
+       'native = {k: 0.0 for k in f.weight_decay}')),
+    m("openrlhf: rollout batch counted in samples", "openrlhf", "0.11.2",
+      (ORL, '"budget.prompts_per_update": to(f.rollout_batch_size, f.generate_batch_size)',
+       '"budget.prompts_per_update": lambda v, s: Pinned({f.rollout_batch_size: '
+       'v * s.algorithm.group_size, f.generate_batch_size: v})')),
+    m("openrlhf: reward metric read under another name", "openrlhf", "0.11.2",
+      (ORL, '"reward/mean": "train/reward"', '"reward/mean": "train/rewards"'),
+      kind="collection"),
+    m("openrlhf: a recorded default changed", "openrlhf", "0.9.8",
+      (ORL_CONTRACT, '"--l2": 0.0,', '"--l2": 0.01,'), kind="contract"),
+    m("openrlhf: top_p dropped", "openrlhf", "0.11.2",
+      (ORL, '"rollout.top_p": to(f.top_p)', '"rollout.top_p": carried("vLLM top_p")')),
+    m("openrlhf: KL estimator always k3", "openrlhf", "0.11.2",
+      (ORL, '"algorithm.kl.estimator": to(f.kl_estimator)',
+       '"algorithm.kl.estimator": to(f.kl_estimator, convert=lambda v: "k3")')),
+    m("openrlhf: store_true flag given a value", "openrlhf", "0.11.2",
+      (ORL, '        if value is True:\n            argv.append(flag)',
+       '        if value is True:\n            argv.append(f"{flag}=true")')),
+    # -- NeMo RL ----------------------------------------------------------------------------------
+    m("nemo-rl: clip min and max swapped", "nemo-rl", "0.7.0",
+      (NEMO, '"algorithm.clip.low": to("loss_fn.ratio_clip_min")',
+       '"algorithm.clip.low": to("loss_fn.ratio_clip_max")'),
+      (NEMO, '"algorithm.clip.high": to("loss_fn.ratio_clip_max")',
+       '"algorithm.clip.high": to("loss_fn.ratio_clip_min")')),
+    m("nemo-rl: group size on the wrong key", "nemo-rl", "0.7.0",
+      (NEMO, '"algorithm.group_size": to("grpo.num_generations_per_prompt")',
+       '"algorithm.group_size": to("grpo.num_prompts_per_step")')),
+    m("nemo-rl: learning rate pinned to a constant", "nemo-rl", "0.7.0",
+      (NEMO, '"optim.lr": to("policy.optimizer.kwargs.lr")',
+       '"optim.lr": lambda v, s: Pinned({"policy.optimizer.kwargs.lr": 5e-06})')),
+    m("nemo-rl: temperature key misspelt", "nemo-rl", "0.7.0",
+      (NEMO, '"rollout.temperature": to("policy.generation.temperature")',
+       '"rollout.temperature": to("policy.generation.temprature")')),
+    m("nemo-rl: reward metric read under another name", "nemo-rl", "0.7.0",
+      (NEMO, '"reward/mean": "train/reward"', '"reward/mean": "train/rewards"'),
+      kind="collection"),
+    m("nemo-rl: committed updates off by one", "nemo-rl", "0.7.0",
+      (NEMO, 'out.committed_updates = max((int(r["step"]) for r in out.metrics\n'
+             '                                     if "loss/policy" in r), default=0)',
+       'out.committed_updates = 1 + max((int(r["step"]) for r in out.metrics\n'
+       '                                     if "loss/policy" in r), default=0)'),
+      kind="collection"),
+    m("nemo-rl: a recorded default changed", "nemo-rl", "0.7.0",
+      (NEMO_CONTRACT, '"loss_fn.ratio_clip_min": 0.2', '"loss_fn.ratio_clip_min": 0.3'),
+      kind="contract"),
+    # -- TRL plugin -------------------------------------------------------------------------------
+    m("trl: clip pair swapped", "trl", "1.16.0",
+      (TRL, '        return Pinned({f.epsilon: value})\n',
+       '        return Pinned({SWAP: value})\n'),
+      (TRL, '        return Pinned({f.epsilon_high: value})\n',
+       '        return Pinned({f.epsilon: value})\n'),
+      (TRL, '        return Pinned({SWAP: value})\n',
+       '        return Pinned({f.epsilon_high: value})\n')),
+    m("trl: group size pinned to a constant", "trl", "1.16.0",
+      (TRL, 'to(f.num_generations)', 'to(f.num_generations, convert=lambda v: 8)')),
+    m("trl: learning rate key of another spelling", "trl", "1.16.0",
+      (TRL_CONTRACT, '"learning_rate": "learning_rate",', '"learning_rate": "lr",'),
+      kind="contract"),
+    m("trl: temperature dropped", "trl", "1.16.0",
+      (TRL, '"rollout.temperature": to(f.temperature)',
+       '"rollout.temperature": carried("TRL samples at its temperature")')),
+    m("trl: ppo epochs pinned at 1", "trl", "1.16.0",
+      (TRL, '"budget.ppo_epochs": to(f.num_iterations)',
+       '"budget.ppo_epochs": to(f.num_iterations, convert=lambda v: 1)')),
+    m("trl: reward metric read under another name", "trl", "1.16.0",
+      (TRL, '"reward/mean": "reward"', '"reward/mean": "rewards"'), kind="collection"),
+    m("trl: a recorded default changed", "trl", "1.16.0",
+      (TRL_CONTRACT, '"epsilon": 0.2,', '"epsilon": 0.3,'), kind="contract"),
+]

@@ -1,0 +1,119 @@
+"""The conformance kit's mutation suite: each mutant (``mutants.py``) applied to a copy of the
+package (or of the TRL plugin), the kit run on its engine through the CLI, killed when the kit
+fails. Prints the kill rate per engine and every survivor.
+
+    python tests/mutation/mutation_run.py [--jobs 2] [--only SUBSTRING] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+from mutants import MUTANTS, Mutant  # noqa: E402
+
+TRL_PLUGIN = ROOT / "examples" / "plugins" / "stateset-trl-engine"
+
+
+class StaleMutant(ValueError):
+    """A mutant whose text is no longer in the file: the suite's definition needs updating."""
+
+
+def _copy(tmp: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "stateset_backend", tmp / "stateset_backend", ignore=ignore)
+    shutil.copytree(TRL_PLUGIN / "stateset_trl_engine", tmp / "stateset_trl_engine",
+                    ignore=ignore)
+
+
+def apply(mutant: Mutant, tmp: Path) -> None:
+    for rel, old, new in mutant.edits:
+        path = tmp / rel
+        text = path.read_text(encoding="utf-8")
+        if old not in text:
+            raise StaleMutant(f"{mutant.name}: {rel} no longer holds {old[:60]!r}")
+        path.write_text(text.replace(old, new), encoding="utf-8")
+
+
+def run_one(mutant: Mutant, timeout: float = 600) -> dict[str, object]:
+    """Apply one mutant to a fresh copy and run the kit; killed when it does not exit 0."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="stateset-mutant-") as tmp_name:
+        tmp = Path(tmp_name)
+        _copy(tmp)
+        apply(mutant, tmp)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(tmp), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "PYTHONDONTWRITEBYTECODE": "1"}
+        report_path = tmp / "report.json"
+        proc = subprocess.run(
+            [sys.executable, "-m", "stateset_backend", "conformance", mutant.engine,
+             "--engine-version", mutant.version, "--json", str(report_path)],
+            capture_output=True, text=True, env=env, cwd=tmp, timeout=timeout)
+        reasons: list[str] = []
+        if report_path.is_file():
+            report = json.loads(report_path.read_text())
+            reasons = [f"{c['check']}: {c['reason']}"[:300] for c in report["checks"]
+                       if c["state"] in ("failed", "unverified")]
+        elif proc.returncode:
+            reasons = [(proc.stderr.strip().splitlines() or ["(no output)"])[-1][:300]]
+    return {"name": mutant.name, "engine": mutant.engine, "kind": mutant.kind,
+            "killed": proc.returncode != 0, "exit": proc.returncode,
+            "reasons": reasons[:3], "seconds": round(time.monotonic() - started, 1)}
+
+
+def run_all(mutants: list[Mutant], jobs: int = 2) -> list[dict[str, object]]:
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(run_one, mutants))
+
+
+def table(results: list[dict[str, object]]) -> str:
+    total, killed = Counter(), Counter()
+    for r in results:
+        total[r["engine"]] += 1
+        killed[r["engine"]] += bool(r["killed"])
+    lines = ["| engine | mutants | killed | kill rate |", "|---|---|---|---|"]
+    for engine in sorted(total):
+        lines.append(f"| {engine} | {total[engine]} | {killed[engine]} | "
+                     f"{100 * killed[engine] / total[engine]:.0f}% |")
+    lines.append(f"| all | {sum(total.values())} | {sum(killed.values())} | "
+                 f"{100 * sum(killed.values()) / max(1, sum(total.values())):.0f}% |")
+    survivors = [r for r in results if not r["killed"]]
+    if survivors:
+        lines.append("")
+        lines += [f"survived: {r['name']} ({r['kind']})" for r in survivors]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--only", default="")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    chosen = [mu for mu in MUTANTS if args.only in mu.name]
+    results = run_all(chosen, args.jobs)
+    print(table(results))
+    for r in results:
+        if r["killed"]:
+            print(f"killed: {r['name']}: {(r['reasons'] or ['exit ' + str(r['exit'])])[0]}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
