@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+# the tree whose kit is measured: this checkout, or another (an earlier release) to compare
+ROOT = Path(os.environ.get("STATESET_MUTATION_ROOT") or HERE.parents[1])
 sys.path.insert(0, str(HERE))
 
 from mutants import MUTANTS, Mutant  # noqa: E402
@@ -75,13 +76,23 @@ def run_one(mutant: Mutant, timeout: float = 600) -> dict[str, object]:
             "reasons": reasons[:3], "seconds": round(time.monotonic() - started, 1)}
 
 
+def _run_or_stale(mutant: Mutant) -> dict[str, object]:
+    try:
+        return run_one(mutant)
+    except StaleMutant as exc:
+        return {"name": mutant.name, "engine": mutant.engine, "kind": mutant.kind,
+                "killed": None, "exit": None, "reasons": [str(exc)], "seconds": 0}
+
+
 def run_all(mutants: list[Mutant], jobs: int = 2) -> list[dict[str, object]]:
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(run_one, mutants))
+        return list(pool.map(_run_or_stale, mutants))
 
 
 def table(results: list[dict[str, object]]) -> str:
     total, killed = Counter(), Counter()
+    stale = [r for r in results if r["killed"] is None]
+    results = [r for r in results if r["killed"] is not None]
     for r in results:
         total[r["engine"]] += 1
         killed[r["engine"]] += bool(r["killed"])
@@ -91,6 +102,8 @@ def table(results: list[dict[str, object]]) -> str:
                      f"{100 * killed[engine] / total[engine]:.0f}% |")
     lines.append(f"| all | {sum(total.values())} | {sum(killed.values())} | "
                  f"{100 * sum(killed.values()) / max(1, sum(total.values())):.0f}% |")
+    if stale:
+        lines.append(f"\n{len(stale)} mutant(s) do not apply to this tree (not counted)")
     survivors = [r for r in results if not r["killed"]]
     if survivors:
         lines.append("")
