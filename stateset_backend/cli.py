@@ -856,7 +856,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+# C0 and C1 controls (U+0085 is a line break to splitlines() and terminals; U+009B starts a
+# terminal escape) and the Unicode line and paragraph separators
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def one_line(message: str) -> str:

@@ -245,13 +245,13 @@ def test_any_error_message_is_printed_on_one_line(capsys, monkeypatch):
     from stateset_backend.core.errors import InvalidInput
 
     def fail(args):
-        raise InvalidInput("first\nsecond\r\u2028third\x1b[31m")
+        raise InvalidInput("first\nsecond\r\u2028third\x1b[31m\x85fourth\x9b31m")
 
     monkeypatch.setattr(cli, "build_parser", lambda: type("P", (), {
         "parse_args": lambda self, raw: type("A", (), {"func": staticmethod(fail)})()})())
     assert cli.main(["validate", "x"]) == 2
     line = _one_line(capsys.readouterr().err)
-    assert "first\\nsecond\\r\\u2028third\\x1b[31m" in line, line
+    assert "first\\nsecond\\r\\u2028third\\x1b[31m\\x85fourth\\x9b31m" in line, line
 
 
 @pytest.mark.parametrize("key", ["true", "True", "nan", "inf", "null", "NULL", "false"])
@@ -295,3 +295,16 @@ def test_openrlhf_lora_off_pins_target_modules_as_its_parser_reads_them(
     assert code == 0, err
     assert plan["native"]["--ds.lora.target_modules"] == ["all-linear"]
     assert "--ds.lora.target_modules" in plan["argv"]
+
+
+@pytest.mark.parametrize("where", ["option", "prompt_field"])
+def test_a_value_openrlhf_would_read_as_the_end_of_options_is_refused(
+        capsys, tmp_path, grpo, where):
+    """argparse drops '--' even in '--flag=--': the value would be lost, so it is refused."""
+    if where == "option":
+        grpo["engine_options"] = {"openrlhf": {"--logger.wandb.project": "--"}}
+    else:
+        grpo["data"]["train"]["prompt_field"] = grpo["data"]["validation"]["prompt_field"] = "--"
+    code, err, _ = _plan(capsys, tmp_path, grpo, "openrlhf", "0.11.2")
+    line = _one_line(err)
+    assert code == 2 and "the value '--' cannot reach OpenRLHF" in line, line

@@ -190,6 +190,9 @@ def render_flags(native: dict[str, Any]) -> list[str]:
                                        "option")
             argv += [flag, *items]
         else:
+            if str(value) == "--":  # argparse drops a "--" even after "=": the value is lost
+                raise InvalidInput(f"{flag}: the value '--' cannot reach OpenRLHF (its argument "
+                                   "parser reads it as the end of the options)")
             argv.append(f"{flag}={value}")
     return argv
 
