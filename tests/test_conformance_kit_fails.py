@@ -307,23 +307,30 @@ class TestBroken(TestVerlConformance):
 '''
 
 
+def _kit_on_verl(tmp_path: Path, cls: type, selection: str, says: str | None,
+                 checks: int = 1) -> None:
+    """The kit's selected checks on verl 0.9.1 with ``cls`` as the adapter: a failure whose
+    reason holds ``says``, or (``says`` None) ``checks`` passes and no failure."""
+    pytest.importorskip("hydra")
+    module = tmp_path / f"test_verl_{cls.__name__.lower()}.py"
+    module.write_text(VERL_MODULE.format(cls=cls.__name__), encoding="utf-8")
+    here = str(Path(__file__).parent)
+    report = run_module(module, "::TestBroken", ["-k", selection, "--import-mode=importlib",
+                                                 "-o", f"pythonpath={here}"])
+    failed = [c for c in report["checks"] if c["state"] == "failed"]
+    if says is None:
+        assert not failed and report["counts"]["passed"] == checks, report["checks"]
+    else:
+        assert any(says in c["reason"] for c in failed), report["checks"]
+
+
 @pytest.mark.parametrize("cls, fails", [(EscapesInterpolationsOnce, True),
                                         (VerlAdapter, False)])
 def test_the_kit_reads_verl_launches_as_verl_does(tmp_path, cls, fails):
     """The hostile-string check reads verl's launch through verl's whole read path (the
     in-place resolve included): an escape good for one resolution leaks the probe secret."""
-    pytest.importorskip("hydra")
-    module = tmp_path / f"test_verl_{cls.__name__.lower()}.py"
-    module.write_text(VERL_MODULE.format(cls=cls.__name__), encoding="utf-8")
-    here = str(Path(__file__).parent)
-    report = run_module(module, "::TestBroken", ["-k", "test_hostile_strings_cannot_inject",
-                                                 "--import-mode=importlib",
-                                                 "-o", f"pythonpath={here}"])
-    failed = [c for c in report["checks"] if c["state"] == "failed"]
-    if fails:
-        assert failed and "STATESET_PROBE" in failed[0]["reason"], report["checks"]
-    else:
-        assert not failed and report["counts"]["passed"] == 1, report["checks"]
+    _kit_on_verl(tmp_path, cls, "test_hostile_strings_cannot_inject",
+                 "STATESET_PROBE" if fails else None)
 
 
 @pytest.mark.parametrize("cls, says", [
@@ -335,18 +342,7 @@ def test_the_kit_reads_verl_launches_as_verl_does(tmp_path, cls, fails):
     (RendersAnotherValue, "actor_rollout_ref.actor.optim.lr: verl 0.9.1 reads 9"),
     (VerlAdapter, None)])
 def test_the_kit_reads_the_launch_against_the_release(tmp_path, cls, says):
-    pytest.importorskip("hydra")
-    module = tmp_path / f"test_reads_{cls.__name__.lower()}.py"
-    module.write_text(VERL_MODULE.format(cls=cls.__name__), encoding="utf-8")
-    here = str(Path(__file__).parent)
-    report = run_module(module, "::TestBroken", ["-k", "test_launch_reads_back_as_declared",
-                                                 "--import-mode=importlib",
-                                                 "-o", f"pythonpath={here}"])
-    failed = [c for c in report["checks"] if c["state"] == "failed"]
-    if says is None:
-        assert not failed and report["counts"]["passed"] == 1, report["checks"]
-    else:
-        assert failed and says in failed[0]["reason"], report["checks"]
+    _kit_on_verl(tmp_path, cls, "test_launch_reads_back_as_declared", says)
 
 
 @pytest.mark.parametrize("cls, says", [
@@ -358,18 +354,8 @@ def test_the_kit_reads_the_launch_against_the_release(tmp_path, cls, says):
     (SwapsK1AndK3, "algorithm.kl_penalty: verl 0.9.1 reads 'low_var_kl', but for this spec"),
     (VerlAdapter, None)])
 def test_the_kit_varies_each_setting(tmp_path, cls, says):
-    pytest.importorskip("hydra")
-    module = tmp_path / f"test_varies_{cls.__name__.lower()}.py"
-    module.write_text(VERL_MODULE.format(cls=cls.__name__), encoding="utf-8")
-    here = str(Path(__file__).parent)
-    report = run_module(module, "::TestBroken", [
-        "-k", "test_each_setting_reaches_its_claimed or test_launch_reads_back_as_declared",
-        "--import-mode=importlib", "-o", f"pythonpath={here}"])
-    failed = [c for c in report["checks"] if c["state"] == "failed"]
-    if says is None:
-        assert not failed and report["counts"]["passed"] == 2, report["checks"]
-    else:
-        assert any(says in c["reason"] for c in failed), report["checks"]
+    _kit_on_verl(tmp_path, cls, "test_each_setting_reaches_its_claimed or "
+                 "test_launch_reads_back_as_declared", says, checks=2)
 
 
 def test_the_same_selection_passes_on_the_real_adapter(tmp_path):

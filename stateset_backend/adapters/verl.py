@@ -667,8 +667,8 @@ class VerlAdapter(EngineAdapter):
                 out.metrics = canonical_rows(read_scalars(log_dir), METRICS)
         # the file logger writes the path the launch gave it (plans made before that:
         # <root>/<project>/<experiment_name>.jsonl)
-        logs = [attempt_dir / f"{ctx.run_name}.jsonl"]
-        logs = [p for p in logs if p.is_file()] or \
+        given = attempt_dir / f"{ctx.run_name}.jsonl"
+        logs = [given] if given.is_file() else \
             sorted((attempt_dir / LOG_ROOT).glob(f"*/{ctx.run_name}.jsonl"))
         for log in logs:
             out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest

@@ -184,6 +184,18 @@ class AdapterConformance:
             pytest.fail(f"{version} is outside {adapter.name}'s supported range "
                         f"{adapter.contract.supported}", pytrace=False)
 
+    def _claimed(self, adapter: EngineAdapter, version: str,
+                 files: SampleFiles) -> list[tuple[Any, LaunchPlan]]:
+        """One planned sample per claimed capability that is not a declared gap; the check
+        fails once, with the reasons, when none plans."""
+        with _reported():
+            samples = checks.claimed_plans(adapter, version, files, type(self).base,
+                                           lambda c: self._gap(adapter, c, version) is not None)
+        if not samples:
+            pytest.fail(f"no claimed capability of {adapter.name} {version} plans: nothing "
+                        "is translated", pytrace=False)
+        return samples
+
     def _base(self, adapter: EngineAdapter, version: str, files: SampleFiles,
               **extra: Any) -> tuple[dict[str, Any], LaunchPlan]:
         with _reported():
@@ -228,15 +240,9 @@ class AdapterConformance:
                                                    engine_version: str,
                                                    sample_files: SampleFiles) -> None:
         self._version(adapter, engine_version)
+        samples = self._claimed(adapter, engine_version, sample_files)
         with _reported():
-            samples = checks.claimed_plans(adapter, engine_version, sample_files,
-                                           type(self).base, lambda c: self._gap(
-                                               adapter, c, engine_version) is not None)
-        if not samples:
-            pytest.fail(f"no claimed capability of {adapter.name} {engine_version} plans: "
-                        "nothing is translated", pytrace=False)
-        with _reported():
-            for sample in samples:
+            for sample, _ in samples:
                 checks.check_deterministic_and_pure(adapter, engine_version, sample,
                                                     sample_files)
 
@@ -272,15 +278,10 @@ class AdapterConformance:
         """The base sample planned in two fresh interpreters with different
         ``PYTHONHASHSEED``: byte-identical plans."""
         self._version(adapter, engine_version)
+        (sample, _), *_ = self._claimed(adapter, engine_version, sample_files)
         with _reported():
-            samples = checks.claimed_plans(adapter, engine_version, sample_files,
-                                           type(self).base, lambda c: self._gap(
-                                               adapter, c, engine_version) is not None)
-            if not samples:
-                raise CheckFailed(f"no claimed capability of {adapter.name} "
-                                  f"{engine_version} plans")
             reason = checks.check_plans_agree_across_processes(adapter, engine_version,
-                                                               samples[0], sample_files)
+                                                               sample, sample_files)
         if reason is not None:
             unverified(reason)
 
@@ -351,17 +352,10 @@ class AdapterConformance:
         from ..core.surfaces import surface
 
         leaves = set(all_leaf_paths(ExperimentSpec)) if adapter.name == "native" else set()
-        with _reported():
-            samples = checks.claimed_plans(adapter, engine_version, sample_files,
-                                           type(self).base, lambda c: self._gap(
-                                               adapter, c, engine_version) is not None)
-        if not samples:
-            pytest.fail(f"no claimed capability of {adapter.name} {engine_version} plans: "
-                        "nothing is read back", pytrace=False)
+        samples = self._claimed(adapter, engine_version, sample_files)
         known = surface(adapter.name, engine_version) or adapter.kit_support().surface
         with _reported():
-            for sample in samples:
-                plan = checks.plan_doc(adapter, engine_version, sample.doc, sample_files)
+            for sample, plan in samples:
                 try:
                     read = flatten(parse_launch(plan))
                 except readers.LaunchUnreadable as exc:

@@ -162,7 +162,7 @@ def check_capability(adapter: EngineAdapter, version: str, capability: str,
 
 def claimed_plans(adapter: EngineAdapter, version: str, files: SampleFiles,
                   overrides: dict[str, Any] | None,
-                  skip: Callable[[str], bool]) -> list[Sample]:
+                  skip: Callable[[str], bool]) -> list[tuple[Sample, LaunchPlan]]:
     """One plannable sample per claimed capability (those ``skip`` says are not declared gaps);
     capabilities with no plannable sample are left to the capability check. When none plans,
     the failure is one, with the reasons the samples were refused."""
@@ -174,7 +174,7 @@ def claimed_plans(adapter: EngineAdapter, version: str, files: SampleFiles,
         if capability not in provided or skip(capability):
             continue
         try:
-            out.append(plannable_sample(adapter, version, capability, files, overrides)[0])
+            out.append(plannable_sample(adapter, version, capability, files, overrides))
         except CheckFailed as exc:
             errors.append(str(exc).split(": ", 1)[-1])
     if not out and errors:

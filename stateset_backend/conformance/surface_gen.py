@@ -69,8 +69,11 @@ def _option(action: argparse.Action) -> dict[str, Any]:
             "default": _jsonable(action.default)}
 
 
-def openrlhf_parser(wheel: Path) -> argparse.ArgumentParser:
-    """The release's own parser, built by its ``__main__`` block and caught at parse_args."""
+def openrlhf_main_block(wheel: Path) -> types.CodeType:
+    """The ``__main__`` block of a release's ``train_ppo_ray`` (its argparse parser, then the
+    release's own post-parse checks, then ``train(args)``), compiled from the wheel without
+    installing it. The one pure helper module the hierarchical releases import is put in
+    ``sys.modules`` (``openrlhf.utils.config``); the caller restores them if it must."""
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
 
@@ -82,21 +85,26 @@ def openrlhf_parser(wheel: Path) -> argparse.ArgumentParser:
         config_source = source("openrlhf/utils/config.py")
     if main_source is None:
         raise SystemExit(f"{wheel}: no openrlhf/cli/train_ppo_ray.py")
+    if config_source is not None:
+        for name in ("openrlhf", "openrlhf.utils"):
+            package = types.ModuleType(name)
+            package.__path__ = []
+            sys.modules[name] = package
+        config = types.ModuleType("openrlhf.utils.config")
+        exec(compile(config_source, "openrlhf/utils/config.py", "exec"), config.__dict__)
+        sys.modules["openrlhf.utils.config"] = config
+    tree = ast.parse(main_source)
+    main = next(n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.dump(n.test))
+    return compile(ast.Module(main.body, []), "train_ppo_ray.py", "exec")
+
+
+def openrlhf_parser(wheel: Path) -> argparse.ArgumentParser:
+    """The release's own parser, built by its ``__main__`` block and caught at parse_args."""
     saved = {k: sys.modules.get(k) for k in ("openrlhf", "openrlhf.utils",
                                             "openrlhf.utils.config")}
     original = argparse.ArgumentParser.parse_args
     try:
-        if config_source is not None:  # the hierarchical releases import one pure helper
-            for name in ("openrlhf", "openrlhf.utils"):
-                package = types.ModuleType(name)
-                package.__path__ = []
-                sys.modules[name] = package
-            config = types.ModuleType("openrlhf.utils.config")
-            exec(compile(config_source, "openrlhf/utils/config.py", "exec"), config.__dict__)
-            sys.modules["openrlhf.utils.config"] = config
-        tree = ast.parse(main_source)
-        main = next(n for n in tree.body
-                    if isinstance(n, ast.If) and "__main__" in ast.dump(n.test))
+        code = openrlhf_main_block(wheel)
 
         def capture(parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
             raise _Captured(parser)
@@ -105,7 +113,7 @@ def openrlhf_parser(wheel: Path) -> argparse.ArgumentParser:
         namespace = {"__name__": "__main__", "argparse": argparse, "os": os,
                      "datetime": _FixedClock, "train": None}
         try:
-            exec(compile(ast.Module(main.body, []), "train_ppo_ray.py", "exec"), namespace)
+            exec(code, namespace)
         except _Captured as got:
             return got.parser
         raise SystemExit(f"{wheel}: the __main__ block never parsed its arguments")

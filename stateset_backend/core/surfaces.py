@@ -24,13 +24,16 @@ SURFACE_SCHEMA_ID = "stateset-backend/surface/v1"
 
 
 @cache
-def _shipped() -> dict[str, dict[Version, dict[str, Any]]]:
-    out: dict[str, dict[Version, dict[str, Any]]] = {}
+def _shipped(engine: str) -> dict[Version, dict[str, Any]]:
+    """The surfaces shipped for one engine (files named ``<engine>-<version>.json``); only
+    that engine's are read, so a plan reads one engine's files, once."""
+    out: dict[Version, dict[str, Any]] = {}
     folder = resources.files("stateset_backend.contracts").joinpath("surfaces")
     for item in folder.iterdir():
-        if item.name.endswith(".json"):
+        if item.name.startswith(f"{engine}-") and item.name.endswith(".json"):
             doc = json.loads(item.read_text(encoding="utf-8"))
-            out.setdefault(doc["engine"], {})[Version(doc["version"])] = doc
+            if doc["engine"] == engine:
+                out[Version(doc["version"])] = doc
     return out
 
 
@@ -38,16 +41,12 @@ def surface(engine: str, version: str) -> dict[str, Any] | None:
     """The surface of ``engine`` at ``version``: the release's own, else the newest earlier
     generated release of the same minor series (a patch release keeps its parser), else
     None (nothing is checked)."""
-    known = _shipped().get(engine, {})
+    known = _shipped(engine)
     wanted = Version(version)
     if wanted in known:
         return known[wanted]
     same_series = [v for v in known if v.release[:2] == wanted.release[:2] and v <= wanted]
     return known[max(same_series)] if same_series else None
-
-
-def surfaces(engine: str) -> list[dict[str, Any]]:
-    return [doc for _, doc in sorted(_shipped().get(engine, {}).items())]
 
 
 def _typed(item: Any, kind: str | None) -> bool:

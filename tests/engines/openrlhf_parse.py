@@ -6,39 +6,19 @@ arguments as JSON (dotted names for the hierarchical releases). With ``--default
 post-parse rule runs: what the release does when a flag is not passed."""
 
 import argparse
-import ast
 import json
 import os
 import sys
-import types
-import zipfile
 from datetime import datetime
+from pathlib import Path
 from types import SimpleNamespace
+
+from stateset_backend.conformance.surface_gen import openrlhf_main_block
 
 wheel = sys.argv[1]
 defaults_only = sys.argv[2:] == ["--defaults"]
 argv = [] if defaults_only else sys.argv[sys.argv.index("--") + 1:]
-with zipfile.ZipFile(wheel) as zf:
-    names = zf.namelist()
-
-    def source(suffix):
-        match = [n for n in names if n.endswith(suffix)]
-        return zf.read(match[0]).decode() if match else None
-
-    main_source = source("openrlhf/cli/train_ppo_ray.py")
-    config_source = source("openrlhf/utils/config.py")
-
-if config_source is not None:  # the hierarchical releases import one pure helper
-    for name in ("openrlhf", "openrlhf.utils"):
-        package = types.ModuleType(name)
-        package.__path__ = []
-        sys.modules[name] = package
-    config = types.ModuleType("openrlhf.utils.config")
-    exec(compile(config_source, "openrlhf/utils/config.py", "exec"), config.__dict__)
-    sys.modules["openrlhf.utils.config"] = config
-
-tree = ast.parse(main_source)
-main = next(n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.dump(n.test))
+main = openrlhf_main_block(Path(wheel))
 captured = {}
 
 
@@ -73,7 +53,7 @@ sys.argv = ["train_ppo_ray.py", *argv]
 namespace = {"__name__": "__main__", "argparse": argparse, "os": os, "datetime": datetime,
              "train": train}
 try:
-    exec(compile(ast.Module(main.body, []), "train_ppo_ray.py", "exec"), namespace)
+    exec(main, namespace)
 except _Stop:
     print(json.dumps(captured["defaults"], default=str))
 else:
