@@ -25,21 +25,31 @@ pytestmark = pytest.mark.slow
 UPDATES = 12
 
 
-def _tiny_spec(**changes: Any) -> dict[str, Any]:
+def _conftest() -> Any:
     where = importlib.util.spec_from_file_location("native_conftest",
                                                    Path(__file__).with_name("conftest.py"))
     assert where is not None and where.loader is not None
     conftest = importlib.util.module_from_spec(where)
     where.loader.exec_module(conftest)
-    return dict(conftest.tiny_spec(**changes))
+    return conftest
 
 
-def _spec(processes: int | None) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def reward(tmp_path_factory) -> dict[str, Any]:
+    """A reward that differs within every group, so every update has a learning signal. With
+    the task reward nearly always 0, an early update's only gradient is the KL term at
+    policy == reference: rounding noise, which Adam scales up to a full step whose direction
+    depends on how the batch was split, so 1 and 2 processes would differ by luck."""
+    return dict(_conftest().signal_reward(tmp_path_factory.mktemp("reward")))
+
+
+def _spec(processes: int | None, reward: dict[str, Any]) -> dict[str, Any]:
     # 3 groups on 2 ranks: uneven blocks, so averaging the ranks' losses (as plain DDP does)
     # instead of weighting them by their share would show in the weights
-    return _tiny_spec(**{"budget.total_updates": UPDATES, "budget.prompts_per_update": 3,
-                         "checkpoint.every": 2, "evaluation.every": 6,
-                         "resources.processes_per_node": processes})
+    return dict(_conftest().tiny_spec(**{
+        "budget.total_updates": UPDATES, "budget.prompts_per_update": 3,
+        "checkpoint.every": 2, "evaluation.every": 6, "reward": reward,
+        "resources.processes_per_node": processes}))
 
 
 def _cli(*args: Any, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -62,21 +72,21 @@ def _final_weights(attempt: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted(tmp_path_factory, reward):
     """One uninterrupted 2-process run, shared below."""
     tmp = tmp_path_factory.mktemp("ddp")
-    plan, run_id = _plan(tmp, _spec(2))
+    plan, run_id = _plan(tmp, _spec(2, reward))
     proc = _cli("run", "--runs-dir", tmp / "runs", "--quiet", plan)
     assert proc.returncode == 0, proc.stderr
     return tmp / "runs" / run_id / "attempts" / "1"
 
 
-def test_two_gloo_processes_train_the_one_process_weights(uninterrupted, tmp_path):
+def test_two_gloo_processes_train_the_one_process_weights(uninterrupted, reward, tmp_path):
     from stateset_backend.core.digest import experiment_digest
     from stateset_backend.core.specfile import parse_spec
     from stateset_backend.native.trainer import RunSettings, Trainer
 
-    spec = parse_spec(_spec(None))
+    spec = parse_spec(_spec(None, reward))
     trainer = Trainer(RunSettings("20260101T000000Z-00000000", experiment_digest(spec), spec,
                                   tmp_path), tmp_path)
     trainer.train()
@@ -130,10 +140,10 @@ def _rank_pid(attempt: Path, rank: int) -> int | None:
 
 
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory):
+def killed(tmp_path_factory, reward):
     """A 2-process run whose rank 1 was SIGKILLed after the update-4 checkpoint."""
     tmp = tmp_path_factory.mktemp("killed")
-    plan, run_id = _plan(tmp, _spec(2))
+    plan, run_id = _plan(tmp, _spec(2, reward))
     runs = tmp / "runs"
     attempt = runs / run_id / "attempts" / "1"
     proc = subprocess.Popen([sys.executable, "-m", "stateset_backend", "run", "--runs-dir",
