@@ -39,6 +39,8 @@ from .core.adapter import (
     distribution_version,
     stage_checkpoint,
 )
+from .core.capabilities import VOCABULARY as CAPABILITIES
+from .core.capabilities import required_capabilities
 from .core.content import directory_digest, sha256_file
 from .core.contracts import Contract, Deviation, Dialect
 from .core.errors import AdapterBug, InvalidInput, StatesetError, Unsupported
@@ -98,6 +100,7 @@ from .native.tiny_model import BUILTIN_PREFIX, builtin_dir
 
 __all__ = [
     "BUILTIN_PREFIX",
+    "CAPABILITIES",
     "CORE_HANDLED",
     "ENGINE_HOME",
     "PYTHON",
@@ -160,6 +163,7 @@ __all__ = [
     "read_scalars",
     "refuse",
     "refuse_selection",
+    "required_capabilities",
     "resolved",
     "revision_outcome",
     "reward_function",

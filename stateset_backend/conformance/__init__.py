@@ -64,7 +64,12 @@ from .samples import SAMPLED, SampleFiles, write_sample_files
 from .specs import SAMPLES
 
 __all__ = ["COLLECTION_CASES", "SAMPLED", "SAMPLES", "AdapterConformance", "CannotWrite",
-           "CheckFailed", "Writer"]
+           "CheckFailed", "Writer", "write_tensorboard"]
+
+#: ``write_tensorboard(log_dir, metrics, names, hparams=None)``: a plugin's ``write_outputs``
+#: for an engine that logs to TensorBoard writes its scalars with it, each canonical metric
+#: under the engine's own tag (``names``), as the engine's SummaryWriter would
+write_tensorboard = writers.tensorboard
 
 _BUILTIN_WRITER: object = object()  # the kit writes this engine's outputs itself, per launch
 UNSUPPORTED = "unsupported: "  # prefix of a skip reason that reports a declared gap
@@ -104,7 +109,8 @@ class AdapterConformance:
     unsupported: ClassVar[Iterable[str] | Mapping[str, str]] = frozenset()
     #: the data file format the engine reads: "jsonl" or "parquet"
     data_format: ClassVar[str] = "jsonl"
-    #: merged into every sample spec (a model path the engine can load, a prompt policy)
+    #: merged into every sample spec (a model path the engine can load, a prompt policy),
+    #: over ``kit_support().base``
     base: ClassVar[dict[str, Any]] = {}
     #: the versions were picked by hand (``conformance --engine-version``), not meant to
     #: cover every dialect: the coverage check is reported skipped instead of failed
@@ -169,6 +175,13 @@ class AdapterConformance:
         return write_sample_files(tmp_path_factory.mktemp("conformance-samples"),
                                   cls.data_format)
 
+    def _overrides(self, adapter: EngineAdapter) -> dict[str, Any]:
+        """``kit_support().base`` with the class's ``base`` merged over it: the CLI (which has
+        no class of the author's) and the author's test class plan the same samples."""
+        from .samples import deep_merge
+
+        return deep_merge(dict(adapter.kit_support().base), type(self).base)
+
     def _gap(self, adapter: EngineAdapter, name: str, version: str) -> str | None:
         """A gap declared by the adapter's ``kit_support()`` or by this class."""
         declared = {**checks.reasons_of(adapter.kit_support().unsupported),
@@ -189,7 +202,7 @@ class AdapterConformance:
         """One planned sample per claimed capability that is not a declared gap; the check
         fails once, with the reasons, when none plans."""
         with _reported():
-            samples = checks.claimed_plans(adapter, version, files, type(self).base,
+            samples = checks.claimed_plans(adapter, version, files, self._overrides(adapter),
                                            lambda c: self._gap(adapter, c, version) is not None)
         if not samples:
             pytest.fail(f"no claimed capability of {adapter.name} {version} plans: nothing "
@@ -199,7 +212,7 @@ class AdapterConformance:
     def _base(self, adapter: EngineAdapter, version: str, files: SampleFiles,
               **extra: Any) -> tuple[dict[str, Any], LaunchPlan]:
         with _reported():
-            return checks.base_plan(adapter, version, files, type(self).base, **extra)
+            return checks.base_plan(adapter, version, files, self._overrides(adapter), **extra)
         raise AssertionError("unreachable")
 
     # -- the contract -------------------------------------------------------------------------
@@ -234,7 +247,7 @@ class AdapterConformance:
             unsupported(f"{capability}: {gap}")
         with _reported():
             checks.check_capability(adapter, engine_version, capability, sample_files,
-                                    type(self).base)
+                                    self._overrides(adapter))
 
     def test_translation_is_deterministic_and_pure(self, adapter: EngineAdapter,
                                                    engine_version: str,
@@ -366,6 +379,35 @@ class AdapterConformance:
                     checks.check_expected(adapter.name, plan, read, known)
                 except CheckFailed as exc:
                     raise CheckFailed(f"{sample.capability}: {exc}") from None
+
+    def test_declared_deviations_run(
+            self, adapter: EngineAdapter, engine_version: str, sample_files: SampleFiles,
+            parse_launch: Callable[[LaunchPlan], dict[str, Any]] | None) -> None:
+        """Every deviation the release's dialect declares runs in some sample whose setting
+        differs from what the engine hard-codes, and that launch reads back as declared: a
+        deviation no sample reaches is a claim nobody checked."""
+        self._version(adapter, engine_version)
+        dialect = adapter.contract.dialect(parse_version(engine_version))
+        if not dialect.deviations:
+            pytest.skip(f"{adapter.name} {dialect.name} declares no deviation")
+        from ..core.surfaces import surface
+
+        samples = self._claimed(adapter, engine_version, sample_files)
+        _, base = self._base(adapter, engine_version, sample_files)
+        known = surface(adapter.name, engine_version) or adapter.kit_support().surface
+        with _reported():
+            reached = checks.check_deviations_run(adapter, engine_version, base,
+                                                  [plan for _, plan in samples], sample_files)
+            if parse_launch is None:
+                unverified("no launch reader: the deviations' launches cannot be read back "
+                           "(give KitSupport.parse_launch, docs/plugins.md)")
+            for name, plan in reached.items():
+                try:
+                    read = flatten(parse_launch(plan))
+                    checks.check_reads_as_declared(adapter, plan, read, known)
+                    checks.check_expected(adapter.name, plan, read, known)
+                except (CheckFailed, readers.LaunchUnreadable) as exc:
+                    raise CheckFailed(f"deviation {name!r}: {exc}") from None
 
     def test_engine_options_cannot_reach_owned_keys(self, adapter: EngineAdapter,
                                                     engine_version: str,

@@ -34,6 +34,7 @@ from ..core.registry import AdapterEntry
 from ..core.results import evaluate
 from ..core.rules import explain_rows, translate
 from ..core.specfile import parse_spec
+from .reach import reach_deviations
 from .samples import Sample, SampleFiles, base_doc, deep_merge, samples_for
 
 
@@ -938,6 +939,28 @@ def check_distinct_launches(adapter: EngineAdapter, version: str, base: dict[str
                                       f"at {recipe}'s); one of them is not what it claims")
                 break
     return compared
+
+
+def check_deviations_run(adapter: EngineAdapter, version: str, base: LaunchPlan,
+                         plans: list[LaunchPlan], files: SampleFiles) -> dict[str, LaunchPlan]:
+    """A plan running each deviation the release's dialect declares, found among ``plans`` or
+    by moving the sample specs (``reach``); the deviations none runs fail, with what was
+    tried."""
+    dialect = adapter.contract.dialect(parse_version(version))
+    declared = {name: d.setting for name, d in dialect.deviations.items()}
+    docs = [p.validated_spec().model_dump(mode="json") for p in (base, *plans)]
+    reach = reach_deviations(declared, plans, docs,
+                             lambda doc: _plan_or_none(adapter, version, doc, files))
+    missing = reach.missing(declared)
+    if missing:
+        shown = "; ".join(f"{name!r} on {declared[name]} (tried {', '.join(reach.tried[name])})"
+                          for name in missing)
+        raise CheckFailed(
+            f"{adapter.name} {dialect.name} declares deviations that no sample runs: {shown}. "
+            "When the spec asks for another value than the engine hard-codes, the rule for "
+            "that setting must return hardcoded(engine_value, name); a deviation that never "
+            "applies does not belong in the contract")
+    return reach.plans
 
 
 def check_expected(engine: str, plan: LaunchPlan, read: dict[str, Any],

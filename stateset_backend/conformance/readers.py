@@ -17,6 +17,8 @@ is reported ``unverified``, never passed.
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -35,22 +37,50 @@ def _overrides(plan: LaunchPlan) -> list[str]:
     return [a for a in plan.argv if "=" in a and not a.startswith("-")]
 
 
+@functools.lru_cache(maxsize=8192)
+def _parsed(element: str) -> tuple[str, bool, Any] | str:
+    """One override through Hydra's own grammar: (key, deletes, value), or the grammar's
+    refusal. Launches repeat most elements, and the parser is the costly part of a read."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        (override,) = OverridesParser.create().parse_overrides(overrides=[element])
+    except Exception as exc:  # hydra's grammar errors carry the element
+        return str(exc)
+    return override.key_or_group, override.is_delete(), override.value()
+
+
+def _update(tree: dict[str, Any], parts: list[str], value: Any) -> None:
+    """``OmegaConf.update(cfg, key, value, merge=True, force_add=True)`` on plain dicts (one
+    ``OmegaConf.create`` afterwards instead of one validated update per element): missing
+    parents are created, a mapping merges into a mapping, anything else replaces."""
+    *parents, last = parts
+    for part in parents:
+        if not isinstance(tree.get(part), dict):
+            tree[part] = {}
+        tree = tree[part]
+    if isinstance(value, dict) and isinstance(tree.get(last), dict):
+        for key, item in value.items():
+            _update(tree[last], [key], item)
+    else:
+        tree[last] = value
+
+
 def hydra(plan: LaunchPlan, *, in_place_resolves: int) -> dict[str, Any]:
     """Hydra's own override parser, applied to an empty config, resolved in place
     ``in_place_resolves`` times, then read with resolution; a flat mapping of dotted keys."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.create({})
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides=_overrides(plan))
-    except Exception as exc:  # hydra's grammar errors carry the element
-        raise LaunchUnreadable(f"Hydra refuses the overrides: {exc}") from None
-    for override in parsed:
-        key = override.key_or_group
-        if override.is_delete():
+    tree: dict[str, Any] = {}
+    for element in _overrides(plan):
+        parsed = _parsed(element)
+        if isinstance(parsed, str):
+            raise LaunchUnreadable(f"Hydra refuses the overrides: {parsed}")
+        key, deletes, value = parsed
+        if deletes:
             raise LaunchUnreadable(f"the launch deletes {key} (~)")
-        OmegaConf.update(cfg, key, override.value(), force_add=True)
+        _update(tree, key.split("."), copy.deepcopy(value))
+    cfg = OmegaConf.create(tree)
     for _ in range(in_place_resolves):
         OmegaConf.resolve(cfg)
     out = OmegaConf.to_container(cfg, resolve=True)

@@ -47,7 +47,7 @@ def data_format_for(entry: AdapterEntry, version: str, root: Path) -> str:
     for fmt in ("jsonl", "parquet"):
         try:
             files = write_sample_files(root / fmt, fmt)
-            base_plan(entry.adapter, version, files, None)
+            base_plan(entry.adapter, version, files, entry.adapter.kit_support().base)
             return fmt
         except (CheckFailed, RuntimeError):
             continue

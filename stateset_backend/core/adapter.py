@@ -116,7 +116,9 @@ class KitSupport:
     ``stateset_backend.conformance.surface_gen`` writes it): every key it reads, with its real
     default; the built-in engines' ship with the hub. ``unsupported`` declares gaps the
     kit reports ``unsupported`` instead of failing: capability or case names, optionally
-    limited by a PEP 440 specifier after a space, each with its reason.
+    limited by a PEP 440 specifier after a space, each with its reason. ``base`` is merged into
+    every sample spec the kit plans (a model path the engine can load, a prompt policy), in
+    the CLI and in an author's test class alike (the class's own ``base`` merges over it).
     """
 
     write_outputs: Any = None
@@ -124,6 +126,7 @@ class KitSupport:
     option_key: Any = None
     surface: dict[str, Any] | None = None
     unsupported: dict[str, str] = field(default_factory=dict)
+    base: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ search through release notes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal
@@ -158,8 +159,9 @@ class Contract(_Doc):
         return probes
 
     # -- queries ---------------------------------------------------------------------------
-    @property
+    @functools.cached_property
     def digest(self) -> str:
+        """Every plan records it; a frozen contract's digest is computed once."""
         return sha256_of(self.to_json())
 
     def to_json(self) -> dict[str, Any]:
