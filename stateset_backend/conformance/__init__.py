@@ -398,9 +398,11 @@ class AdapterConformance:
         with _reported():
             reached = checks.check_deviations_run(adapter, engine_version, base,
                                                   [plan for _, plan in samples], sample_files)
-            if parse_launch is None:
-                unverified("no launch reader: the deviations' launches cannot be read back "
-                           "(give KitSupport.parse_launch, docs/plugins.md)")
+        if parse_launch is None:
+            unverified("no launch reader: the deviations' launches cannot be read back "
+                       "(give KitSupport.parse_launch, docs/plugins.md)")
+        assert parse_launch is not None
+        with _reported():
             for name, plan in reached.items():
                 try:
                     read = flatten(parse_launch(plan))

@@ -89,9 +89,9 @@ def values_for(path: str, current: Any) -> list[Any]:
                 else 0
             out += [start + 1, start + 2, start * 2, max(start - 1, 0)]
         elif kind == "number":
-            start = float(current) if isinstance(current, (int, float)) and \
+            number = float(current) if isinstance(current, (int, float)) and \
                 not isinstance(current, bool) and current else 0.0
-            out += [start * 0.5, start * 2, start + 0.1] if start else [0.1, 0.5, 5.0]
+            out += [number * 0.5, number * 2, number + 0.1] if number else [0.1, 0.5, 5.0]
     return [v for v in dict.fromkeys(out) if v != current or type(v) is not type(current)]
 
 
@@ -170,67 +170,77 @@ def _moves(doc: dict[str, Any], setting: str) -> list[tuple[str, Any]]:
     return out
 
 
+class _Search:
+    """The search for one deviation: plans are memoised across deviations (``planned``)."""
+
+    def __init__(self, name: str, setting: str, reach: Reach,
+                 plan: Callable[[dict[str, Any]], LaunchPlan | None],
+                 planned: dict[str, LaunchPlan | None]) -> None:
+        self.name, self.setting, self.reach = name, setting, reach
+        self.plan, self.planned = plan, planned
+        self.budget = SEARCH_PLANS
+        self.tried: list[Any] = []
+
+    def plan_once(self, doc: dict[str, Any]) -> LaunchPlan | None:
+        key = json.dumps(doc, sort_keys=True)
+        if key not in self.planned:
+            self.budget -= 1
+            self.planned[key] = self.plan(doc)
+        return self.planned[key]
+
+    def runs(self, doc: dict[str, Any]) -> bool:
+        got = self.plan_once(doc)
+        for ran in _ran(got):
+            self.reach.plans.setdefault(ran, got)  # type: ignore[arg-type]
+        return self.name in self.reach.plans
+
+    def own(self, doc: dict[str, Any]) -> list[Any]:
+        current = _get(doc, self.setting)
+        return [current, *values_for(self.setting, current)]
+
+    def search(self, doc: dict[str, Any], depth: int, only_near: bool) -> bool:
+        """The setting at each value on ``doc``, then (``depth``) after one more move."""
+        for value in self.own(doc):
+            self.tried.append(value)
+            if self.runs(with_leaf(doc, self.setting, value)):
+                return True
+        if depth == 0:
+            return False
+        for path, moved in _moves(doc, self.setting):
+            if self.budget <= 0 or (only_near and not _near(path, self.setting)):
+                return False
+            next_doc = with_leaf(doc, path, moved)
+            if depth == 1:
+                if any(self.runs(with_leaf(next_doc, self.setting, value))
+                       for value in self.own(doc)[:3]):
+                    return True
+            elif self.plan_once(next_doc) is not None and self.search(next_doc, 1, True):
+                return True
+        return False
+
+
 def reach_deviations(declared: dict[str, str], plans: list[LaunchPlan],
                      docs: list[dict[str, Any]],
                      plan: Callable[[dict[str, Any]], LaunchPlan | None]) -> Reach:
     """Find a plan running each deviation in ``declared`` (name -> spec setting): first among
     ``plans``; then by moving ``docs`` (full spec dumps, the base first): the setting alone,
     then with one more leaf near it moved (its siblings, the budget, the objective), then two
-    (the second only on plannable specs), then one anywhere. At most ``SEARCH_PLANS`` plans per depth."""
+    (the second only on plannable specs), then one anywhere. At most ``SEARCH_PLANS`` plans
+    per step."""
     reach = Reach()
     planned: dict[str, LaunchPlan | None] = {}
-
-    def plan_once(doc: dict[str, Any]) -> LaunchPlan | None:
-        key = json.dumps(doc, sort_keys=True)
-        if key not in planned:
-            planned[key] = plan(doc)
-        return planned[key]
-
-    def found(name: str, doc: dict[str, Any]) -> bool:
-        got = plan_once(doc)
-        for ran in _ran(got) & set(declared):
-            reach.plans.setdefault(ran, got)  # type: ignore[arg-type]
-        return name in reach.plans
-
     for known in plans:
-        for ran in _ran(known) & set(declared):
+        for ran in _ran(known):
             reach.plans.setdefault(ran, known)
     for name, setting in declared.items():
         if name in reach.plans:
             continue
         holders = [d for d in docs if _has_parent(d, setting)] or docs[:1]
-        tried = reach.tried.setdefault(name, [])
-        budget = SEARCH_PLANS
-
-        def own(doc: dict[str, Any]) -> list[Any]:
-            return [_get(doc, setting), *values_for(setting, _get(doc, setting))]
-
-        def search(doc: dict[str, Any], depth: int, only_near: bool = False) -> bool:
-            nonlocal budget
-            for value in own(doc):
-                budget -= 1
-                tried.append(value)
-                if found(name, with_leaf(doc, setting, value)):
-                    return True
-            if depth == 0:
-                return False
-            for path, moved in _moves(doc, setting):
-                if budget <= 0 or (only_near and not _near(path, setting)):
-                    return False
-                next_doc = with_leaf(doc, path, moved)
-                if depth == 1:
-                    for value in own(doc)[:3]:
-                        budget -= 1
-                        if found(name, with_leaf(next_doc, setting, value)):
-                            return True
-                elif plan_once(next_doc) is not None and search(next_doc, 1, only_near=True):
-                    return True
-            return False
-
-        for depth, near in ((0, True), (1, True), (2, True), (1, False)):
-            budget = SEARCH_PLANS
-            if any(budget > 0 and search(doc, depth, near)
+        search = _Search(name, setting, reach, plan, planned)
+        for depth, only_near in ((0, True), (1, True), (2, True), (1, False)):
+            search.budget = SEARCH_PLANS
+            if any(search.budget > 0 and search.search(doc, depth, only_near)
                    for doc in holders[:2 if depth else None]):
                 break
-        reach.tried[name] = list(dict.fromkeys(map(repr, tried)))[:12]
+        reach.tried[name] = list(dict.fromkeys(map(repr, search.tried)))[:12]
     return reach
