@@ -292,6 +292,16 @@ class SwapsK1AndK3(VerlAdapter):
         return {**super().rules(dialect), "algorithm.kl.estimator": estimator}
 
 
+class NeverRunsTheClampDeviation(VerlAdapter):
+    """verl clamps k3 at 10 whatever the spec asks; this adapter says it honours any clamp."""
+
+    def rules(self, dialect) -> RuleSet:
+        from stateset_backend.core.rules import Pinned
+
+        return {**super().rules(dialect),
+                "algorithm.kl.clamp": lambda value, spec: Pinned({})}
+
+
 VERL_MODULE = '''
 import pytest
 from test_conformance_kit import TestVerlConformance
@@ -356,6 +366,14 @@ def test_the_kit_reads_the_launch_against_the_release(tmp_path, cls, says):
 def test_the_kit_varies_each_setting(tmp_path, cls, says):
     _kit_on_verl(tmp_path, cls, "test_each_setting_reaches_its_claimed or "
                  "test_launch_reads_back_as_declared", says, checks=2)
+
+
+@pytest.mark.parametrize("cls, says", [
+    (NeverRunsTheClampDeviation, "declares deviations that no sample runs: 'k3_clamp' on "
+                                 "algorithm.kl.clamp (tried "),
+    (VerlAdapter, None)])
+def test_the_kit_runs_every_declared_deviation(tmp_path, cls, says):
+    _kit_on_verl(tmp_path, cls, "test_declared_deviations_run", says)
 
 
 def test_the_same_selection_passes_on_the_real_adapter(tmp_path):
