@@ -292,6 +292,25 @@ class SwapsK1AndK3(VerlAdapter):
         return {**super().rules(dialect), "algorithm.kl.estimator": estimator}
 
 
+class ShimSwapsResponseAndAnswer(VerlAdapter):
+    """The reward shim hands the user's score() verl's arguments in the wrong order."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        files = {name: text.replace("score(prompt, solution_str, ground_truth)",
+                                    "score(prompt, ground_truth, solution_str)")
+                 for name, text in launch.files.items()}
+        assert files != launch.files
+        return NativeLaunch(launch.argv, files, launch.set_env)
+
+
+class LaunchesAnotherEntryPoint(VerlAdapter):
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        argv = [a.replace("verl.trainer.main_ppo", "verl.trainer.main") for a in launch.argv]
+        return NativeLaunch(argv, launch.files, launch.set_env)
+
+
 class NeverRunsTheClampDeviation(VerlAdapter):
     """verl clamps k3 at 10 whatever the spec asks; this adapter says it honours any clamp."""
 
@@ -374,6 +393,14 @@ def test_the_kit_varies_each_setting(tmp_path, cls, says):
     (VerlAdapter, None)])
 def test_the_kit_runs_every_declared_deviation(tmp_path, cls, says):
     _kit_on_verl(tmp_path, cls, "test_declared_deviations_run", says)
+
+
+@pytest.mark.parametrize("cls, says", [
+    (ShimSwapsResponseAndAnswer, "scores the kit's cases [0.0, 0.0], but the spec's reward"),
+    (LaunchesAnotherEntryPoint, "does not reach the engine's entry point"),
+    (VerlAdapter, None)])
+def test_the_kit_runs_the_launch_under_an_engine_stub(tmp_path, cls, says):
+    _kit_on_verl(tmp_path, cls, "test_launch_runs_under_an_engine_stub", says)
 
 
 def test_the_same_selection_passes_on_the_real_adapter(tmp_path):

@@ -58,7 +58,7 @@ from ..core.adapter import CannotWrite, EngineAdapter
 from ..core.contracts import parse_version
 from ..core.jsonio import flatten
 from ..core.plan import LaunchPlan
-from . import checks, readers, writers
+from . import checks, launch_run, readers, stubs, writers
 from .checks import COLLECTION_CASES, CheckFailed, Writer
 from .samples import SAMPLED, SampleFiles, write_sample_files
 from .specs import SAMPLES
@@ -379,6 +379,34 @@ class AdapterConformance:
                     checks.check_expected(adapter.name, plan, read, known)
                 except CheckFailed as exc:
                     raise CheckFailed(f"{sample.capability}: {exc}") from None
+
+    def test_launch_runs_under_an_engine_stub(
+            self, adapter: EngineAdapter, engine_version: str, sample_files: SampleFiles,
+            parse_launch: Callable[[LaunchPlan], dict[str, Any]] | None,
+            tmp_path: Path) -> None:
+        """The base sample's launch run for real, with a stub standing in for the engine's
+        entry point (the kit's own for a built-in engine, ``kit_support().engine_stub`` for a
+        plugin): it reaches the entry point, hands it the configuration the launch declares,
+        and the reward answers the engine's own call with the spec's scores."""
+        self._version(adapter, engine_version)
+        if adapter.name == "native":
+            pytest.skip("the native engine's launch runs the engine itself, which its own "
+                        "tests train through")
+        stub = stubs.BUILTIN.get(adapter.name) or adapter.kit_support().engine_stub
+        if not stub:
+            unverified("no engine stub: give KitSupport.engine_stub, modules that stand in "
+                       "for the engine's entry point (docs/plugins.md)")
+        if parse_launch is None:
+            unverified("no launch reader: give KitSupport.parse_launch (docs/plugins.md)")
+        assert parse_launch is not None and stub is not None
+        from ..core.surfaces import surface
+
+        _, plan = self._base(adapter, engine_version, sample_files)
+        known = surface(adapter.name, engine_version) or adapter.kit_support().surface
+        with _reported():
+            compared = launch_run.check_launch_runs(plan, dict(stub), parse_launch(plan),
+                                                    tmp_path, known)
+        assert compared, "the stub received nothing the kit could compare"
 
     def test_declared_deviations_run(
             self, adapter: EngineAdapter, engine_version: str, sample_files: SampleFiles,

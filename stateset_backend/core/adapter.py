@@ -119,6 +119,10 @@ class KitSupport:
     limited by a PEP 440 specifier after a space, each with its reason. ``base`` is merged into
     every sample spec the kit plans (a model path the engine can load, a prompt policy), in
     the CLI and in an author's test class alike (the class's own ``base`` merges over it).
+    ``engine_stub`` maps relative file paths to the source of modules that stand in for the
+    engine's entry point when the kit runs a launch for real (``stateset_backend.conformance.
+    stubs`` says what they receive and must write); without it the launch-run check is
+    ``unverified``.
     """
 
     write_outputs: Any = None
@@ -127,6 +131,7 @@ class KitSupport:
     surface: dict[str, Any] | None = None
     unsupported: dict[str, str] = field(default_factory=dict)
     base: dict[str, Any] = field(default_factory=dict)
+    engine_stub: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -503,8 +503,10 @@ class TRLAdapter(EngineAdapter):
 
     def kit_support(self) -> KitSupport:
         # hub_model_id: free text GRPOConfig accepts and an offline run never uses
+        from .kit_stub import STUB
+
         return KitSupport(write_outputs=write_outputs, option_key=lambda plan: "hub_model_id",
-                          parse_launch=read_launch, surface=grpo_surface(),
+                          parse_launch=read_launch, surface=grpo_surface(), engine_stub=STUB,
                           unsupported={
             "loss_agg:seq_mean_token_sum": "TRL sums tokens per sequence (luspo) only with "
                                            "GSPO's sequence ratios; the kit's sample uses "
