@@ -405,7 +405,7 @@ class AdapterConformance:
         known = surface(adapter.name, engine_version) or adapter.kit_support().surface
         with _reported():
             compared = launch_run.check_launch_runs(plan, dict(stub), parse_launch(plan),
-                                                    tmp_path, known)
+                                                    tmp_path, known, adapter)
         assert compared, "the stub received nothing the kit could compare"
 
     def test_declared_deviations_run(

@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..core.adapter import ENGINE_HOME, PYTHON, RUN_DIR
+from ..core.adapter import ENGINE_HOME, PYTHON, RUN_DIR, EngineAdapter, LaunchContext
 from ..core.jsonio import flatten
+from ..core.launch import Exit
 from ..core.plan import LaunchPlan
+from ..core.results import evaluate
 from .checks import CheckFailed, _same_value, normalize_values
 from .stubs import common
 
@@ -90,12 +92,15 @@ def _placeholders(node: Any, paths: dict[str, str]) -> Any:
 
 
 def check_launch_runs(plan: LaunchPlan, stub: dict[str, str], read: dict[str, Any],
-                      tmp: Path, surface: dict[str, Any] | None = None) -> int:
+                      tmp: Path, surface: dict[str, Any] | None = None,
+                      adapter: EngineAdapter | None = None) -> int:
     """The launch run under ``stub``: the argv the entry point gets is the launch's, every key
     the stub received as the engine's configuration is the one the launch declares (relative
     paths resolved against the attempt folder) and none of the engine's keys (its
     ``surface``) the launch sets is missing from it, and the reward cases score as the sample
-    reward does. Returns how many things were compared."""
+    reward does. A stub that trained (``logged``: canonical rows per update) is collected by
+    the adapter: the run succeeds with exactly those values and updates. Returns how many
+    things were compared."""
     got = run_under_stub(plan, stub, tmp)
     compared = 0
     run_dir = tmp / "attempt"
@@ -130,4 +135,33 @@ def check_launch_runs(plan: LaunchPlan, stub: dict[str, str], read: dict[str, An
                               f"{EXPECTED_REWARDS}: the reward shim does not answer the "
                               "engine's call")
         compared += 1
+    if got.get("logged") and adapter is not None:
+        compared += _check_collected(adapter, plan, run_dir, got["logged"])
     return compared
+
+
+def _check_collected(adapter: EngineAdapter, plan: LaunchPlan, run_dir: Path,
+                     logged: list[dict[str, Any]]) -> int:
+    """What the adapter collects from the stub's run is what the stub logged."""
+    ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,
+                        plan.resolved_dialect(), plan.base_dir)
+    try:
+        collected = adapter.collect(run_dir, ctx)
+    except Exception as exc:  # the adapter's own error is the finding
+        raise CheckFailed(f"collecting the run the stub trained fails: {exc}") from None
+    status, results, _ = evaluate(plan, Exit(0), collected, run_dir)
+    if status != "succeeded":
+        failed = "; ".join(f"{c.name}: {c.detail}" for c in results if not c.ok)
+        raise CheckFailed(f"the run the stub trained is collected as {status} ({failed})")
+    rows = {int(r["step"]): r for r in collected.metrics}
+    for want in logged:
+        for name, value in want.items():
+            got = rows.get(int(want["step"]), {}).get(name)
+            if name != "step" and not _same_value(got, value):
+                raise CheckFailed(f"update {want['step']}: the engine logged {name} = "
+                                  f"{value!r}, the adapter collects {got!r}")
+    updates = max(int(r["step"]) for r in logged)
+    if collected.committed_updates != updates:
+        raise CheckFailed(f"the stub trained {updates} updates, the adapter collects "
+                          f"committed_updates = {collected.committed_updates}")
+    return len(logged)

@@ -16,7 +16,9 @@ ORL = "stateset_backend/adapters/openrlhf.py"
 ORL_CONTRACT = "stateset_backend/contracts/openrlhf.json"
 NEMO = "stateset_backend/adapters/nemo_rl.py"
 NEMO_CONTRACT = "stateset_backend/contracts/nemo-rl.json"
+NEMO_LAUNCHER = "stateset_backend/adapters/nemo_rl_launcher.py"
 TRL = "stateset_trl_engine/plugin.py"
+TRL_LAUNCHER = "stateset_trl_engine/launch_script.py"
 TRL_CONTRACT = "stateset_trl_engine/contract.json"
 
 
@@ -105,6 +107,17 @@ MUTANTS: list[Mutant] = [
        '"actor_rollout_ref.actor.clip_ratio_cc": 3.0'), kind="contract"),
     m("verl: ppo epochs pinned at 1", "verl", "0.9.1",
       (VERL, 'to(f"{ACTOR}.ppo_epochs")', 'to(f"{ACTOR}.ppo_epochs", convert=lambda v: 1)')),
+    m("verl: reward shim swaps response and answer", "verl", "0.9.1",
+      (VERL, "return float(score(prompt, solution_str, ground_truth))",
+       "return float(score(prompt, ground_truth, solution_str))"), kind="launcher"),
+    m("verl: launches another entry module", "verl", "0.9.1",
+      (VERL, '"-m", "verl.trainer.main_ppo"', '"-m", "verl.trainer.main"'), kind="launcher"),
+    m("verl: reward function named by the user's name", "verl", "0.9.1",
+      (VERL, 'f"{fn}.name": "compute_score"', 'f"{fn}.name": "score"'), kind="launcher"),
+    m("verl: k3 clamp deviation never returned", "verl", "0.9.1",
+      (VERL, 'return Hardcoded(K3_CLAMP, "k3_clamp")', "return Pinned({})"), kind="deviation"),
+    m("verl: refill deviation renamed in the contract", "verl", "0.9.1",
+      (VERL_CONTRACT, '"unbounded_refill": {', '"unbounded_refills": {'), kind="contract"),
     # -- OpenRLHF ---------------------------------------------------------------------------------
     m("openrlhf: clip pair swapped", "openrlhf", "0.11.2",
       (ORL, 'Pinned({f.eps_clip_low_high: [spec.algorithm.clip.low, spec.algorithm.clip.high]})',
@@ -144,6 +157,14 @@ MUTANTS: list[Mutant] = [
     m("openrlhf: store_true flag given a value", "openrlhf", "0.11.2",
       (ORL, '        if value is True:\n            argv.append(flag)',
        '        if value is True:\n            argv.append(f"{flag}=true")')),
+    m("openrlhf: reward shim swaps response and answer", "openrlhf", "0.11.2",
+      (ORL, "score(p, q[len(p):], a)", "score(p, a, q[len(p):])"), kind="launcher"),
+    m("openrlhf: launches another entry module", "openrlhf", "0.11.2",
+      (ORL, '"openrlhf.cli.train_ppo_ray"', '"openrlhf.cli.train_ppo"'), kind="launcher"),
+    m("openrlhf: warmup deviation never returned", "openrlhf", "0.11.2",
+      (ORL, 'return Hardcoded("warmup over warmup_steps * k optimizer steps",\n'
+            '                             "lr_warmup_per_optimizer_step", native)',
+       "return Pinned(native)"), kind="deviation"),
     # -- NeMo RL ----------------------------------------------------------------------------------
     m("nemo-rl: clip min and max swapped", "nemo-rl", "0.7.0",
       (NEMO, '"algorithm.clip.low": to("loss_fn.ratio_clip_min")',
@@ -171,6 +192,15 @@ MUTANTS: list[Mutant] = [
     m("nemo-rl: a recorded default changed", "nemo-rl", "0.7.0",
       (NEMO_CONTRACT, '"loss_fn.ratio_clip_min": 0.2', '"loss_fn.ratio_clip_min": 0.3'),
       kind="contract"),
+    m("nemo-rl: launcher scores against the prompt", "nemo-rl", "0.7.0",
+      (NEMO_LAUNCHER, '"ground_truth": assistant["content"]},',
+       '"ground_truth": prompt_text(messages)},'), kind="launcher"),
+    m("nemo-rl: launcher drops the overrides", "nemo-rl", "0.7.0",
+      (NEMO_LAUNCHER, "sys.argv = [script, *rest]", "sys.argv = [script, *rest[:2]]"),
+      kind="launcher"),
+    m("nemo-rl: leave-one-out std deviation never returned", "nemo-rl", "0.7.0",
+      (NEMO, 'return Hardcoded("leave-one-out std", "rloo_leave_one_out_std")',
+       'return Pinned({}, "")'), kind="deviation"),
     # -- TRL plugin -------------------------------------------------------------------------------
     m("trl: clip pair swapped", "trl", "1.16.0",
       (TRL, '        return Pinned({f.epsilon: value})\n',
@@ -194,4 +224,13 @@ MUTANTS: list[Mutant] = [
       (TRL, '"reward/mean": "reward"', '"reward/mean": "rewards"'), kind="collection"),
     m("trl: a recorded default changed", "trl", "1.16.0",
       (TRL_CONTRACT, '"epsilon": 0.2,', '"epsilon": 0.3,'), kind="contract"),
+    m("trl: launcher drops a config key", "trl", "1.16.0",
+      (TRL_LAUNCHER, 'config = dict(SETTINGS["config"])',
+       'config = {k: v for k, v in SETTINGS["config"].items() if k != "beta"}'),
+      kind="launcher"),
+    m("trl: reward shim scores against the prompt", "trl", "1.16.0",
+      (TRL, "score(p, text(c), a)", "score(p, text(c), p)"), kind="launcher"),
+    m("trl: committed updates off by one", "trl", "1.16.0",
+      (TRL, "out.committed_updates = max(trained, default=0)",
+       "out.committed_updates = max(trained, default=0) + 1"), kind="collection"),
 ]
