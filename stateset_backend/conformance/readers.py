@@ -17,8 +17,10 @@ is reported ``unverified``, never passed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import functools
+import io
 from collections.abc import Callable
 from typing import Any
 
@@ -157,6 +159,26 @@ BUILTIN: dict[str, Reader] = {"verl": verl, "nemo-rl": nemo_rl, "openrlhf": open
                               "native": native}
 
 
+def guarded(reader: Reader) -> Reader:
+    """A plugin's reader whose engine parser exits (argparse does, on a launch it refuses):
+    the exit becomes ``LaunchUnreadable`` with what the parser printed, so the kit reports the
+    parser's own words instead of ``SystemExit: 2``."""
+
+    def read(plan: LaunchPlan) -> dict[str, Any]:
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                return reader(plan)
+        except SystemExit as exc:
+            said = err.getvalue().strip().splitlines()
+            raise LaunchUnreadable(f"the engine's parser refuses the launch (exit {exc.code}): "
+                                   f"{said[-1] if said else exc}") from None
+
+    return read
+
+
 def reader_for(engine: str, declared: Reader | None) -> Reader | None:
     """The kit's own reader for a built-in engine, else the one the plugin declares."""
-    return BUILTIN.get(engine, declared)
+    if engine in BUILTIN:
+        return BUILTIN[engine]
+    return guarded(declared) if declared is not None else None

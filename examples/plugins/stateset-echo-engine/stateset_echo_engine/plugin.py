@@ -41,7 +41,8 @@ class EchoAdapter(EngineAdapter):
                         "budget.total_updates": to(dialect.keys["updates"])}
 
     def kit_support(self) -> KitSupport:
-        return KitSupport(write_outputs=write_outputs, parse_launch=read_launch)
+        return KitSupport(write_outputs=write_outputs, parse_launch=read_launch,
+                          surface=surface(), engine_stub=ENGINE_STUB)
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
@@ -92,9 +93,39 @@ def register_adapters(register):
     register(EchoAdapter())
 
 
+def surface() -> dict:
+    """Every key the echo engine reads: its flags, and any spec setting in echo.json."""
+    from .launch_args import parser
+
+    flags = {a.option_strings[0]: {"default": a.default} for a in parser()._actions
+             if a.option_strings and a.option_strings[0] != "-h"}
+    settings = {path: {"default": None} for path in all_leaf_paths(ExperimentSpec)}
+    return {"options": {**flags, "seed": {"default": None}, **settings}}
+
+
+# The echo engine's entry point, for the kit's launch-run check: the package's other modules
+# stay the installed ones (the launch's own parser among them); the stub reads the launch as
+# the engine does and reports what it received (the echo engine calls no reward).
+ENGINE_STUB = {
+    "stateset_echo_engine/__init__.py":
+        "import pkgutil\n__path__ = pkgutil.extend_path(__path__, __name__)\n",
+    "stateset_echo_engine/engine.py": """
+import sys
+from pathlib import Path
+
+from stateset_echo_engine.launch_args import read_launch
+from stateset_kit_stub import received
+
+argv = sys.argv[1:]
+out = Path(argv[argv.index("--out") + 1])
+received(argv=argv, config=read_launch(argv, {"echo.json": (out / "echo.json").read_text()}))
+""",
+}
+
+
 def read_launch(plan) -> dict:
     """The launch as the engine reads it (its own parser), for the conformance kit."""
-    from .engine import read_launch as engine_reads
+    from .launch_args import read_launch as engine_reads
 
     start = plan.argv.index("stateset_echo_engine.engine") + 1
     return engine_reads(plan.argv[start:], plan.files)

@@ -1,0 +1,113 @@
+"""The mistakes a plugin author makes who writes an adapter from docs/plugins.md alone, each
+applied to the echo example plugin: the kit run on the copy fails, and its message names the
+key and what to fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from stateset_echo_engine.plugin import EchoAdapter
+
+from stateset_backend.conformance.runner import run_module
+from stateset_backend.core.adapter import Collected, NativeLaunch
+from stateset_backend.core.contracts import Contract
+from stateset_backend.core.rules import RuleSet, to
+
+
+class SetsNothingForALeaf(EchoAdapter):
+    """Says it pins the learning rate, but the launch never hands it to the engine."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        settings = json.loads(launch.files["echo.json"])
+        settings.pop("optim.lr")
+        return NativeLaunch(launch.argv, {"echo.json": json.dumps(settings)}, launch.set_env)
+
+
+class DropsAFlagFromTheArgv(EchoAdapter):
+    """Lists --updates among the launch's keys, but leaves it out of the argv."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        at = launch.argv.index("--updates")
+        return NativeLaunch(launch.argv[:at] + launch.argv[at + 2:], launch.files,
+                            launch.set_env, native={**translation.native})
+
+
+class MisspellsAKey(EchoAdapter):
+    def rules(self, dialect) -> RuleSet:
+        return {**super().rules(dialect), "algorithm.clip.high": to("algorithm.clip.hgih")}
+
+
+class PinsAKeyNoEngineReads(EchoAdapter):
+    def rules(self, dialect) -> RuleSet:
+        return {**super().rules(dialect), "optim.lr": to("optimizer.learning_rate")}
+
+
+class WritesALauncherThatIsNotPython(EchoAdapter):
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        return NativeLaunch(launch.argv, {**launch.files, "launch.py": "def main(:\n"},
+                            launch.set_env)
+
+
+class ClaimsRlooLaunchesGrpo(EchoAdapter):
+    """The contract claims objective:rloo; the launch runs GRPO whatever the spec says."""
+
+    @property
+    def contract(self) -> Contract:
+        doc = super().contract.to_json()
+        doc["capabilities"][0]["provides"].append("objective:rloo")
+        return Contract.model_validate(doc)
+
+    def rules(self, dialect) -> RuleSet:
+        return {**super().rules(dialect),
+                "algorithm.objective": to("algorithm.objective", convert=lambda v: "grpo")}
+
+
+class CountsLogRows(EchoAdapter):
+    def collect(self, attempt_dir, ctx) -> Collected:
+        out = super().collect(attempt_dir, ctx)
+        out.committed_updates = len(out.metrics)
+        return out
+
+
+MODULE = '''
+import pytest
+from stateset_backend.conformance import AdapterConformance
+from test_conformance_plugin_mistakes import {cls}
+
+
+class TestMistake(AdapterConformance):
+    engine_versions = ["1.2.0"]
+
+    @pytest.fixture
+    def adapter(self):
+        return {cls}()
+'''
+
+
+@pytest.mark.parametrize("cls, says", [
+    (SetsNothingForALeaf, "optim.lr: the launch lists it as set"),
+    (DropsAFlagFromTheArgv, "--updates"),
+    (MisspellsAKey, "algorithm.clip.hgih: echo 1.2.0 has no such key"),
+    (PinsAKeyNoEngineReads, "optimizer.learning_rate: echo 1.2.0 has no such key"),
+    (WritesALauncherThatIsNotPython, "launch.py"),
+    (ClaimsRlooLaunchesGrpo, "algorithm.objective: 'grpo' and 'rloo' launch alike"),
+    (CountsLogRows, "committed_updates is 4, but the outputs show 3 updates"),
+    (EchoAdapter, None)])
+def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):
+    module = tmp_path / f"test_mistake_{cls.__name__.lower()}.py"
+    module.write_text(MODULE.format(cls=cls.__name__), encoding="utf-8")
+    here = str(Path(__file__).parent)
+    report = run_module(module, "::TestMistake", ["-k", "not plans_agree_across_processes",
+                                                  "--import-mode=importlib",
+                                                  "-o", f"pythonpath={here}"])
+    failed = [c["reason"] for c in report["checks"] if c["state"] == "failed"]
+    if says is None:
+        assert not failed and report["counts"]["unverified"] == 0, report["checks"]
+        assert report["counts"]["passed"] > 50
+    else:
+        assert any(says in reason for reason in failed), failed or report["checks"]
