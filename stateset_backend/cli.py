@@ -75,7 +75,7 @@ def _registry() -> Registry:
 
 
 def _engine_version(entry: AdapterEntry, requested: str | None, python: str | None,
-                    home: str | None = None) -> str:
+                    home: str | None = None, running: bool = False) -> str:
     from .core.contracts import parse_version
     from .core.errors import Unsupported
 
@@ -85,10 +85,30 @@ def _engine_version(entry: AdapterEntry, requested: str | None, python: str | No
     with entry.guard("detecting the installed version"):
         installed = entry.adapter.installed_version(python, home)
     if installed is None:
-        raise Unsupported(f"{entry.adapter.name} is not installed here; pass --engine-version "
-                          "V to plan for a machine that has it "
-                          f"(supported: {entry.adapter.contract.supported})")
+        raise Unsupported(_not_installed(entry, python, home, running))
     return installed
+
+
+def _not_installed(entry: AdapterEntry, python: str | None, home: str | None,
+                   running: bool) -> str:
+    """Where the engine was looked for, how to install it beside the hub (its own environment,
+    as each engine's docs recommend) and the flag that points at it; ``--engine-version`` only
+    where it can work (planning for another machine), never for ``run``."""
+    contract = entry.adapter.contract
+    name, dist = entry.adapter.name, contract.distribution
+    newest = contract.newest_known_version()
+    where = f"--python {python}" if python else f"--engine-home {home}" if home else \
+        "this Python environment"
+    if dist is None:
+        fix = (f"point --engine-home at a {name} source checkout (a release tag, "
+               f"{contract.supported})")
+    else:
+        venv = f"~/.venvs/{name}"
+        fix = (f"install it in its own environment and point --python at it: python -m venv "
+               f"{venv} && {venv}/bin/pip install '{dist}=={newest}', then add --python "
+               f"{venv}/bin/python (supported: {contract.supported})")
+    later = "" if running else "; or pass --engine-version V to plan for a machine that has it"
+    return f"{name} is not installed in {where}; {fix}{later}"
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -315,7 +335,8 @@ def _target(args: argparse.Namespace, registry: Registry) -> tuple[Any, Any, str
     """The spec, the engine's registry entry and the release a command is asked about."""
     entry = registry.get(args.engine)
     return (_spec(args.spec), entry,
-            _engine_version(entry, args.engine_version, args.python, args.engine_home))
+            _engine_version(entry, args.engine_version, args.python, args.engine_home,
+                            running=args.command == "run"))
 
 
 def _make_plan(args: argparse.Namespace, registry: Registry,

@@ -75,9 +75,23 @@ def test_malformed_engine_version(cli, write_json, minimal):
                         write_json(minimal)), 2, "'newest' is not a PEP 440 version")
 
 
-def test_engine_not_installed_hints_at_engine_version(cli, write_json, minimal):
+def test_engine_not_installed_says_how_to_install_it(cli, write_json, minimal):
     _one_line_error(cli("check", "--engine", "verl", write_json(minimal)), 3,
-                    "verl is not installed here; pass --engine-version")
+                    "verl is not installed in this Python environment; install it in its own "
+                    "environment and point --python at it: python -m venv ~/.venvs/verl && "
+                    "~/.venvs/verl/bin/pip install 'verl==")
+    assert "or pass --engine-version V to plan for a machine that has it" in \
+        cli("check", "--engine", "verl", write_json(minimal)).stderr
+
+
+def test_run_without_the_engine_never_suggests_a_flag_run_cannot_use(cli, write_json,
+                                                                      minimal):
+    proc = cli("run", "--engine", "verl", write_json(minimal))
+    _one_line_error(proc, 3, "then add --python ~/.venvs/verl/bin/python")
+    assert "--engine-version" not in proc.stderr
+    home = cli("run", "--engine", "nemo-rl", write_json(minimal))
+    _one_line_error(home, 3, "nemo-rl is not installed in this Python environment; point "
+                             "--engine-home at a nemo-rl source checkout")
 
 
 def test_unknown_argument_is_one_line_with_exit_2(cli):

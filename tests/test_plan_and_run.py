@@ -97,6 +97,18 @@ def test_a_changed_reward_file_is_refused_before_launch(cli, echo_spec, tmp_path
     (tmp_path / "reward.py").write_text("def score(prompt, response, answer):\n    return 2.0\n")
     proc = cli("run", "--engine", "echo", "--runs-dir", tmp_path / "runs", spec)
     assert proc.returncode == 2 and "reward:" in proc.stderr and "the file changed" in proc.stderr
+    from stateset_backend.core.content import sha256_file
+
+    now = sha256_file(tmp_path / "reward.py")
+    # both causes, where the digests part, and the exact edit that accepts the file
+    assert "or the spec's digest is wrong" in proc.stderr
+    assert f'to accept the file as it is now, set reward.sha256 to "{now}"' in proc.stderr
+    pinned = json.loads(spec.read_text())["reward"]["sha256"]
+    part = next(i for i, (a, b) in enumerate(zip(now, pinned, strict=True)) if a != b)
+    assert f"has sha256 {now[:part]}[{now[part:part + 8]}...], the spec pins " \
+           f"{pinned[:part]}[{pinned[part:part + 8]}...] (they differ from hex digit " \
+           f"{part + 1})" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_a_plan_for_another_engine_version_does_not_run(cli, echo_spec, tmp_path):

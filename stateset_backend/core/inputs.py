@@ -195,6 +195,21 @@ def pinned_files(spec: ExperimentSpec, base_dir: Path) -> list[tuple[str, Path, 
     return pins
 
 
+def digest_mismatch(field: str, path: Path, actual: str, expected: str | None) -> str:
+    """Both ways a pinned digest stops matching, where the two digests part, and the one edit
+    that accepts the file as it is now."""
+    expected = expected or ""
+    common = next((i for i, (a, b) in enumerate(zip(actual, expected, strict=False)) if a != b),
+                  min(len(actual), len(expected)))
+    key = "reward.sha256" if field == "reward" else "environment.sha256" \
+        if field == "environment" else f"{field}.sha256"
+    return (f"{field}: {path} has sha256 {actual[:common]}[{actual[common:common + 8]}...], the "
+            f"spec pins {expected[:common]}[{expected[common:common + 8]}...] (they differ "
+            f"from hex digit {common + 1}): either the file changed since the spec was written "
+            "(then this is a different experiment: restore the file) or the spec's digest is "
+            f'wrong; to accept the file as it is now, set {key} to "{actual}"')
+
+
 def verify_inputs(spec: ExperimentSpec, base_dir: Path) -> None:
     """Exit 2 naming the first local file that is missing or has changed."""
     for field, path, expected in pinned_files(spec, base_dir):
@@ -208,5 +223,4 @@ def verify_inputs(spec: ExperimentSpec, base_dir: Path) -> None:
         except OSError as exc:
             raise InvalidInput(f"{field}: cannot read {str(path)!r}: {exc.strerror}") from None
         if actual != expected:
-            raise InvalidInput(f"{field}: {path} has sha256 {actual}, the spec pins {expected}: "
-                               "the file changed, so this would be a different experiment")
+            raise InvalidInput(digest_mismatch(field, path, actual, expected))
