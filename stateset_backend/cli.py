@@ -380,6 +380,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise InvalidInput("--engine-version needs --engine (a plan already fixes the version)")
     else:
         plan = _load_run_document(args.document)
+    if args.retry and (args.resume or args.engine is not None):
+        raise InvalidInput("--retry runs a plan's run again from scratch: give the plan, "
+                           "without --resume" + (" (with --engine every run is a new run)"
+                                                 if args.engine is not None else ""))
+    if args.engine is None and not args.resume and not args.retry:
+        earlier = _earlier_attempts(plan, store, args.document)
+        if earlier is not None:
+            code, doc, line = earlier
+            if code:
+                raise InvalidInput(line)
+            _emit(args, doc, line)
+            return 0
     done = completed(plan, store) if args.resume else None
     if done is not None:
         result, path = done
@@ -400,6 +412,41 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise_for_status(result, path, None if newest is None else newest[1].update)
     _emit(args, result.to_json(), _run_summary(result, path))
     return 0
+
+
+def _earlier_attempts(plan: Any, store: Any,
+                      document: str) -> tuple[int, dict[str, Any], str] | None:
+    """A plan whose run already has attempts is never trained again without being asked:
+    (0, result, message) when it finished, (2, {}, message) when it did not; each message
+    says what exists and the command for each choice. None when the run has no attempt."""
+    from .core.results import Result
+    from .core.runner import completed
+
+    attempts = store.run_dir(plan.run_id) / "attempts"
+    numbers = sorted(int(p.name) for p in attempts.glob("*") if p.name.isdigit()) \
+        if attempts.is_dir() else []
+    if not numbers:
+        return None
+    run, newest, cmd = plan.run_id, numbers[-1], f"stateset-backend run {document}"
+    done = completed(plan, store)
+    if done is not None:
+        result, path = done
+        return 0, {**result.to_json(), "already_complete": True}, (
+            f"run {run} is already complete (attempt {result.attempt}: "
+            f"{result.committed_updates}/{result.planned_updates} updates, {path}); nothing "
+            f"was run. See it: stateset-backend runs show {run}; train it again from scratch "
+            f"as attempt {newest + 1}: {cmd} --retry")
+    ended = "ended without a result (interrupted)"
+    try:
+        last = Result.load(attempts / str(newest) / "result.json")
+        ended = f"ended {last.status} after {last.committed_updates}/{last.planned_updates} " \
+                "updates"
+    except Exception:  # a missing or unreadable result: the attempt never finished
+        pass
+    count = f"{len(numbers)} attempt" + ("s" if len(numbers) > 1 else "")
+    return 2, {}, (f"run {run} already has {count}; attempt {newest} {ended}. Continue it "
+                   f"from its newest checkpoint: {cmd} --resume; or train it again from "
+                   f"scratch as attempt {newest + 1}: {cmd} --retry")
 
 
 def _load_run_document(path: str) -> Any:
@@ -797,6 +844,10 @@ def build_parser() -> argparse.ArgumentParser:
                                          "$RAY_ADDRESS), e.g. http://127.0.0.1:8265")
     p.add_argument("--resume", action="store_true",
                    help="continue the plan's run from its newest complete checkpoint")
+    p.add_argument("--retry", action="store_true",
+                   help="train the plan's run again from scratch as a new attempt, although "
+                        "earlier attempts exist (without it, a run that has attempts is "
+                        "never trained again unasked)")
     p.add_argument("--allow-runtime-change", action="store_true",
                    help="with --resume: continue although torch, transformers or "
                         "stateset-backend changed version since the checkpoint (recorded as "

@@ -67,11 +67,12 @@ def test_run_a_spec_end_to_end(cli, echo_spec, tmp_path):
     assert (attempt / "marker").exists()  # set_env reached the engine, {run_dir} filled in
 
 
-def test_running_the_same_plan_again_is_an_exact_retry(cli, echo_spec, tmp_path):
+def test_a_retry_of_the_same_plan_is_an_exact_retry(cli, echo_spec, tmp_path):
     plan, runs = tmp_path / "plan.json", tmp_path / "runs"
     assert cli("plan", "--engine", "echo", echo_spec(), "-o", plan).returncode == 0
-    for _ in range(2):
-        assert cli("run", plan, env={"STATESET_BACKEND_RUNS_DIR": str(runs)}).returncode == 0
+    for extra in ([], ["--retry"]):
+        assert cli("run", *extra, plan,
+                   env={"STATESET_BACKEND_RUNS_DIR": str(runs)}).returncode == 0
     result = _result(runs)
     assert result["attempt"] == 2
     assert result["plan_checksum"] == json.loads(plan.read_text())["checksum"]
@@ -189,3 +190,35 @@ def test_ctrl_c_kills_the_whole_process_group(echo_spec, tmp_path):
     time.sleep(0.5)
     for pid in engine_pids:
         assert not _group_alive(pid)
+
+
+def test_a_plan_whose_run_has_attempts_is_never_trained_again_unasked(cli, echo_spec, tmp_path):
+    """Running the same plan twice used to train it again from scratch as attempt 2."""
+    plan, runs = tmp_path / "plan.json", tmp_path / "runs"
+    cli("plan", "--engine", "echo", echo_spec(), "-o", plan)
+    run_id = json.loads(plan.read_text())["run_id"]
+    assert cli("run", "--runs-dir", runs, plan).returncode == 0
+    again = cli("run", "--runs-dir", runs, plan)
+    assert again.returncode == 0
+    assert f"run {run_id} is already complete (attempt 1:" in again.stdout
+    assert f"stateset-backend runs show {run_id}" in again.stdout
+    assert f"as attempt 2: stateset-backend run {plan} --retry" in again.stdout
+    assert sorted(p.name for p in (runs / run_id / "attempts").iterdir()) == ["1"]
+    retried = cli("run", "--runs-dir", runs, "--retry", plan)
+    assert retried.returncode == 0
+    assert sorted(p.name for p in (runs / run_id / "attempts").iterdir()) == ["1", "2"]
+
+
+def test_an_unfinished_run_names_both_ways_on(cli, echo_spec, tmp_path):
+    plan, runs = tmp_path / "plan.json", tmp_path / "runs"
+    cli("plan", "--engine", "echo", echo_spec("crash"), "-o", plan)
+    run_id = json.loads(plan.read_text())["run_id"]
+    assert cli("run", "--runs-dir", runs, plan).returncode == 4
+    again = cli("run", "--runs-dir", runs, plan)
+    assert again.returncode == 2
+    line, = again.stderr.strip().splitlines()
+    assert f"run {run_id} already has 1 attempt; attempt 1 ended failed after 0/" in line
+    assert f"from its newest checkpoint: stateset-backend run {plan} --resume; or train it " \
+           f"again from scratch as attempt 2: stateset-backend run {plan} --retry" in line
+    assert sorted(p.name for p in (runs / run_id / "attempts").iterdir()) == ["1"]
+    assert cli("run", "--runs-dir", runs, "--retry", "--resume", plan).returncode == 2
