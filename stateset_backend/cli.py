@@ -369,6 +369,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .core.runner import completed, newest_checkpoint, raise_for_status, run_plan
     from .core.store import RunStore, runs_dir_from
 
+    if not args.quiet and not args.json and sys.stderr.isatty():
+        # a person watching sees something before the plugins and the spec load; a pipe
+        # keeps bad input to its one line
+        target = f"{args.document} on {args.engine}" if args.engine else args.document
+        print(f"stateset-backend: checking {target}", file=sys.stderr, flush=True)
     registry = _registry()
     store = RunStore(runs_dir_from(args.runs_dir))
     if args.resume and args.engine is not None:
@@ -410,7 +415,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.status != "succeeded":
         newest = newest_checkpoint(registry.get(plan.engine).adapter, store, plan.run_id)
         raise_for_status(result, path, None if newest is None else newest[1].update)
-    _emit(args, result.to_json(), _run_summary(result, path))
+    _emit(args, result.to_json(), _run_summary(result, path, args.runs_dir))
     return 0
 
 
@@ -484,8 +489,10 @@ def _resume_needs_plan(spec_path: str, engine: str, store: Any) -> str:
             f" --runs-dir {shlex.quote(str(store.root))}")
 
 
-def _run_summary(result: Any, path: Path) -> str:
-    """The few numbers a user looks at first, then where the rest is."""
+def _run_summary(result: Any, path: Path, runs_dir: str | None = None) -> str:
+    """The few numbers a user looks at first, where the run is, and what to do next."""
+    from .core.display import metric_text
+
     lines = [f"run {result.run_id} attempt {result.attempt} succeeded: "
              f"{result.committed_updates}/{result.planned_updates} updates committed in "
              f"{result.duration_s:.1f}s"]
@@ -493,10 +500,19 @@ def _run_summary(result: Any, path: Path) -> str:
     for name in ("reward/mean", "val/reward/mean", "loss/policy", "kl", "loss/sft", "val/loss"):
         if summary.get(name) is not None:
             start = initial.get(name)
-            was = f"{start:.3f} -> " if start is not None and start != summary[name] else ""
-            lines.append(f"  {name:16} {was}{summary[name]:.3f}")
+            was = f"{metric_text(start)} -> " if start is not None and start != summary[name] \
+                else ""
+            lines.append(f"  {name:16} {was}{metric_text(summary[name])}")
     lines.extend(f"  warning: {w}" for w in result.warnings)
     lines.append(f"  result: {path}")
+    run = result.run_id + (f" --runs-dir {shlex.quote(runs_dir)}" if runs_dir else "")
+    lines += ["next:",
+              f"  stateset-backend runs show {run}",
+              "      its attempts, checkpoints and the recommended checkpoint",
+              f"  stateset-backend evaluate --split test {run}",
+              "      the recommended checkpoint scored on the held-out test split",
+              f"  stateset-backend report {run}",
+              "      an HTML report with the curves (pip install 'stateset-backend[report]')"]
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from .display import PlainLog
 from .errors import EngineFailed
 
 GRACE_SECONDS = 10.0
@@ -33,12 +34,16 @@ class Exit:
 
 
 def _pump(src: IO[bytes], dest: IO[bytes], echo: IO[bytes] | None) -> None:
+    """The engine's stream into its log as plain lines (a live bar's redraws and escape codes
+    are for the terminal only), and unchanged to the terminal when echoed."""
+    log = PlainLog(dest)
     for chunk in iter(lambda: src.read1(65536), b""):  # type: ignore[attr-defined]
-        dest.write(chunk)
-        dest.flush()
+        log.write(chunk)
+        log.flush()
         if echo is not None:
             echo.write(chunk)
             echo.flush()
+    log.close()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -149,6 +149,12 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
     except OSError as exc:
         raise InvalidInput(f"runs directory {store.root}: cannot record the run there: "
                            f"{exc.strerror or exc}") from None
+    if echo_stderr:  # on screen at once: the engine may take seconds to load its model
+        how = f"resuming from update {resume_from.update}" if resume_from is not None else \
+            "starting"
+        print(f"stateset-backend: run {plan.run_id} attempt {attempt.number}: {how} "
+              f"{plan.engine} {plan.engine_version} ({plan.provider}); its output is kept in "
+              f"{attempt.directory}", file=sys.stderr, flush=True)
     try:
         if start_from is not None:
             lineage.stage(start_from, attempt.directory)
@@ -222,8 +228,10 @@ def prepare_attempt(plan: LaunchPlan, adapter: EngineAdapter, attempt: Attempt,
         argv = adapter.resume_argv(resume_from, argv, run_dir)
     # the live bar only where a person watches a terminal; --json, a log or a pipe get one
     # line per update (the engine's stderr is a pipe to us either way, so we decide)
-    env["STATESET_BACKEND_PROGRESS"] = \
-        "tty" if live_progress and echo_stderr and sys.stderr.isatty() else "lines"
+    live = live_progress and echo_stderr and sys.stderr.isatty()
+    env["STATESET_BACKEND_PROGRESS"] = "tty" if live else "lines"
+    if live:  # the engine's stderr is our pipe: tell it how wide the user's terminal is
+        env["COLUMNS"] = str(shutil.get_terminal_size().columns)
     return PreparedLaunch(argv, run_dir, env, set_env,
                           f"stateset-{plan.run_id}-{attempt.number}", echo_stderr)
 

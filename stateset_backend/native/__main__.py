@@ -9,6 +9,7 @@ killed, torchrun ends the others, so the group fails as a whole.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,8 @@ def main() -> int:
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--resume-from", type=Path)
     args = parser.parse_args()
+    if os.environ.get("RANK", "0") == "0":  # before the imports and the model load (seconds)
+        print("native engine: loading the model and data", file=sys.stderr, flush=True)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the run's own bar (or log line) is the one progress

@@ -13,6 +13,8 @@ import time
 from types import TracebackType
 from typing import Any
 
+from ..core.display import metric_text
+
 
 class Progress:
     def __init__(self, total: int, start: int = 0, quiet: bool = False) -> None:
@@ -29,10 +31,14 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
 
+            console = Console(stderr=True, force_terminal=True)
+            # every number whole at 80 columns: the bar takes only the width the text leaves
+            room = console.width - 80
+            bar = [BarColumn(bar_width=min(room, 40))] if room >= 6 else []
             self._bar = RichProgress(
-                TextColumn("update"), MofNCompleteColumn(), BarColumn(),
+                TextColumn("update"), MofNCompleteColumn(), *bar,
                 TextColumn("{task.fields[stats]}"), TextColumn("ETA"), TimeRemainingColumn(),
-                console=Console(stderr=True, force_terminal=True))
+                console=console)
             self._bar.__enter__()
             self._task = self._bar.add_task("train", total=self.total, completed=self.done,
                                             stats="")
@@ -45,11 +51,14 @@ class Progress:
 
     @staticmethod
     def _stats(m: dict[str, Any]) -> str:
+        """At most about 50 characters: reward and validation in [0, 1] at three decimals,
+        loss and KL readable at any scale (never ``+0.0000`` for 3e-6)."""
         parts = [f"reward {m['reward/mean']:.3f}" if "reward/mean" in m else "",
-                 f"loss {m['loss/policy']:+.4f}" if "loss/policy" in m else "",
-                 f"kl {m['kl']:.4f}" if "kl" in m else "",
+                 f"loss {metric_text(m['loss/policy'], signed=True)}"
+                 if "loss/policy" in m else "",
+                 f"kl {metric_text(m['kl'])}" if "kl" in m else "",
                  f"val {m['val/reward/mean']:.3f}" if "val/reward/mean" in m else ""]
-        return "  ".join(p for p in parts if p)
+        return " ".join(p for p in parts if p)
 
     def advance(self, metrics: dict[str, Any]) -> None:
         self.done += 1
