@@ -169,8 +169,8 @@ def _in_browser(page: Path, tmp_path: Path) -> tuple[dict, list[str]]:
     return json.loads(html.unescape(found.group(1))), console
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
-                                             "(.ci/run installs it)")
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed: sudo apt-get "
+                                             "install chromium (the README's test command)")
 def test_the_pages_load_in_headless_chromium_without_errors(store, capsys, tmp_path):
     native = _runs(store, capsys, "native")[0]["run_id"]
     digest = _runs(store, capsys, "echo")[0]["experiment_digest"]
@@ -185,8 +185,8 @@ def test_the_pages_load_in_headless_chromium_without_errors(store, capsys, tmp_p
     capsys.readouterr()
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
-                                             "(.ci/run installs it)")
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed: sudo apt-get "
+                                             "install chromium (the README's test command)")
 def test_the_browser_check_sees_a_broken_image_and_a_fetch(tmp_path):
     """The check above can fail: a page with an undecodable image and a remote one fails it."""
     from stateset_backend.core.report import CSP

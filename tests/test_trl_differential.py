@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from optional_installs import TRL_PLUGIN_MISSING
 
 torch = pytest.importorskip("torch")
-trl = pytest.importorskip("trl")
+trl = pytest.importorskip("trl", reason=TRL_PLUGIN_MISSING)
 
 from stateset_backend.core.spec import Model  # noqa: E402
 from stateset_backend.native import objectives  # noqa: E402

@@ -10,14 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from optional_installs import TRL_PLUGIN_MISSING
 
 from stateset_backend.conformance import AdapterConformance
 from stateset_backend.core.contracts import parse_version
 from stateset_backend.core.rules import explain_rows, translate
 from stateset_backend.core.specfile import parse_spec
 
-trl = pytest.importorskip("trl")
-plugin = pytest.importorskip("stateset_trl_engine.plugin")
+plugin = pytest.importorskip("stateset_trl_engine.plugin", reason=TRL_PLUGIN_MISSING)
+trl = pytest.importorskip("trl", reason=TRL_PLUGIN_MISSING)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SPEC = EXAMPLES / "support-routing-trl.json"

@@ -26,6 +26,7 @@ from agent_shim_fixtures import REWARDS, SCRIPT, TASK, bad_environment, tokenize
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
+from optional_installs import NEMO_RL_CONFIGS, NEMO_RL_CONFIGS_MISSING
 
 from stateset_backend.adapters.agent_shims import NEMO_RL_ENV, NEMO_RL_PROCESSOR
 from stateset_backend.adapters.nemo_rl import NemoRLAdapter
@@ -33,7 +34,7 @@ from stateset_backend.core.plan import make_plan
 from stateset_backend.core.registry import AdapterEntry
 from stateset_backend.core.specfile import load_spec
 
-CONFIGS = Path(__file__).resolve().parents[3] / "shared" / "engines" / "nemo-rl"
+CONFIGS = NEMO_RL_CONFIGS
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "external"
 PROBE = Path(__file__).with_name("nemo_rl_agent_probe.py")
 CHECKOUTS = [Path(p) for p in os.environ.get("STATESET_TEST_NEMO_RL_CHECKOUTS", "").split(
@@ -51,7 +52,7 @@ def _overrides(plan, run_dir: str) -> list[str]:
     return [a.replace("{run_dir}", run_dir) for a in plan.argv[at + 2:]]
 
 
-@pytest.mark.skipif(not CONFIGS.is_dir(), reason=f"{CONFIGS} is not present")
+@pytest.mark.skipif(not CONFIGS.is_dir(), reason=NEMO_RL_CONFIGS_MISSING)
 @pytest.mark.parametrize("version", ["0.5.0", "0.6.0", "0.7.0"])
 def test_multi_turn_overrides_apply_to_the_releases_config(version, tmp_path):
     plan = _plan(version)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from optional_installs import NEMO_RL_CONFIGS, NEMO_RL_CONFIGS_MISSING
 from packaging.version import Version
 
 from stateset_backend.adapters import nemo_rl_launcher
@@ -44,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 VERL_PYTHON = os.environ.get("STATESET_TEST_VERL_PYTHON")
 VERL_WHEELS = os.environ.get("STATESET_TEST_VERL_WHEELS")
 OPENRLHF_WHEELS = os.environ.get("STATESET_TEST_OPENRLHF_WHEELS")
-NEMO_CONFIGS = HERE.parents[2] / "shared" / "engines" / "nemo-rl"
+NEMO_CONFIGS = NEMO_RL_CONFIGS
 EXAMPLES = HERE.parents[1] / "examples" / "external"
 DATA = EXAMPLES / "data"
 
@@ -368,7 +369,7 @@ def _skip(engine: str, version: str) -> str | None:
         return "STATESET_TEST_OPENRLHF_WHEELS is not set (see .ci/run)"
     if engine == "nemo-rl":
         if not NEMO_CONFIGS.is_dir():
-            return f"{NEMO_CONFIGS} is not present"
+            return NEMO_RL_CONFIGS_MISSING
         try:
             import hydra  # noqa: F401
         except ImportError:

@@ -17,6 +17,7 @@ from golden import variant
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
+from optional_installs import NEMO_RL_CONFIGS, NEMO_RL_CONFIGS_MISSING
 from packaging.version import Version
 
 from stateset_backend.adapters.nemo_rl import SWITCHED_OFF, WARMUP_START, NemoRLAdapter
@@ -25,9 +26,9 @@ from stateset_backend.core.plan import make_plan
 from stateset_backend.core.registry import AdapterEntry
 from stateset_backend.core.specfile import parse_spec
 
-CONFIGS = Path(__file__).resolve().parents[3] / "shared" / "engines" / "nemo-rl"
+CONFIGS = NEMO_RL_CONFIGS
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "external"
-pytestmark = pytest.mark.skipif(not CONFIGS.is_dir(), reason=f"{CONFIGS} is not present")
+pytestmark = pytest.mark.skipif(not CONFIGS.is_dir(), reason=NEMO_RL_CONFIGS_MISSING)
 VERSIONS = ["0.5.0", "0.6.0", "0.7.0"]
 VALIDATION_ROWS = 200  # examples/external/data/validation.parquet
 

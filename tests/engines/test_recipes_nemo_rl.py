@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from optional_installs import NEMO_RL_CONFIGS_MISSING
 from test_nemo_rl import CONFIGS, apply, overrides_of, release_config
 
 from stateset_backend.adapters.nemo_rl import NemoRLAdapter
@@ -16,7 +17,7 @@ from stateset_backend.core.registry import AdapterEntry
 from stateset_backend.core.specfile import load_spec
 
 RECIPES = Path(__file__).resolve().parents[2] / "examples" / "recipes"
-pytestmark = pytest.mark.skipif(not CONFIGS.is_dir(), reason=f"{CONFIGS} is not present")
+pytestmark = pytest.mark.skipif(not CONFIGS.is_dir(), reason=NEMO_RL_CONFIGS_MISSING)
 
 # the recipe's keys this spec reproduces (labels say what differs: model, data, lengths,
 # warmup start, checkpoint retention, stopping)

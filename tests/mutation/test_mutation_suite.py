@@ -7,18 +7,29 @@ from __future__ import annotations
 import pytest
 from mutants import MUTANTS
 from mutation_run import run_all, table
+from optional_installs import TRL_PLUGIN_MISSING, trl_plugin_installed
 
 # survivor -> why the kit cannot kill it (each a known limit, not a pass)
 KNOWN_SURVIVORS: dict[str, str] = {}
 
 
-@pytest.mark.slow
-def test_the_kit_kills_every_realistic_adapter_bug(capsys):
-    results = run_all(MUTANTS, jobs=2)
+def _kills(mutants, capsys) -> None:
+    results = run_all(mutants, jobs=2)
     with capsys.disabled():
         print("\n" + table(results))
     stale = [r["reasons"] for r in results if r["killed"] is None]
     assert not stale, stale
     survivors = {str(r["name"]) for r in results if not r["killed"]}
     assert survivors <= set(KNOWN_SURVIVORS), sorted(survivors - set(KNOWN_SURVIVORS))
+
+
+@pytest.mark.slow
+def test_the_kit_kills_every_realistic_adapter_bug(capsys):
     assert len(MUTANTS) >= 60
+    _kills([m for m in MUTANTS if m.engine != "trl"], capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not trl_plugin_installed(), reason=TRL_PLUGIN_MISSING)
+def test_the_kit_kills_every_realistic_bug_of_the_trl_plugin(capsys):
+    _kills([m for m in MUTANTS if m.engine == "trl"], capsys)

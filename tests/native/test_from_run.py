@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from optional_installs import TRL_PLUGIN_MISSING, trl_plugin_installed
 from safetensors.torch import load_file
 
 from stateset_backend.core import lineage
@@ -24,7 +25,9 @@ from .conftest import EXAMPLES, tiny_spec
 
 FROM = {"run_id": "20260101T000000Z-00000000", "checkpoint": "update-000002",
         "sha256": "e" * 64}
-EXTERNAL = [("verl", "0.9.1"), ("openrlhf", "0.11.2"), ("nemo-rl", "0.7.0"), ("trl", "1.16.0")]
+EXTERNAL = [("verl", "0.9.1"), ("openrlhf", "0.11.2"), ("nemo-rl", "0.7.0"),
+            pytest.param("trl", "1.16.0", marks=pytest.mark.skipif(
+                not trl_plugin_installed(), reason=TRL_PLUGIN_MISSING))]
 
 
 def _sft(tiny):
