@@ -606,20 +606,28 @@ def _runs_table(rows: list[dict[str, Any]]) -> None:
 
 def _show_run(doc: dict[str, Any]) -> None:
     console = _console()
+    # each digest on a line of its own: 71 characters fit 80 columns whole, so a terminal
+    # never breaks one mid-hex and it is copied in one piece
     console.print(f"run {doc['run_id']}: {doc['engine']} {doc['engine_version']}, seed "
-                  f"{doc['seed']}\n  experiment {doc['experiment_digest']}\n  binding    "
-                  f"{doc['binding_digest']}\n  plan       {doc['plan_checksum']}", markup=False,
-                  soft_wrap=True)  # a digest is copied whole, never broken over lines
+                  f"{doc['seed']}\n  experiment\n    {doc['experiment_digest']}\n  binding\n"
+                  f"    {doc['binding_digest']}\n  plan checksum\n    {doc['plan_checksum']}",
+                  markup=False, soft_wrap=True)
     for d in doc["deviations"]:
         console.print(f"  declared {d['setting']}: {d['description']}", markup=False)
     for a in doc["attempts"]:
         line = f"attempt {a['attempt']}: {a['status']}"
         if "committed_updates" in a:
             line += f", {a['committed_updates']}/{a['planned_updates']} updates"
+        link = a.get("resumed_from")
+        if link:
+            line += f", resumed from attempt {link['attempt']} at update {link['update']}"
         console.print(line + (f" ({a['reason']})" if a.get("reason") else ""), markup=False)
-        if a.get("selection"):
-            sel = a["selection"]
-            console.print(f"  recommended by {sel['select_by']}: update {sel.get('update')}"
+        sel = a.get("selection")
+        if sel and sel.get("update") is None:
+            console.print(f"  nothing recommended by {sel['select_by']}"
+                          + (f": {sel['reason']}" if sel.get("reason") else ""), markup=False)
+        elif sel:
+            console.print(f"  recommended by {sel['select_by']}: update {sel['update']}"
                           + (f" = {sel['value']:.4f}" if "value" in sel else
                              f" ({sel.get('reason')})")
                           + (f", attempts/{sel['attempt']}/{sel['checkpoint']}"

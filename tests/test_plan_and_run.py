@@ -169,8 +169,8 @@ def test_timeout_kills_the_engine(cli, echo_spec, tmp_path):
     assert any(c["detail"] == "timed out" for c in result["checks"])
     plan = runs / result["run_id"] / "plan.json"  # echo writes no checkpoint: a plain rerun
     assert proc.stderr.rstrip().endswith(
-        f"no checkpoint to resume from, run it again with: stateset-backend run {plan} "
-        f"--runs-dir {runs}"), proc.stderr
+        f"no checkpoint to resume from, train it again from scratch with: stateset-backend "
+        f"run {plan} --runs-dir {runs} --retry"), proc.stderr
 
 
 def test_ctrl_c_kills_the_whole_process_group(echo_spec, tmp_path):
@@ -190,6 +190,13 @@ def test_ctrl_c_kills_the_whole_process_group(echo_spec, tmp_path):
     time.sleep(0.5)
     for pid in engine_pids:
         assert not _group_alive(pid)
+    # what the user reads next says what happened, never "None"
+    shown = subprocess.run([sys.executable, "-m", "stateset_backend", "runs", "show",
+                            "--runs-dir", str(runs), _result(runs)["run_id"]],
+                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"})
+    assert "attempt 1: interrupted, 0/3 updates (interrupted before the first update was " \
+           "committed)" in " ".join(shown.stdout.split()), shown.stdout
+    assert "None" not in shown.stdout and "None" not in err
 
 
 def test_a_plan_whose_run_has_attempts_is_never_trained_again_unasked(cli, echo_spec, tmp_path):

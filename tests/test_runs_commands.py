@@ -85,7 +85,8 @@ def test_the_human_tables_keep_ids_and_digests_whole_in_80_columns(store, capsys
         assert any(f"{r['run_id']}#{r['attempt']}" in line for line in lines), lines
     assert main(["runs", "show", "--runs-dir", str(store), runs[0]["run_id"]]) == 0
     out = capsys.readouterr().out
-    assert f"  experiment {runs[0]['experiment_digest']}\n" in out
+    assert f"  experiment\n    {runs[0]['experiment_digest']}\n" in out
+    assert max(map(len, out.splitlines())) <= 80  # so the terminal never breaks a digest
     assert main(["runs", "list", "--runs-dir", str(store)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert max(map(len, lines)) <= 80

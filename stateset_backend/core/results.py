@@ -194,8 +194,10 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
         same_exp = collected.experiment_digest == plan.experiment_digest
         add("identity", same_run and same_exp,
             "run id and experiment digest found in the engine's outputs" if same_run and
-            same_exp else f"outputs carry run_id={collected.run_id!r}, "
-                          f"experiment_digest={collected.experiment_digest!r}")
+            same_exp else "the engine's outputs name no run (it wrote no identity)"
+            if collected.run_id is None and collected.experiment_digest is None else
+            f"outputs carry run_id={collected.run_id!r}, "
+            f"experiment_digest={collected.experiment_digest!r}")
         if resumed_from is not None:
             add("resume", collected.resumed_from == resumed_from,
                 f"continued from update {resumed_from}" if collected.resumed_from ==

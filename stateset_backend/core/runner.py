@@ -314,7 +314,8 @@ def next_step(result: Result, path: Path, resume_from: int | None) -> str:
     root = shlex.quote(str(plan.parent.parent))
     command = f"stateset-backend run {shlex.quote(str(plan))} --runs-dir {root}"
     if resume_from is None:
-        return f"; no checkpoint to resume from, run it again with: {command}"
+        return f"; no checkpoint to resume from, train it again from scratch with: {command} " \
+            "--retry"
     resume = f"{command} --resume"
     if result.status == "quarantined":
         return (f"; verify it, then resume: stateset-backend runs verify {result.run_id} "

@@ -20,6 +20,12 @@ HEADLINE_METRICS = ("reward/mean", "val/reward/mean", "loss/policy", "kl", "loss
 
 
 def _reason(result: Result) -> str:
+    """The checks that failed; for an interrupted attempt only when it ended, since every other
+    check then fails as a consequence (no identity, no metrics, no artifacts)."""
+    if result.status == "interrupted":
+        done = result.committed_updates
+        return f"interrupted after update {done}" if done else \
+            "interrupted before the first update was committed"
     failed = [f"{c.name}: {c.detail}" for c in result.checks if not c.ok]
     return "; ".join(failed)
 
@@ -65,7 +71,9 @@ def show(store: RunStore, run_id: str) -> dict[str, Any]:
                                     if a.kind == "checkpoint"],
                        metrics={k: result.metrics.summary.get(k) for k in HEADLINE_METRICS
                                 if k in result.metrics.summary},
-                       selection=result.selection)
+                       selection=result.selection,
+                       resumed_from=None if result.resumed_from is None else
+                       result.resumed_from.model_dump(mode="json"))
         attempts.append(doc)
     return {"run_id": run_id, "experiment_digest": plan.get("experiment_digest"),
             "binding_digest": plan.get("binding_digest"), "plan_checksum": plan.get("checksum"),
