@@ -221,18 +221,29 @@ def _outcome_text(row: dict[str, Any]) -> str:
 
 _CELL = {"same": "same", "pinned": "pinned", "declared": "DECL", "refused": "REFUSED",
          "inert": "-", "not_applicable": "-"}
+# what each state means, under every effective table: a reader should never have to guess
+_LEGEND = ("same: the engine's default already is the spec's value; pinned: the launch sets "
+           "it; DECL n: the engine does something else, named and quantified in note n; "
+           "REFUSED n: the engine cannot, nothing launches (note n); -: inert, the spec makes "
+           "the setting moot (for example validation decoding when nothing validates)")
+
+
+def _ascii_head() -> Any:
+    """The rule under a table's header in ASCII: as many bytes as columns in a log or pipe."""
+    from rich import box
+
+    return box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
 
 
 def _effective_table(table: dict[str, Any], differs: bool) -> None:
     """At most 80 columns: one short state per engine, settings grouped under their section
     with the spec's value beside them; the values and reasons of declared and refused cells
     go in numbered notes under the table."""
-    from rich import box
     from rich.table import Table
 
     engines = [e["engine"] for e in table["engines"]]
     width = max(7, *(len(name) for name in engines))
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title=", ".join(
+    t = Table(box=_ascii_head(), pad_edge=False, collapse_padding=True, title=", ".join(
         f"{e['engine']} {e['engine_version']}" for e in table["engines"]))
     t.add_column("setting = spec value", overflow="fold", ratio=1)
     for name in engines:
@@ -267,6 +278,13 @@ def _effective_table(table: dict[str, Any], differs: bool) -> None:
         console.print(f"{name}: " + ", ".join(
             f"{tally.get(state, 0)} {state}" for state in
             ("same", "pinned", "declared", "refused", "inert")), markup=False)
+    shown = sum(1 for r in table["rows"] if not (differs and r["same_everywhere"]))
+    if differs:
+        total = sum(table["counts"][engines[0]].values())
+        console.print(f"{shown} of {total} settings differ between engines (a "
+                      "declared deviation or a refusal); the others run as the spec says "
+                      "everywhere", markup=False)
+    console.print(_LEGEND, markup=False)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

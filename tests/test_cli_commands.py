@@ -130,6 +130,12 @@ def test_differs_keeps_only_rows_that_are_not_the_same_everywhere(cli, write_jso
     path = write_json(minimal)
     full, differs = _effective(cli, path), _effective(cli, path, "--differs")
     assert 0 < len(differs["rows"]) < len(full["rows"])
+    # a setting one engine pins and the others already default to runs the same everywhere
+    shown = {r["field"] for r in differs["rows"]}
+    assert "optim.betas" not in shown
+    for row in full["rows"]:
+        states = {c["state"] for c in row["cells"].values()}
+        assert (row["field"] in shown) == bool(states & {"declared", "refused"}), row
     for row in differs["rows"]:
         assert not row["same_everywhere"]
         # never an unstated difference: every cell is same, pinned, declared or refused
@@ -145,8 +151,10 @@ def test_effective_table_fits_80_columns(cli, write_json, minimal):
     proc = cli("explain", "--all-engines", "--effective", "--differs", write_json(minimal),
                env={"COLUMNS": "80"})
     assert proc.returncode == 0, proc.stderr
-    assert max(len(line) for line in proc.stdout.splitlines()) <= 80, proc.stdout
-    assert "betas = [0.9," in proc.stdout  # grouped under its section, optim
+    assert max(len(line.encode()) for line in proc.stdout.splitlines()) <= 80, proc.stdout
+    text = " ".join(proc.stdout.split())
+    assert "-: inert, the spec makes the setting moot" in text  # every state is defined
+    assert "settings differ between engines" in text
 
 
 def test_effective_needs_all_engines(cli, write_json, minimal):

@@ -77,8 +77,10 @@ def effective_table(columns: list[EngineColumn]) -> dict[str, Any]:
                 cell["deviation"] = row.deviation_name
             cells[col.engine] = cell
         states = {c["state"] for c in cells.values()}
+        # every engine runs what the spec says: its default agrees, the launch pins it, or
+        # the spec makes it moot; only a declared deviation or a refusal makes a difference
         rows.append({"field": first.path, "value": first.value, "cells": cells,
-                     "same_everywhere": states <= {"same", "inert", "not_applicable"}})
+                     "same_everywhere": not states & {"declared", "refused"}})
     return {"engines": [{"engine": c.engine, "engine_version": c.version,
                          "dialect": c.dialect.name} for c in columns],
             "rows": rows}
