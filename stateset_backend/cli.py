@@ -159,21 +159,51 @@ def cmd_engines(args: argparse.Namespace) -> int:
         from rich.table import Table
 
         t = Table(title="engines")
-        for col in ("engine", "plugin", "supported", "installed", "capabilities"):
+        for col in ("engine", "plugin", "supported", "installed"):
             t.add_column(col, overflow="fold")
         for r in rows:
-            caps = "\n".join(f"{c['versions']}: {len(c['provides'])}"
-                             for c in r["capabilities"])
             t.add_row(r["engine"], f"{r['distribution']} {r['version']}", r["supported"],
-                      r["installed"] or "none", caps)
+                      r["installed"] or "none")
         console = _console()
         console.print(t)
+        for name, entry in sorted(registry.adapters.items()):
+            row = next(r for r in rows if r["engine"] == name)
+            console.print(_can_do(entry.adapter.contract, row["installed"]), markup=False)
         for f in failures:
             console.print(f"[red]plugin {f['plugin']} failed to load:[/] {f['error']}",
                           markup=True)
 
     _emit(args, {"engines": rows, "failed_plugins": failures}, table)
     return 0
+
+
+def _can_do(contract: Any, installed: str | None) -> str:
+    """What an engine can do, at the installed release (else the newest the contract knows),
+    by family (objectives, KL, aggregation, ...), and what newer releases add."""
+    from .core.contracts import parse_version
+
+    try:
+        version = parse_version(installed) if installed else None
+    except Exception:  # an unparseable installed version: describe the newest known
+        version = None
+    at = version if version is not None and contract.supports(version) else \
+        parse_version(contract.newest_known_version())
+    provided = sorted(contract.provided(at))
+    families: dict[str, list[str]] = {}
+    for cap in provided:
+        family, _, value = cap.partition(":")
+        families.setdefault(family if value else "also", []).append(value or cap)
+    where = f"{installed} (installed)" if version is not None and at == version else \
+        f"{at} (newest known; not installed)"
+    parts = [f"{family} {', '.join(values)}" for family, values in families.items()
+             if family != "also"] + [f"also {', '.join(families.get('also', []))}"]
+    text = f"{contract.engine} {where}: " + "; ".join(parts)
+    newest = parse_version(contract.newest_known_version())
+    if newest > at:
+        added = sorted(set(contract.provided(newest)) - set(provided))
+        if added:
+            text += f"; {newest} adds {', '.join(added)}"
+    return text
 
 
 def cmd_check(args: argparse.Namespace) -> int:

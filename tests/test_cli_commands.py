@@ -160,3 +160,14 @@ def test_effective_table_fits_80_columns(cli, write_json, minimal):
 def test_effective_needs_all_engines(cli, write_json, minimal):
     proc = cli("explain", "--engine", "verl", "--effective", write_json(minimal))
     assert proc.returncode == 2 and "--all-engines" in proc.stderr
+
+
+def test_engines_says_what_each_engine_can_do(cli):
+    """By family at the installed (or newest known) release, and what newer releases add;
+    not a count of capabilities per repeated version range."""
+    proc = cli("engines", env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    verl = text[text.index("verl 0.9.1 (newest known; not installed): "):]
+    assert "objective cispo, dapo, dr_grpo, grpo, gspo, ppo, reinforce_pp, rloo;" in verl
+    assert "kl_estimator k1, k2, k3;" in verl and "also checkpoint, critic," in verl
