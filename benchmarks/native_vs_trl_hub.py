@@ -1,6 +1,6 @@
 """Native engine vs the TRL plugin, both run through the hub on one spec, side by side.
 
-The same spec (examples/support-routing-trl.json, the tiny Llama on support routing) is planned
+The same spec (examples/support-routing.json, the tiny Llama on support routing) is planned
 for both engines: one experiment digest. Each is run with `stateset-backend run`, in its own
 process tree, one after the other. Reported per engine: the experiment digest, committed
 updates, updates per second over the whole attempt (engine start-up and model load included,

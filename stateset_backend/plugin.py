@@ -93,7 +93,7 @@ from .core.shared_rules import (
     turn_limit,
     zero_variance_rule,
 )
-from .core.spec import ExperimentSpec
+from .core.spec import LOWER_IS_BETTER, ExperimentSpec
 from .core.surfaces import check_options
 from .core.tensorboard import canonical_rows, read_hparams, read_scalars
 from .native.tiny_model import BUILTIN_PREFIX, builtin_dir
@@ -103,6 +103,7 @@ __all__ = [
     "CAPABILITIES",
     "CORE_HANDLED",
     "ENGINE_HOME",
+    "LOWER_IS_BETTER",
     "PYTHON",
     "REWARD_SHIM_FILE",
     "RUN_DIR",

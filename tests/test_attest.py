@@ -34,8 +34,8 @@ def run(tmp_path) -> tuple[Path, str]:
     assert main(["plan", "--engine", "echo", str(tmp_path / "spec.json"), "-o",
                  str(tmp_path / "plan.json")]) == 0
     runs = tmp_path / "runs"
-    for _ in range(2):
-        assert main(["run", "--runs-dir", str(runs), "--quiet",
+    for retry in ([], ["--retry"]):
+        assert main(["run", "--runs-dir", str(runs), "--quiet", *retry,
                      str(tmp_path / "plan.json")]) == 0
     return runs, json.loads((tmp_path / "plan.json").read_text())["run_id"]
 

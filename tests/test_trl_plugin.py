@@ -21,7 +21,7 @@ plugin = pytest.importorskip("stateset_trl_engine.plugin", reason=TRL_PLUGIN_MIS
 trl = pytest.importorskip("trl", reason=TRL_PLUGIN_MISSING)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-SPEC = EXAMPLES / "support-routing-trl.json"
+SPEC = EXAMPLES / "support-routing.json"
 VERSION = "1.16.0"
 
 
@@ -160,9 +160,8 @@ def test_refused_and_declared():
     doc["evaluation"] = {"every": 20, "select_by": "val/reward/mean"}
     got = states(doc)
     assert got["evaluation.every"] == "pinned" and got["evaluation.temperature"] == "pinned"
-    assert got["evaluation.select_by"] == "refused"  # save_total_limit could delete the best
-    doc["checkpoint"]["keep"] = None
-    assert states(doc)["evaluation.select_by"] == "pinned"
+    # with checkpoint.keep too: the launch's retention never deletes the best
+    assert got["evaluation.select_by"] == "pinned" and got["checkpoint.keep"] == "pinned"
     got = states(spec_doc())
     assert got["algorithm.advantage.epsilon"] == "declared"
     assert got["algorithm.kl.clamp"] == "declared"
@@ -170,11 +169,19 @@ def test_refused_and_declared():
     assert states(spec_doc(mini_batches=2))["budget.mini_batches"] == "declared"
 
 
-def test_selection_over_checkpoints_trl_may_delete_is_refused_before_launch(cli, tmp_path):
+def test_the_main_spec_plans_on_trl_unchanged(cli, tmp_path):
+    """examples/support-routing.json (select_by with checkpoint.keep) runs on TRL as it does
+    on the native engine: the launch hands the retention callback both, and turns TRL's own
+    rotation off."""
     proc = cli("plan", "--engine", "trl", EXAMPLES / "support-routing.json", "-o",
                tmp_path / "plan.json")
-    assert proc.returncode == 3, proc.stderr
-    assert "evaluation.select_by" in proc.stderr and "checkpoint.keep" in proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    from stateset_backend.core.plan import load_plan
+
+    native = plugin.read_launch(load_plan(tmp_path / "plan.json"))
+    assert native["save_total_limit"] is None
+    assert native["launch.keep"] == 2 and native["launch.select_by"] == "val/reward/mean"
+    assert native["launch.lower_is_better"] is False
 
 
 def test_strict_equivalence_refuses_trls_declared_deviations(cli, tmp_path):
@@ -190,7 +197,7 @@ def test_strict_equivalence_refuses_trls_declared_deviations(cli, tmp_path):
 def test_trl_trains_the_tiny_model_through_the_hub(cli, tmp_path):
     doc = spec_doc(total_updates=4)
     doc["checkpoint"] = {"every": 2, "keep": 1}
-    doc["evaluation"] = {"every": 2, "select_by": None}
+    doc["evaluation"] = {"every": 2, "select_by": "val/reward/mean"}
     (tmp_path / "spec.json").write_text(json.dumps(doc))
     proc = cli("run", "--engine", "trl", "--runs-dir", tmp_path / "runs", tmp_path / "spec.json",
                timeout=300)
@@ -206,7 +213,10 @@ def test_trl_trains_the_tiny_model_through_the_hub(cli, tmp_path):
     kinds = {a["kind"] for a in result["artifacts"]}
     assert kinds == {"checkpoint", "model"}
     steps = {a["step"] for a in result["artifacts"] if a["kind"] == "checkpoint"}
-    assert steps == {4}  # every 2 updates, keep 1
+    # every 2 updates, keep 1: the newest, and the best by val/reward/mean (the earlier update
+    # on a tie), which TRL's own rotation would have deleted
+    selection = result["selection"]
+    assert selection["update"] in (2, 4) and steps == {4, selection["update"]}
     names = {d["deviation"] for d in result["deviations"]}
     assert "group_std_plus_1e-4" in names
     # the spec's validation, by the launch's callback: untrained, then every 2 updates
@@ -214,6 +224,9 @@ def test_trl_trains_the_tiny_model_through_the_hub(cli, tmp_path):
     rows = [json.loads(x) for x in (attempt / result["metrics"]["series"]).read_text()
             .splitlines()]
     assert [r["step"] for r in rows if "val/reward/mean" in r] == [0, 2, 4]
+    at = {r["step"]: r["val/reward/mean"] for r in rows if "val/reward/mean" in r}
+    best = max(at[2], at[4])
+    assert selection["update"] == min(u for u in (2, 4) if at[u] == best)
     # the same seed builds the same tiny model on both engines, and greedy validation of the
     # untrained policy is deterministic: the native engine scores it exactly the same
     from stateset_backend.core.digest import experiment_digest

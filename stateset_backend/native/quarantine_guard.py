@@ -37,12 +37,26 @@ def quarantine_on_failure(directory: Path, fault: quarantine.Fault, *, update: i
     try:
         yield
     except Exception as exc:
-        moved = changed()
+        moved = None if peer_lost(exc) else changed()
         if moved is not None:
             reason = f"{type(exc).__name__}: {exc}" + (f" ({moved})" if moved else "")
             with contextlib.suppress(OSError):  # a full disk may refuse even the marker
                 quarantine.mark(directory, fault=fault, reason=reason, update=update)
         raise
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """A collective that failed because another rank died (killed, out of memory): the whole
+    attempt fails (torchrun ends the group) and resumes from its last checkpoint; nothing of
+    this rank's state was written, so it is a failure, not a quarantine."""
+    from torch.distributed import DistError
+
+    if isinstance(exc, DistError):
+        return True
+    text = str(exc)
+    return ("gloo" in text and any(m in text for m in ("Read error", "Connection closed",
+                                                        "Connection reset", "Timed out"))) \
+        or "NCCL communicator was aborted" in text or "remote process exited" in text
 
 
 def learner_update_guard(directory: Path, steps: StepCounter,

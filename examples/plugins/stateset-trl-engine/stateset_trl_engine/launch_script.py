@@ -3,6 +3,7 @@
 # spec's model, data and reward, run GRPOTrainer for exactly max_steps optimizer steps, and
 # leave the identity, one metrics line per update, checkpoints and the final model in the run
 # folder. Every value comes from SETTINGS; nothing here is formatted from user text.
+import math
 import os
 import sys
 from pathlib import Path
@@ -122,6 +123,43 @@ def validation_reward(model, tokenizer, launch, rows, score):
     return sum(rewards) / len(rewards)
 
 
+def retention_callback(launch, validated):
+    """checkpoint.keep as the hub means it: the newest ``keep`` checkpoints and the best so far
+    by evaluation.select_by (highest, lowest for a loss or a failure share, the earlier update
+    on a tie), the one the hub will recommend; TRL's save_total_limit would delete the oldest
+    whatever their validation. ``validated`` maps an optimizer step to its validation row."""
+    import shutil
+
+    from transformers import TrainerCallback
+
+    keep, select_by = launch.get("keep"), launch.get("select_by")
+    lower = launch.get("lower_is_better", False)
+
+    class Retention(TrainerCallback):
+        best = None  # (value, step) of the best validated checkpoint so far
+
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir)
+            saved = sorted((int(p.name.removeprefix("checkpoint-")), p)
+                           for p in folder.glob("checkpoint-*") if p.is_dir())
+            value = validated.get(state.global_step, {}).get(select_by)
+            if select_by is not None and value is not None and math.isfinite(value):
+                better = self.best is None or (value < self.best[0] if lower
+                                               else value > self.best[0])
+                if better:  # a tie keeps the earlier update
+                    self.best = (value, state.global_step)
+            if keep is None:
+                return
+            kept = {step for step, _ in saved[-keep:]}
+            if self.best is not None:
+                kept.add(self.best[1])
+            for step, path in saved:
+                if step not in kept:
+                    shutil.rmtree(path, ignore_errors=True)
+
+    return Retention()
+
+
 def main():
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -142,6 +180,7 @@ def main():
     model = initial_model(launch, tokenizer, SETTINGS["seed"])
     dataset = Dataset.from_list(prompt_rows(launch, tokenizer))
     metrics = open(RUN / files["metrics"], "a", encoding="utf-8")  # noqa: SIM115
+    validated = {}  # optimizer step -> the spec's validation there
 
     def record(doc):
         metrics.write(json.dumps(doc) + "\n")
@@ -166,6 +205,7 @@ def main():
         def run(self, model, update):
             value = validation_reward(model, tokenizer, launch, self.rows,
                                       stateset_reward.score)
+            validated[update * k] = {"val/reward/mean": value}
             record({"update": update, "validation": {"val/reward/mean": value}})
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -176,7 +216,7 @@ def main():
             if state.global_step % (k * self.every) == 0:
                 self.run(model, state.global_step // k)
 
-    callbacks = [UpdateMetrics()]
+    callbacks = [UpdateMetrics(), retention_callback(launch, validated)]
     validation = launch.get("validation")
     if validation is not None:
         callbacks.append(Validation(fitting_rows(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stateset_backend.plugin import (
+    LOWER_IS_BETTER,
     PYTHON,
     REWARD_SHIM_FILE,
     RUN_DIR,
@@ -447,16 +448,21 @@ def _run_rules(f: TRLKeys) -> dict[str, Any]:
         "rollout.top_p": to(f.top_p),
         "rollout.top_k": to(f.top_k, convert=lambda v: 0 if v is None else v),
         "checkpoint.every": checkpoint_every,
-        "checkpoint.keep": to(f.save_total_limit),
+        # TRL's own rotation (save_total_limit) deletes the oldest checkpoints whatever their
+        # validation; the launch's retention callback keeps the newest `keep` and the best so
+        # far by evaluation.select_by, the checkpoint the hub will recommend
+        "checkpoint.keep": lambda v, s: Pinned(
+            {f.save_total_limit: None, LAUNCH + "keep": v},
+            "the launch's retention callback: the newest checkpoint.keep checkpoints and the "
+            "best so far by evaluation.select_by (TRL's save_total_limit stays off)"),
         "evaluation.every": lambda v, s: Pinned(
             {f.eval_strategy: "no", VALIDATION + "every": v},
             "TRL's own evaluation samples like its rollouts, so it stays off; the launch's "
             "callback runs the spec's validation at update 0 and every evaluation.every"),
         "evaluation.select_by": lambda v, s: Pinned(
-            {}, "the hub ranks the launch's validation rows at the updates TRL checkpointed")
-        if s.checkpoint.keep is None else Refused(
-            "TRL's save_total_limit deletes the oldest checkpoints whatever their validation, "
-            "so the recommended one could be gone: set checkpoint.keep to null to select"),
+            {LAUNCH + "select_by": v, LAUNCH + "lower_is_better": v in LOWER_IS_BETTER},
+            "the hub ranks the launch's validation rows at the updates TRL checkpointed; the "
+            "retention callback never deletes the best of them"),
         "evaluation.temperature": to(VALIDATION + "temperature"),
         "evaluation.top_p": to(VALIDATION + "top_p"),
         "evaluation.samples": to(VALIDATION + "samples"),
