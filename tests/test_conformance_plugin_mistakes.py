@@ -96,7 +96,7 @@ class TestMistake(AdapterConformance):
     (PinsAKeyNoEngineReads, "optimizer.learning_rate: echo 1.2.0 has no such key"),
     (WritesALauncherThatIsNotPython, "launch.py"),
     (ClaimsRlooLaunchesGrpo, "algorithm.objective: 'grpo' and 'rloo' launch alike"),
-    (CountsLogRows, "committed_updates is 4, but the outputs show 3 updates"),
+    (CountsLogRows, "committed_updates is 5, but the outputs show 4 updates"),
     (EchoAdapter, None)])
 def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):
     module = tmp_path / f"test_mistake_{cls.__name__.lower()}.py"

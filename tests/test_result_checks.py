@@ -108,3 +108,21 @@ def test_a_resume_with_no_update_left_needs_no_new_metrics(plan, tmp_path):
     # anywhere else, an attempt without metrics is invalid
     status, checks, _ = _checks(plan, tmp_path, _collected(plan, tmp_path, metrics=[]))
     assert status == "invalid" and checks["metrics_finite"].detail == "no metrics were reported"
+
+
+def test_an_engine_that_stops_before_the_budget_and_exits_0_is_invalid(plan, tmp_path):
+    """verl #7401 in the hub's words: a resume that trains nothing (or any run that ends its
+    loop early) and exits 0 is not the experiment that was asked for."""
+    planned = plan.validated_spec().budget.total_updates
+    early = Collected(**{**_collected(plan, tmp_path).__dict__,
+                         "committed_updates": planned - 1})
+    status, checks, _ = _checks(plan, tmp_path, early)
+    assert status == "invalid"
+    assert checks["committed_updates"].detail == \
+        f"{planned - 1} of {planned} planned updates committed; the engine stopped before " \
+        "the budget was spent"
+    # resumed from update 1, the engine reports the checkpoint's update and nothing more
+    idle = Collected(**{**early.__dict__, "committed_updates": 1, "resumed_from": 1})
+    status, checks, _ = evaluate(plan, Exit(code=0), idle, tmp_path, resumed_from=1)
+    assert status == "invalid" and not checks[[c.name for c in checks].index(
+        "committed_updates")].ok

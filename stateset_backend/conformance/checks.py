@@ -478,8 +478,9 @@ def check_option_keys(adapter: EngineAdapter, version: str, base: dict[str, Any]
 
 
 # -- collection ------------------------------------------------------------------------------------
-HEALTHY = [{"step": s, "reward/mean": 0.25 * s, "loss/policy": 0.5 / s, "kl": 0.01}
-           for s in (1, 2, 3)]
+# the base sample's budget: 4 updates (samples.base_doc)
+HEALTHY = [{"step": s, "reward/mean": 0.2 * s, "loss/policy": 0.5 / s, "kl": 0.01}
+           for s in (1, 2, 3, 4)]
 
 
 def _with(rows: list[dict[str, Any]], step: int, name: str, value: Any) -> list[dict[str, Any]]:
@@ -508,10 +509,12 @@ COLLECTION_CASES: dict[str, Case] = {c.name: c for c in (
     Case("artifact_symlink_outside", "invalid", HEALTHY, after="symlink_artifacts"),
     Case("missing_identity", "invalid", HEALTHY, identity=False),
     Case("no_committed_update", "invalid", [], checkpoint_step=None),
+    # the engine exited 0 after 3 of the 4 planned updates: not the experiment that was asked
+    Case("stopped_early", "invalid", HEALTHY[:3]),
     # a second row logged at the last update (validation metrics beside training ones): still
     # three updates, not four
     Case("two_rows_at_one_update", "succeeded",
-         [*HEALTHY, {"step": 3, "reward/mean": 0.7}]),
+         [*HEALTHY, {"step": 4, "reward/mean": 0.7}]),
 )}
 
 
@@ -526,6 +529,11 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
                      tmp: Path) -> str:
     attempt = tmp / "attempt"
     attempt.mkdir(parents=True)
+    planned = plan.validated_spec().budget.total_updates
+    if planned != len(HEALTHY):
+        raise CheckFailed(f"the collection cases are written for the base sample's "
+                          f"{len(HEALTHY)} updates, but its budget is {planned}: a `base` "
+                          "must not change budget.total_updates")
     ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,
                         plan.resolved_dialect(), plan.base_dir)
     writer(attempt, ctx, metrics=copy.deepcopy(case.metrics), identity=case.identity,

@@ -204,8 +204,14 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
                 resumed_from else f"asked to continue from update {resumed_from}, the engine "
                                   f"reports {collected.resumed_from}")
         planned = plan.validated_spec().budget.total_updates
-        add("committed_updates", 0 < collected.committed_updates <= planned,
-            f"{collected.committed_updates} of {planned} planned updates committed")
+        # every planned update, no more and no fewer: an engine that stops early (a resume
+        # that trains nothing, a loop that ends at its own limit) and exits 0 has not run
+        # the experiment
+        done = collected.committed_updates
+        add("committed_updates", done == planned,
+            f"{done} of {planned} planned updates committed" + (
+                "; the engine stopped before the budget was spent" if 0 < done < planned and
+                exit_.code == 0 and not exit_.interrupted else ""))
         bad = _non_finite(collected.metrics)
         # a resume from the last update's checkpoint has no update left to report: it only
         # writes the final model; the earlier attempts reported every row
