@@ -73,10 +73,10 @@ def test_every_command_in_the_table_exists_and_lists_real_exit_codes():
 
 
 def test_the_examples_sizes_are_the_specs():
-    for name, prompts, group, total in re.findall(
-            r"`examples/([\w.-]+\.json)` from scratch \((\d+) prompts \u00d7 (\d+)\)"
-            r"[^\n]*for (\d+) \|", README):
+    sizes = re.findall(r"`examples/([\w.-]+\.json)` from scratch \((\d+) prompts \u00d7 (\d+)\)"
+                       r"[^\n]*for (\d+) \|", README)
+    assert sizes, "the README's table of example runs moved"
+    for name, prompts, group, total in sizes:
         spec = json.loads((ROOT / "examples" / name).read_text())
         assert (spec["budget"]["prompts_per_update"], spec["algorithm"]["group_size"],
                 spec["budget"]["total_updates"]) == (int(prompts), int(group), int(total)), name
-    assert "examples/support-routing.json` from scratch" in README
