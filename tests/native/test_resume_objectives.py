@@ -70,6 +70,14 @@ def test_resume_continues_exactly(finished, tmp_path):
     result = json.loads((runs / run_id / "result.json").read_text())
     assert result["status"] == "succeeded" and result["resumed_from"] == \
         {"attempt": 1, "update": 2}
+    from contextlib import redirect_stdout
+    from io import StringIO
+
+    shown = StringIO()
+    with redirect_stdout(shown):
+        assert main(["runs", "show", "--runs-dir", str(runs), run_id]) == 0
+    assert "attempt 2: succeeded, 6/6 updates, resumed from attempt 1 at update 2" in \
+        " ".join(shown.getvalue().split())
     resumed = runs / run_id / "attempts" / "2" / "checkpoints" / "update-000006"
     weights = ["weights.safetensors"] + ([checkpoint.CRITIC_WEIGHTS] if kind == "ppo" else [])
     for name in weights:
