@@ -38,6 +38,13 @@ def _plan_like(adapter, doc, version):
     return plan.model_copy(update={"run_id": RUN_ID, "experiment_digest": DIGEST})
 
 
+def _budget(plan, updates: int):
+    """The plan as if its budget were the ``updates`` these outputs hold: a run that commits
+    fewer updates than planned is invalid however healthy each one looks."""
+    spec = {**plan.spec, "budget": {**plan.spec["budget"], "total_updates": updates}}
+    return plan.model_copy(update={"spec": spec})
+
+
 # -- OpenRLHF: TensorBoard events, written as OpenRLHF's TensorboardLogger writes them ----------
 def _write_openrlhf_run(attempt: Path, name: str, steps: int, nan_at: int | None = None) -> None:
     from torch.utils.tensorboard import SummaryWriter
@@ -66,7 +73,9 @@ def test_openrlhf_tensorboard_is_collected_and_checked(tmp_path):
     assert got.metrics[0]["loss/policy"] == pytest.approx(0.1)
     assert got.raw_metric_names["loss/policy"] == "train/policy_loss"
     plan = _plan_like(adapter, openrlhf_golden({"objective": "grpo"}), "0.11.2")
-    status, checks, artifacts = evaluate(plan, Exit(0), got, tmp_path)
+    status, checks, _ = evaluate(plan, Exit(0), got, tmp_path)
+    assert status == "invalid"  # 4 of the golden spec's 300 updates
+    status, checks, artifacts = evaluate(_budget(plan, 4), Exit(0), got, tmp_path)
     assert status == "succeeded", checks
     assert artifacts[0].path.endswith("global_step4/mp_rank_00_model_states.pt")
 
@@ -148,7 +157,7 @@ def test_verl_file_logger_is_collected(tmp_path):
     assert (got.run_id, got.experiment_digest, got.committed_updates) == (RUN_ID, DIGEST, 3)
     assert got.metrics[-1]["reward/mean"] == pytest.approx(0.3)
     plan = _plan_like(adapter, verl_golden({"objective": "grpo"}), "0.9.1")
-    status, checks, _ = evaluate(plan, Exit(0), got, tmp_path)
+    status, checks, _ = evaluate(_budget(plan, 3), Exit(0), got, tmp_path)
     assert status == "succeeded", checks
     found = adapter.latest_checkpoint(tmp_path)
     assert found is not None and found.update == 3
@@ -227,7 +236,7 @@ def test_verl_tensorboard_logger_is_collected_before_the_file_logger(tmp_path, m
     got = adapter.collect(tmp_path, ctx)
     assert (got.run_id, got.committed_updates) == (plan.run_id, 2)
     assert got.metrics[-1]["reward/mean"] == pytest.approx(0.5)
-    status, checks, _ = evaluate(plan, Exit(0), got, tmp_path)
+    status, checks, _ = evaluate(_budget(plan, 2), Exit(0), got, tmp_path)
     assert status == "invalid"
     assert {c.name for c in checks if not c.ok} == {"artifacts"}  # no checkpoint was written
 
@@ -259,7 +268,7 @@ def test_nemo_rl_tensorboard_and_checkpoints_are_collected(tmp_path):
     assert (got.run_id, got.committed_updates) == (RUN_ID, 2)
     assert got.metrics[-1]["val/reward/mean"] == pytest.approx(0.75)
     plan = _plan_like_unchecked(adapter, nemo_golden({"objective": "grpo"}), "0.7.0")
-    status, checks, artifacts = evaluate(plan, Exit(0), got, tmp_path)
+    status, checks, artifacts = evaluate(_budget(plan, 2), Exit(0), got, tmp_path)
     assert status == "succeeded", checks
     assert {a.step for a in artifacts} == {1, 2}
     other = adapter.collect(tmp_path, LaunchContext("20990101T000000Z-ffffffff", DIGEST,
