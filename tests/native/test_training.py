@@ -213,4 +213,8 @@ def test_run_prints_a_summary(cli, tiny, spec_file, tmp_path):
     assert "3/3 updates committed" in lines[0]
     assert any(line.strip().startswith("reward/mean") and "->" in line for line in lines)
     assert any(line.strip().startswith("val/reward/mean") for line in lines)
-    assert lines[-1].strip().startswith("result: ")
+    assert any(line.strip().startswith("result: ") for line in lines)
+    # it ends with what to do next, naming this run and its runs folder
+    run_id = lines[0].split()[1]
+    assert lines[lines.index("next:") + 1].strip() == \
+        f"stateset-backend runs show {run_id} --runs-dir {tmp_path / 'runs'}"
