@@ -111,8 +111,9 @@ def test_a_resume_with_no_update_left_needs_no_new_metrics(plan, tmp_path):
 
 
 def test_an_engine_that_stops_before_the_budget_and_exits_0_is_invalid(plan, tmp_path):
-    """verl #7401 in the hub's words: a resume that trains nothing (or any run that ends its
-    loop early) and exits 0 is not the experiment that was asked for."""
+    """A failure users of the engines report (verl's among them): a resume that trains
+    nothing (or any run that ends its loop early) and exits 0 is not the experiment that was
+    asked for."""
     planned = plan.validated_spec().budget.total_updates
     early = Collected(**{**_collected(plan, tmp_path).__dict__,
                          "committed_updates": planned - 1})
