@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 from agent_shim_fixtures import REWARDS, SCRIPT, TASK, bad_environment, tokenizer
+from optional_installs import OPENRLHF_WHEELS_MISSING
 
 from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
 from stateset_backend.core.plan import make_plan
@@ -36,7 +37,7 @@ WHEELS = os.environ.get("STATESET_TEST_OPENRLHF_WHEELS")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "external"
 PARSER = Path(__file__).with_name("openrlhf_parse.py")
 VERSIONS = ["0.9.8", "0.11.2"]
-needs_wheels = pytest.mark.skipif(WHEELS is None, reason="STATESET_TEST_OPENRLHF_WHEELS unset")
+needs_wheels = pytest.mark.skipif(WHEELS is None, reason=OPENRLHF_WHEELS_MISSING)
 
 
 def _plan(version: str):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from agent_shim_fixtures import REWARDS, SCRIPT, TASK, bad_environment
+from optional_installs import VERL_PYTHON_MISSING
 
 from stateset_backend.adapters.verl import VerlAdapter
 from stateset_backend.core.errors import Unsupported
@@ -31,7 +32,7 @@ VERL_PYTHON = os.environ.get("STATESET_TEST_VERL_PYTHON")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "external"
 PROBE = Path(__file__).with_name("verl_agent_probe.py")
 COMMIT = "7ae557604adf67be50417f59c2c2f167def9a775"
-needs_verl = pytest.mark.skipif(VERL_PYTHON is None, reason="STATESET_TEST_VERL_PYTHON unset")
+needs_verl = pytest.mark.skipif(VERL_PYTHON is None, reason=VERL_PYTHON_MISSING)
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from optional_installs import VERL_WHEELS_MISSING
 from packaging.version import Version
 from test_openrlhf import golden as openrlhf_golden
 from test_verl import VERL_PYTHON, VERL_WHEELS, needs_verl
@@ -207,7 +208,7 @@ def test_verl_zero_exit_without_updates_is_invalid(tmp_path):
 
 
 # -- verl before 0.6: its TensorBoard logger, run from the 0.5.0 release's own tracking module ----
-@pytest.mark.skipif(VERL_WHEELS is None, reason="STATESET_TEST_VERL_WHEELS is not set")
+@pytest.mark.skipif(VERL_WHEELS is None, reason=VERL_WHEELS_MISSING)
 def test_verl_tensorboard_logger_is_collected_before_the_file_logger(tmp_path, monkeypatch):
     import importlib.util
     import zipfile

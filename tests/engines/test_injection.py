@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from optional_installs import NEMO_RL_CONFIGS, NEMO_RL_CONFIGS_MISSING
+from optional_installs import (
+    NEMO_RL_CONFIGS,
+    NEMO_RL_CONFIGS_MISSING,
+    OPENRLHF_WHEELS_MISSING,
+    VERL_PYTHON_MISSING,
+    VERL_WHEELS_MISSING,
+)
 from packaging.version import Version
 
 from stateset_backend.adapters import nemo_rl_launcher
@@ -356,9 +362,9 @@ def read_nemo() -> dict[str, dict[str, Any]]:
 
 def _verl_skip(version: str) -> str | None:
     if VERL_PYTHON is None and version == "0.9.1":
-        return "STATESET_TEST_VERL_PYTHON is not set (see .ci/run)"
+        return VERL_PYTHON_MISSING
     if VERL_WHEELS is None and version != "0.9.1":
-        return "STATESET_TEST_VERL_WHEELS is not set (see .ci/run)"
+        return VERL_WHEELS_MISSING
     return None
 
 
@@ -366,7 +372,7 @@ def _skip(engine: str, version: str) -> str | None:
     if engine == "verl":
         return _verl_skip(version)
     if engine == "openrlhf" and OPENRLHF_WHEELS is None:
-        return "STATESET_TEST_OPENRLHF_WHEELS is not set (see .ci/run)"
+        return OPENRLHF_WHEELS_MISSING
     if engine == "nemo-rl":
         if not NEMO_CONFIGS.is_dir():
             return NEMO_RL_CONFIGS_MISSING
@@ -479,7 +485,7 @@ def test_help_in_a_value_does_not_trigger_help():
     """'--help' as a model path, field name, LoRA module or option value reaches the parser
     as a value: every OpenRLHF parse returned arguments (none printed usage and exited)."""
     if OPENRLHF_WHEELS is None:
-        pytest.skip("STATESET_TEST_OPENRLHF_WHEELS is not set (see .ci/run)")
+        pytest.skip(OPENRLHF_WHEELS_MISSING)
     for version, results in read_openrlhf().items():
         for label, result in results.items():
             assert "config" in result, (version, label, result.get("error"))
@@ -529,7 +535,7 @@ def test_openrlhf_aliases_of_a_pinned_flag_are_refused(version):
     """Option strings that write the same argument as a pinned flag (as the release's parser
     declares them) are the same setting: refused like the flag itself."""
     if OPENRLHF_WHEELS is None:
-        pytest.skip("STATESET_TEST_OPENRLHF_WHEELS is not set (see .ci/run)")
+        pytest.skip(OPENRLHF_WHEELS_MISSING)
     plan = scenarios("openrlhf", version)["baseline"][1]
     groups = read_openrlhf()[version]["baseline"]["dests"]
     for group in groups:
@@ -548,7 +554,7 @@ def test_openrlhf_aliases_of_a_pinned_flag_are_refused(version):
 def test_list_items_argparse_reads_as_options_never_reach_it(item):
     """A list item is refused at plan time or parses back as that item."""
     if OPENRLHF_WHEELS is None:
-        pytest.skip("STATESET_TEST_OPENRLHF_WHEELS is not set (see .ci/run)")
+        pytest.skip(OPENRLHF_WHEELS_MISSING)
     values = {**benign("openrlhf"), "lora": item}
     try:
         plan = _plan("openrlhf", "0.11.2", values, lora=True)

@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 import torch
+from optional_installs import VERL_PYTHON_MISSING
 
 from stateset_backend.native import objectives as O
 
 VERL_PYTHON = os.environ.get("STATESET_TEST_VERL_PYTHON")
 PROBE = Path(__file__).with_name("verl_core_algos.py")
-pytestmark = pytest.mark.skipif(VERL_PYTHON is None, reason="STATESET_TEST_VERL_PYTHON is not "
-                                                            "set (an interpreter with verl)")
+pytestmark = pytest.mark.skipif(VERL_PYTHON is None, reason=VERL_PYTHON_MISSING)
 
 TOLERANCE = {"float64": 1e-6, "float32": 1e-5}
 DTYPES = {"float32": torch.float32, "float64": torch.float64}

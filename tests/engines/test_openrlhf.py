@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from golden import variant
+from optional_installs import OPENRLHF_WHEELS_MISSING
 from packaging.version import Version
 
 from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
@@ -115,7 +116,7 @@ def _parse(plan, version: str, run_dir: Path) -> dict[str, Any]:
     return _run_parser(version, "--", *argv)
 
 
-needs_wheels = pytest.mark.skipif(WHEELS is None, reason="STATESET_TEST_OPENRLHF_WHEELS unset")
+needs_wheels = pytest.mark.skipif(WHEELS is None, reason=OPENRLHF_WHEELS_MISSING)
 
 FLAT = {"model": "pretrain", "estimator": "advantage_estimator", "n": "n_samples_per_prompt",
         "kl": "init_kl_coef", "kl_est": "kl_estimator", "kl_loss": "use_kl_loss",

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from golden import variant
+from optional_installs import VERL_PYTHON_MISSING, VERL_WHEELS_MISSING
 from packaging.version import Version
 
 from stateset_backend.adapters.verl import VerlAdapter
@@ -142,7 +143,7 @@ def hub_cache(tmp_path, monkeypatch):
 
 
 needs_verl = pytest.mark.skipif(VERL_PYTHON is None,
-                                reason="STATESET_TEST_VERL_PYTHON is not set (see .ci/run)")
+                                reason=VERL_PYTHON_MISSING)
 needs_wheels = pytest.mark.skipif(VERL_WHEELS is None, reason="STATESET_TEST_VERL_WHEELS is "
                                                               "not set (see .ci/run)")
 
@@ -512,7 +513,8 @@ def _same(a: Any, b: Any) -> bool:
 
 def _needs_release(version: str) -> Any:
     return pytest.mark.skipif((VERL_PYTHON if version == "0.9.1" else VERL_WHEELS) is None,
-                              reason="the release is not available (see .ci/run)")
+                              reason=VERL_PYTHON_MISSING if version == "0.9.1"
+                              else VERL_WHEELS_MISSING)
 
 
 @pytest.mark.parametrize("version", [pytest.param(v, marks=_needs_release(v))
@@ -639,14 +641,14 @@ def test_shipped_surfaces_are_the_releases_composed_configs(version):
 
     if version == "0.9.1":
         if VERL_PYTHON is None:
-            pytest.skip("STATESET_TEST_VERL_PYTHON is not set (see .ci/run)")
+            pytest.skip(VERL_PYTHON_MISSING)
         found = subprocess.run([VERL_PYTHON, "-c", "import os, verl; print(os.path.join("
                                 "os.path.dirname(verl.__file__), 'trainer', 'config'))"],
                                capture_output=True, text=True, check=True, timeout=120)
         source = Path(found.stdout.strip())
     else:
         if VERL_WHEELS is None:
-            pytest.skip("STATESET_TEST_VERL_WHEELS is not set (see .ci/run)")
+            pytest.skip(VERL_WHEELS_MISSING)
         (source,) = Path(VERL_WHEELS).glob(f"verl-{version}-*.whl")
     shipped = resources.files("stateset_backend.contracts").joinpath(
         "surfaces", f"verl-{version}.json").read_text()
