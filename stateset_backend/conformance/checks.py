@@ -671,7 +671,7 @@ def base_plan(adapter: EngineAdapter, version: str, files: SampleFiles,
 
 
 # -- what the engine reads, against what the launch claims and what the release has ------------
-def _same_value(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, int | float) and isinstance(b, int | float):
@@ -679,9 +679,9 @@ def _same_value(a: Any, b: Any) -> bool:
     if isinstance(a, str) and isinstance(b, float) and not math.isfinite(b):
         return a == ("nan" if b != b else "inf" if b > 0 else "-inf")
     if isinstance(b, str) and isinstance(a, float):
-        return _same_value(b, a)
+        return same_value(b, a)
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
 
 
@@ -720,12 +720,12 @@ def check_reads_as_declared(adapter: EngineAdapter, plan: LaunchPlan, read: dict
         if key not in read:
             default = options.get(key, {}).get("default", object())
             if (value is False or value is None) and (not options or
-                                                      _same_value(default, value)):
+                                                      same_value(default, value)):
                 continue  # an omitted switch or value: the release's default is the value
             raise CheckFailed(f"{key}: the launch lists it as set to {value!r}, but {where} "
                               "reads nothing for it from the launch (dropped from the argv, "
                               "or set under another spelling); put it in the launch")
-        if not _same_value(read[key], value):
+        if not same_value(read[key], value):
             raise CheckFailed(f"{key}: {where} reads {read[key]!r} from the launch, which "
                               f"declares {value!r}; render what the translation says")
     for key in read:
@@ -757,8 +757,8 @@ def check_reads_as_declared(adapter: EngineAdapter, plan: LaunchPlan, read: dict
             raise CheckFailed(f"the {dialect.name} dialect records a default for {bare}, which "
                               f"{where} does not have{_closest(bare, options)}")
         real = options[bare]
-        if not (_same_value(real.get("default"), recorded) or
-                _same_value(real.get("written"), recorded)):
+        if not (same_value(real.get("default"), recorded) or
+                same_value(real.get("written"), recorded)):
             raise CheckFailed(f"the {dialect.name} dialect records {bare} = {recorded!r}, but "
                               f"{where}'s default is {real.get('default')!r}; record the "
                               "release's own default")
@@ -863,12 +863,12 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
             except CheckFailed as exc:
                 raise CheckFailed(f"{row.path} = {_leaf(plan, row.path)!r}: {exc}") from None
         changed = {k for k in set(read_a) | set(read_b)
-                   if not _same_value(read_a.get(k), read_b.get(k))}
+                   if not same_value(read_a.get(k), read_b.get(k))}
         claimed = _claimed(adapter, a, row.path) | _claimed(adapter, b, row.path)
         declared_a, _ = _flat_native(a)
         declared_b, _ = _flat_native(b)
         moved = {k for k in set(declared_a) | set(declared_b)
-                 if not _same_value(declared_a.get(k), declared_b.get(k))}
+                 if not same_value(declared_a.get(k), declared_b.get(k))}
         if not changed & claimed and not _moot(row.path, spec):
             raise CheckFailed(f"{row.path}: planned at {a_value!r} and {b_value!r}, the "
                               f"engine reads the same value for every key the translation "
@@ -979,8 +979,8 @@ def check_expected(engine: str, plan: LaunchPlan, read: dict[str, Any],
 
     for key, want in expected(engine, plan.validated_spec(), surface).items():
         got = read.get(key, _MISSING)
-        ok = any(_same_value(got, w) for w in want) if isinstance(want, OneOf) else \
-            _same_value(got, want)
+        ok = any(same_value(got, w) for w in want) if isinstance(want, OneOf) else \
+            same_value(got, want)
         if not ok:
             shown = "missing" if got is _MISSING else repr(got)
             raise CheckFailed(f"{key}: {engine} {plan.engine_version} reads {shown}, but for "

@@ -19,7 +19,7 @@ from ..core.jsonio import flatten
 from ..core.launch import Exit
 from ..core.plan import LaunchPlan
 from ..core.results import evaluate
-from .checks import CheckFailed, _same_value, normalize_values
+from .checks import CheckFailed, normalize_values, same_value
 from .stubs import common
 
 # the kit's sample reward (samples.REWARD_SOURCE) scores 1 when the answer is in the response
@@ -124,7 +124,7 @@ def check_launch_runs(plan: LaunchPlan, stub: dict[str, str], read: dict[str, An
         if key not in declared:
             continue
         want = declared[key]
-        if not (_same_value(value, want) or value == f"{RUN_DIR}/{want}"):
+        if not (same_value(value, want) or value == f"{RUN_DIR}/{want}"):
             raise CheckFailed(f"{key}: the engine receives {value!r} from the launcher, but "
                               f"the launch declares {want!r}")
         compared += 1
@@ -157,7 +157,7 @@ def _check_collected(adapter: EngineAdapter, plan: LaunchPlan, run_dir: Path,
     for want in logged:
         for name, value in want.items():
             got = rows.get(int(want["step"]), {}).get(name)
-            if name != "step" and not _same_value(got, value):
+            if name != "step" and not same_value(got, value):
                 raise CheckFailed(f"update {want['step']}: the engine logged {name} = "
                                   f"{value!r}, the adapter collects {got!r}")
     updates = max(int(r["step"]) for r in logged)
