@@ -181,10 +181,11 @@ def _can_do(contract: Any, installed: str | None) -> str:
     """What an engine can do, at the installed release (else the newest the contract knows),
     by family (objectives, KL, aggregation, ...), and what newer releases add."""
     from .core.contracts import parse_version
+    from .core.errors import InvalidInput
 
     try:
         version = parse_version(installed) if installed else None
-    except Exception:  # an unparseable installed version: describe the newest known
+    except InvalidInput:  # an unparseable installed version: describe the newest known
         version = None
     at = version if version is not None and contract.supports(version) else \
         parse_version(contract.newest_known_version())
@@ -472,15 +473,14 @@ def _earlier_attempts(plan: Any, store: Any,
     """A plan whose run already has attempts is never trained again without being asked:
     (0, result, message) when it finished, (2, {}, message) when it did not; each message
     says what exists and the command for each choice. None when the run has no attempt."""
+    from .core.errors import InvalidInput
     from .core.results import Result
-    from .core.runner import completed
+    from .core.runner import attempt_dirs, completed
 
-    attempts = store.run_dir(plan.run_id) / "attempts"
-    numbers = sorted(int(p.name) for p in attempts.glob("*") if p.name.isdigit()) \
-        if attempts.is_dir() else []
-    if not numbers:
+    folders = attempt_dirs(store, plan.run_id)  # newest first
+    if not folders:
         return None
-    run, newest, cmd = plan.run_id, numbers[-1], f"stateset-backend run {document}"
+    run, newest, cmd = plan.run_id, int(folders[0].name), f"stateset-backend run {document}"
     done = completed(plan, store)
     if done is not None:
         result, path = done
@@ -490,13 +490,15 @@ def _earlier_attempts(plan: Any, store: Any,
             f"was run. See it: stateset-backend runs show {run}; train it again from scratch "
             f"as attempt {newest + 1}: {cmd} --retry")
     ended = "ended without a result (interrupted)"
-    try:
-        last = Result.load(attempts / str(newest) / "result.json")
-        ended = f"ended {last.status} after {last.committed_updates}/{last.planned_updates} " \
-                "updates"
-    except Exception:  # a missing or unreadable result: the attempt never finished
-        pass
-    count = f"{len(numbers)} attempt" + ("s" if len(numbers) > 1 else "")
+    result_path = folders[0] / "result.json"
+    if result_path.is_file():
+        try:
+            last = Result.load(result_path)
+            ended = f"ended {last.status} after {last.committed_updates}/" \
+                    f"{last.planned_updates} updates"
+        except InvalidInput:  # an unreadable result: say so, the choices stay the same
+            ended = "left a result that cannot be read"
+    count = f"{len(folders)} attempt" + ("s" if len(folders) > 1 else "")
     return 2, {}, (f"run {run} already has {count}; attempt {newest} {ended}. Continue it "
                    f"from its newest checkpoint: {cmd} --resume; or train it again from "
                    f"scratch as attempt {newest + 1}: {cmd} --retry")

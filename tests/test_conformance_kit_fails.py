@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit_runs import run_kit
 
 from stateset_backend.adapters.native import NativeAdapter
 from stateset_backend.adapters.verl import VerlAdapter
@@ -341,11 +342,7 @@ def _kit_on_verl(tmp_path: Path, cls: type, selection: str, says: str | None,
     """The kit's selected checks on verl 0.9.1 with ``cls`` as the adapter: a failure whose
     reason holds ``says``, or (``says`` None) ``checks`` passes and no failure."""
     pytest.importorskip("hydra")
-    module = tmp_path / f"test_verl_{cls.__name__.lower()}.py"
-    module.write_text(VERL_MODULE.format(cls=cls.__name__), encoding="utf-8")
-    here = str(Path(__file__).parent)
-    report = run_module(module, "::TestBroken", ["-k", selection, "--import-mode=importlib",
-                                                 "-o", f"pythonpath={here}"])
+    report = run_kit(tmp_path, VERL_MODULE, cls, "::TestBroken", selection)
     failed = [c for c in report["checks"] if c["state"] == "failed"]
     if says is None:
         assert not failed and report["counts"]["passed"] == checks, report["checks"]
@@ -387,20 +384,21 @@ def test_the_kit_varies_each_setting(tmp_path, cls, says):
                  "test_launch_reads_back_as_declared", says, checks=2)
 
 
-@pytest.mark.parametrize("cls, says", [
-    (NeverRunsTheClampDeviation, "declares deviations that no sample runs: 'k3_clamp' on "
-                                 "algorithm.kl.clamp (tried "),
-    (VerlAdapter, None)])
-def test_the_kit_runs_every_declared_deviation(tmp_path, cls, says):
-    _kit_on_verl(tmp_path, cls, "test_declared_deviations_run", says)
+DEVIATIONS, STUB = "test_declared_deviations_run", "test_launch_runs_under_an_engine_stub"
 
 
-@pytest.mark.parametrize("cls, says", [
-    (ShimSwapsResponseAndAnswer, "scores the kit's cases [0.0, 0.0], but the spec's reward"),
-    (LaunchesAnotherEntryPoint, "does not reach the engine's entry point"),
-    (VerlAdapter, None)])
-def test_the_kit_runs_the_launch_under_an_engine_stub(tmp_path, cls, says):
-    _kit_on_verl(tmp_path, cls, "test_launch_runs_under_an_engine_stub", says)
+@pytest.mark.parametrize("cls, selection, says", [
+    # every declared deviation runs in some sample
+    (NeverRunsTheClampDeviation, DEVIATIONS, "declares deviations that no sample runs: "
+                                             "'k3_clamp' on algorithm.kl.clamp (tried "),
+    (VerlAdapter, DEVIATIONS, None),
+    # the launch runs under a stub of verl's entry point, its reward answering verl's call
+    (ShimSwapsResponseAndAnswer, STUB, "scores the kit's cases [0.0, 0.0], but the spec's "
+                                       "reward"),
+    (LaunchesAnotherEntryPoint, STUB, "does not reach the engine's entry point"),
+    (VerlAdapter, STUB, None)])
+def test_the_kit_runs_deviations_and_launches(tmp_path, cls, selection, says):
+    _kit_on_verl(tmp_path, cls, selection, says)
 
 
 def test_the_same_selection_passes_on_the_real_adapter(tmp_path):

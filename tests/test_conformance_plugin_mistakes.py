@@ -5,12 +5,11 @@ key and what to fix."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from kit_runs import run_kit
 from stateset_echo_engine.plugin import EchoAdapter
 
-from stateset_backend.conformance.runner import run_module
 from stateset_backend.core.adapter import Collected, NativeLaunch
 from stateset_backend.core.contracts import Contract
 from stateset_backend.core.rules import RuleSet, to
@@ -99,12 +98,8 @@ class TestMistake(AdapterConformance):
     (CountsLogRows, "committed_updates is 5, but the outputs show 4 updates"),
     (EchoAdapter, None)])
 def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):
-    module = tmp_path / f"test_mistake_{cls.__name__.lower()}.py"
-    module.write_text(MODULE.format(cls=cls.__name__), encoding="utf-8")
-    here = str(Path(__file__).parent)
-    report = run_module(module, "::TestMistake", ["-k", "not plans_agree_across_processes",
-                                                  "--import-mode=importlib",
-                                                  "-o", f"pythonpath={here}"])
+    report = run_kit(tmp_path, MODULE, cls, "::TestMistake",
+                     "not plans_agree_across_processes")
     failed = [c["reason"] for c in report["checks"] if c["state"] == "failed"]
     if says is None:
         assert not failed and report["counts"]["unverified"] == 0, report["checks"]

@@ -34,7 +34,7 @@ from ..core.registry import AdapterEntry
 from ..core.results import evaluate
 from ..core.rules import explain_rows, translate
 from ..core.specfile import parse_spec
-from .reach import reach_deviations
+from .reach import leaf, reach_deviations, with_leaf
 from .samples import Sample, SampleFiles, base_doc, deep_merge, samples_for
 
 
@@ -781,16 +781,6 @@ def _variants(value: Any) -> list[Any]:
     return [v for v in dict.fromkeys(tries) if v != value]
 
 
-def _set(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
-    out = copy.deepcopy(doc)
-    node = out
-    parts = path.split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
-    return out
-
-
 def _plan_or_none(adapter: EngineAdapter, version: str, doc: dict[str, Any],
                   files: SampleFiles) -> LaunchPlan | None:
     try:
@@ -819,13 +809,6 @@ def _moot(path: str, spec: Any) -> bool:
     return path == "optim.min_lr_ratio" and spec.optim.schedule == "constant"
 
 
-def _leaf(plan: LaunchPlan, path: str) -> Any:
-    node: Any = plan.spec
-    for part in path.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
-
-
 def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any],
                       files: SampleFiles, read: Callable[[LaunchPlan], dict[str, Any]],
                       also_read: Callable[[str], bool] = lambda key: False,
@@ -847,7 +830,7 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
             continue
         plans = []
         for value in _variants(row.value):
-            plan = _plan_or_none(adapter, version, _set(full, row.path, value), files)
+            plan = _plan_or_none(adapter, version, with_leaf(full, row.path, value), files)
             if plan is not None:
                 plans.append((value, plan))
             if len(plans) == 2:
@@ -861,7 +844,7 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
             try:
                 check_expected(adapter.name, plan, got, surface)
             except CheckFailed as exc:
-                raise CheckFailed(f"{row.path} = {_leaf(plan, row.path)!r}: {exc}") from None
+                raise CheckFailed(f"{row.path} = {leaf(plan.spec, row.path)!r}: {exc}") from None
         changed = {k for k in set(read_a) | set(read_b)
                    if not same_value(read_a.get(k), read_b.get(k))}
         claimed = _claimed(adapter, a, row.path) | _claimed(adapter, b, row.path)
@@ -911,13 +894,13 @@ def check_distinct_launches(adapter: EngineAdapter, version: str, base: dict[str
 
     for path, values in DISTINCT_LEAVES.items():
         if path.startswith("algorithm.kl.") and full["algorithm"].get("kl") is None:
-            held = _set(full, "algorithm.kl", {"coef": 0.01, "estimator": "k1",
+            held = with_leaf(full, "algorithm.kl", {"coef": 0.01, "estimator": "k1",
                                                "placement": "loss"})
         else:
             held = full
         seen: dict[str, Any] = {}
         for value in values:
-            got = launches(_set(held, path, value))
+            got = launches(with_leaf(held, path, value))
             if got is None:
                 continue
             for other, launched in seen.items():
@@ -932,12 +915,12 @@ def check_distinct_launches(adapter: EngineAdapter, version: str, base: dict[str
                 continue
             for recipe in (first, second):  # every other setting held at one recipe's
                 try:
-                    filled = parse_spec(_set(base, "algorithm.objective", recipe)) \
+                    filled = parse_spec(with_leaf(base, "algorithm.objective", recipe)) \
                         .model_dump(mode="json")
                 except InvalidInput:
                     continue
-                a = launches(_set(filled, "algorithm.objective", first))
-                b = launches(_set(filled, "algorithm.objective", second))
+                a = launches(with_leaf(filled, "algorithm.objective", first))
+                b = launches(with_leaf(filled, "algorithm.objective", second))
                 if a is None or b is None:
                     continue
                 compared += 1

@@ -14,11 +14,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..core.adapter import ENGINE_HOME, PYTHON, RUN_DIR, EngineAdapter, LaunchContext
+from ..core.adapter import ENGINE_HOME, RUN_DIR, EngineAdapter, LaunchContext
 from ..core.jsonio import flatten
 from ..core.launch import Exit
 from ..core.plan import LaunchPlan
 from ..core.results import evaluate
+from ..core.runner import fill_placeholders
 from .checks import CheckFailed, normalize_values, same_value
 from .stubs import common
 
@@ -34,8 +35,7 @@ TIMEOUT_S = 120
 def _argv(plan: LaunchPlan, run_dir: Path, stub_root: Path) -> list[str]:
     """The launch's argv as the runner fills it; a leading ``uv run --project X`` (an engine
     run from its own project) runs with this interpreter instead."""
-    argv = [a.replace(ENGINE_HOME, str(stub_root)).replace(RUN_DIR, str(run_dir))
-             .replace(PYTHON, sys.executable) for a in plan.argv]
+    argv = [fill_placeholders(a, run_dir, sys.executable, str(stub_root)) for a in plan.argv]
     if argv[:2] == ["uv", "run"]:
         rest = argv[2:]
         while rest and rest[0].startswith("-"):
@@ -57,7 +57,7 @@ def run_under_stub(plan: LaunchPlan, stub: dict[str, str], tmp: Path) -> dict[st
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
     out = tmp / "received.json"
-    set_env = {k: v.replace(RUN_DIR, str(run_dir)).replace(PYTHON, sys.executable)
+    set_env = {k: fill_placeholders(v, run_dir, sys.executable, str(stub_root))
                for k, v in plan.set_env.items()}
     env = {**os.environ, **set_env, "STATESET_KIT_RECEIVED": str(out),
            "STATESET_KIT_CASES": json.dumps(CASES), "PYTHONDONTWRITEBYTECODE": "1",

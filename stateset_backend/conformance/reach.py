@@ -108,6 +108,8 @@ def leaves(doc: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def with_leaf(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """A copy of ``doc`` with the dotted ``path`` set (a null or missing parent becomes a
+    mapping)."""
     out = copy.deepcopy(doc)
     node = out
     *parents, last = path.split(".")
@@ -119,7 +121,8 @@ def with_leaf(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     return out
 
 
-def _get(doc: dict[str, Any], path: str) -> Any:
+def leaf(doc: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path of a spec document, None where it is absent."""
     node: Any = doc
     for part in path.split("."):
         node = node.get(part) if isinstance(node, dict) else None
@@ -128,7 +131,7 @@ def _get(doc: dict[str, Any], path: str) -> Any:
 
 def _has_parent(doc: dict[str, Any], path: str) -> bool:
     parent = path.rpartition(".")[0]
-    return not parent or isinstance(_get(doc, parent), dict)
+    return not parent or isinstance(leaf(doc, parent), dict)
 
 
 @dataclass
@@ -195,7 +198,7 @@ class _Search:
         return self.name in self.reach.plans
 
     def own(self, doc: dict[str, Any]) -> list[Any]:
-        current = _get(doc, self.setting)
+        current = leaf(doc, self.setting)
         return [current, *values_for(self.setting, current)]
 
     def search(self, doc: dict[str, Any], depth: int, only_near: bool) -> bool:

@@ -170,10 +170,6 @@ def remote(*args, **kwargs):
 ''',
     # a character tokenizer: the launcher renders prompts with the model's chat template
     "transformers/__init__.py": '''
-class _Ids(list):
-    pass
-
-
 class Tokenizer:
     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False,
                             **kwargs):
@@ -193,12 +189,13 @@ class AutoTokenizer:
 ''',
 }
 
+# (every stub root also gets the shared helpers as stateset_kit_stub.py: launch_run adds them)
 BUILTIN: dict[str, dict[str, str]] = {
-    "verl": {"stateset_kit_stub.py": _COMMON, "verl/__init__.py": "",
-             "verl/trainer/__init__.py": "", "verl/trainer/main_ppo.py": _VERL},
-    "openrlhf": {"stateset_kit_stub.py": _COMMON, "openrlhf/__init__.py": "",
-                 "openrlhf/cli/__init__.py": "", "openrlhf/cli/train_ppo_ray.py": _OPENRLHF},
-    "nemo-rl": {"stateset_kit_stub.py": _COMMON, **_NEMO_REGISTRIES,
+    "verl": {"verl/__init__.py": "", "verl/trainer/__init__.py": "",
+             "verl/trainer/main_ppo.py": _VERL},
+    "openrlhf": {"openrlhf/__init__.py": "", "openrlhf/cli/__init__.py": "",
+                 "openrlhf/cli/train_ppo_ray.py": _OPENRLHF},
+    "nemo-rl": {**_NEMO_REGISTRIES,
                 "examples/run_grpo.py": "from transformers import Tokenizer\n" +
                                         _NEMO_RUN_GRPO},
 }

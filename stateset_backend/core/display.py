@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import IO
 
 
 def metric_text(value: float, signed: bool = False) -> str:
@@ -20,32 +21,29 @@ def metric_text(value: float, signed: bool = False) -> str:
     return f"{value:{sign}.2e}"
 
 
-_CSI = re.compile(rb"\x1b\[[0-9;?]*([A-Za-z])|\x1b\][^\x07]*\x07|\x1b[()][A-Za-z0-9]")
+# a line ending, a carriage return, or a terminal control sequence (CSI, OSC, a charset switch)
+_TOKENS = re.compile(rb"(\n|\r|\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b[()][A-Za-z0-9])")
 
 
 class PlainLog:
     """Writes a terminal stream to a log file as the lines a reader would see: escape codes
-    dropped, and a line that was redrawn in place (a carriage return, an erase-line code) kept
-    only as last drawn before its newline, so a live progress bar leaves its final state, not
-    one frame per refresh."""
+    dropped, and a line that was redrawn in place (a carriage return, an erase-line or
+    cursor-up code) kept only as last drawn before its newline, so a live progress bar leaves
+    its final state, not one frame per refresh."""
 
-    def __init__(self, sink) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, sink: IO[bytes]) -> None:
         self.sink, self.line = sink, b""
 
     def write(self, chunk: bytes) -> None:
         out = []
-        for part in re.split(rb"(\n|\r|\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07)", chunk):
-            if not part:
-                continue
+        for part in _TOKENS.split(chunk):
             if part == b"\n":
                 out.append(self.line + b"\n")
                 self.line = b""
             elif part == b"\r" or (part.startswith(b"\x1b[") and part[-1:] in b"KA"):
                 self.line = b""  # the line is being drawn again
-            elif part.startswith(b"\x1b"):
-                continue
-            else:
-                self.line += _CSI.sub(b"", part)
+            elif not part.startswith(b"\x1b"):
+                self.line += part
         if out:
             self.sink.write(b"".join(out))
 

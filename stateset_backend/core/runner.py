@@ -45,7 +45,9 @@ from .verify import verified_fallback
 CANONICAL_SERIES = "canonical_metrics.jsonl"
 
 
-def _fill(text: str, run_dir: Path, python: str, engine_home: str | None) -> str:
+def fill_placeholders(text: str, run_dir: Path, python: str, engine_home: str | None) -> str:
+    """A launch's ``{run_dir}``, ``{python}`` and ``{engine_home}`` as this attempt fills them
+    (the conformance kit fills a launch it runs the same way)."""
     if engine_home is not None:
         text = text.replace(ENGINE_HOME, engine_home)
     return text.replace(RUN_DIR, str(run_dir)).replace(PYTHON, python)
@@ -62,7 +64,7 @@ def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore)
     newest = newest_checkpoint(adapter, store, plan.run_id)
     if newest is None:
         attempts = store.run_dir(plan.run_id) / "attempts"
-        count = len(_attempt_dirs(store, plan.run_id))
+        count = len(attempt_dirs(store, plan.run_id))
         raise ResumeImpossible(f"run {plan.run_id} has no complete checkpoint to resume from "
                                f"in {attempts} ({count} earlier attempt(s))")
     attempt, found = newest
@@ -83,7 +85,7 @@ def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore)
     return found
 
 
-def _attempt_dirs(store: RunStore, run_id: str) -> list[Path]:
+def attempt_dirs(store: RunStore, run_id: str) -> list[Path]:
     """A run's attempt folders, newest first."""
     attempts = store.run_dir(run_id) / "attempts"
     return sorted((p for p in attempts.glob("*") if p.name.isdigit()),
@@ -93,7 +95,7 @@ def _attempt_dirs(store: RunStore, run_id: str) -> list[Path]:
 def newest_checkpoint(adapter: EngineAdapter, store: RunStore,
                       run_id: str) -> tuple[int, Checkpoint] | None:
     """(attempt, checkpoint) of the newest complete checkpoint of any attempt, unchecked."""
-    for attempt_dir in _attempt_dirs(store, run_id):
+    for attempt_dir in attempt_dirs(store, run_id):
         found = adapter.latest_checkpoint(attempt_dir)
         if found is not None:
             return int(attempt_dir.name), found
@@ -221,9 +223,10 @@ def prepare_attempt(plan: LaunchPlan, adapter: EngineAdapter, attempt: Attempt,
     interpreter = python or sys.executable
     for rel, content in plan.files.items():
         atomic_write_bytes(run_dir / rel, content.encode("utf-8"))
-    set_env = {k: _fill(v, run_dir, interpreter, engine_home) for k, v in plan.set_env.items()}
+    set_env = {k: fill_placeholders(v, run_dir, interpreter, engine_home)
+               for k, v in plan.set_env.items()}
     env = {**os.environ, **set_env}
-    argv = [_fill(a, run_dir, interpreter, engine_home) for a in plan.argv]
+    argv = [fill_placeholders(a, run_dir, interpreter, engine_home) for a in plan.argv]
     if resume_from is not None:
         argv = adapter.resume_argv(resume_from, argv, run_dir)
     # the live bar only where a person watches a terminal; --json, a log or a pipe get one
