@@ -480,7 +480,9 @@ def _earlier_attempts(plan: Any, store: Any,
     folders = attempt_dirs(store, plan.run_id)  # newest first
     if not folders:
         return None
-    run, newest, cmd = plan.run_id, int(folders[0].name), f"stateset-backend run {document}"
+    # a command to copy: the plan's path quoted as a shell would need it
+    run, newest = plan.run_id, int(folders[0].name)
+    cmd = f"stateset-backend run {shlex.quote(document)}"
     done = completed(plan, store)
     if done is not None:
         result, path = done

@@ -229,3 +229,14 @@ def test_an_unfinished_run_names_both_ways_on(cli, echo_spec, tmp_path):
            f"again from scratch as attempt 2: stateset-backend run {plan} --retry" in line
     assert sorted(p.name for p in (runs / run_id / "attempts").iterdir()) == ["1"]
     assert cli("run", "--runs-dir", runs, "--retry", "--resume", plan).returncode == 2
+
+
+def test_the_commands_it_suggests_can_be_pasted(cli, echo_spec, tmp_path):
+    """A plan path with a space is quoted in the suggested command, as a shell needs it."""
+    folder = tmp_path / "my plans"
+    folder.mkdir()
+    plan, runs = folder / "plan.json", tmp_path / "runs"
+    cli("plan", "--engine", "echo", echo_spec(), "-o", plan)
+    assert cli("run", "--runs-dir", runs, plan).returncode == 0
+    again = cli("run", "--runs-dir", runs, plan)
+    assert f"stateset-backend run '{plan}' --retry" in again.stdout
