@@ -59,10 +59,10 @@ def _evaluate(model: Any, tokenizer: Any, rows: list[Any], reward: Any,
 
 
 def run_native(updates: int) -> dict[str, Any]:
-    from stateset_backend.core.digest import experiment_digest
-    from stateset_backend.core.specfile import parse_spec
     from stateset_backend.native.data import load_split
     from stateset_backend.native.trainer import RunSettings, Trainer
+    from stateset_backend.spec.digest import experiment_digest
+    from stateset_backend.spec.files import parse_spec
 
     spec = parse_spec(_spec(updates))
     out = ROOT / "benchmarks" / "results" / "native-run"
@@ -86,10 +86,10 @@ def run_trl(updates: int) -> dict[str, Any]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from stateset_backend.core.specfile import parse_spec
     from stateset_backend.native.data import load_split
     from stateset_backend.native.model import load_policy
     from stateset_backend.native.reward import load_reward
+    from stateset_backend.spec.files import parse_spec
 
     spec = parse_spec(_spec(updates))
     model, tokenizer = load_policy(spec.model, spec.seed, EXAMPLES, torch.device("cpu"))

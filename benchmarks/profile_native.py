@@ -31,10 +31,10 @@ def main() -> None:
                         default=ROOT / "benchmarks" / "results" / "profile_native.json")
     args = parser.parse_args()
 
-    from stateset_backend.core.digest import experiment_digest
-    from stateset_backend.core.specfile import parse_spec
     from stateset_backend.native import trainer as trainer_module
     from stateset_backend.native.trainer import RunSettings, Trainer
+    from stateset_backend.spec.digest import experiment_digest
+    from stateset_backend.spec.files import parse_spec
 
     doc = json.loads(SPEC.read_text())
     doc["budget"]["total_updates"] = args.updates

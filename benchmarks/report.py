@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from stateset_backend.cli import main
-from stateset_backend.core.report import report
-from stateset_backend.core.store import RunStore
+from stateset_backend.publish.report import report
+from stateset_backend.runs.store import RunStore
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from stateset_backend.cli import main
-from stateset_backend.core.results import Result
-from stateset_backend.core.store import RunStore
+from stateset_backend.runs.results import Result
+from stateset_backend.runs.store import RunStore
 
 ENGINES = [("native", "0.1.0"), ("verl", "0.9.1"), ("openrlhf", "0.11.2"), ("nemo-rl", "0.7.0")]
 

@@ -42,10 +42,10 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "tests" / "engines"))
     from test_verl import golden  # the golden verl specs double as realistic requests
 
-    from stateset_backend.adapters.verl import VerlAdapter
-    from stateset_backend.core.plan import make_plan
-    from stateset_backend.core.registry import AdapterEntry
-    from stateset_backend.core.specfile import parse_spec
+    from stateset_backend.adapters.verl.adapter import VerlAdapter
+    from stateset_backend.engines.registry import AdapterEntry
+    from stateset_backend.plan.launch_plan import make_plan
+    from stateset_backend.spec.files import parse_spec
 
     work = Path(tempfile.mkdtemp())
     bad = golden({"objective": "grpo", "advantage": {"std": "population"}})

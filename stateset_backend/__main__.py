@@ -1,5 +1,5 @@
 """``python -m stateset_backend`` is the CLI."""
 
-from .cli import main
+from stateset_backend.cli import main
 
 main()

@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import __version__
+from stateset_backend import __version__
 
 if TYPE_CHECKING:
-    from .core.registry import AdapterEntry, Registry
-    from .core.spec import ExperimentSpec
+    from stateset_backend.engines.registry import AdapterEntry, Registry
+    from stateset_backend.spec.model import ExperimentSpec
 
 PROG = "stateset-backend"
 
@@ -32,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports bad arguments as one line with exit code 2, like every error."""
 
     def error(self, message: str) -> NoReturn:
-        from .core.errors import InvalidInput
+        from stateset_backend.common.errors import InvalidInput
 
         command = self.prog.removeprefix(PROG).strip()  # main adds the program's name
         raise InvalidInput(f"{command}: {message}" if command else message)
@@ -63,21 +63,21 @@ def _console() -> Any:
 
 # -- shared steps --------------------------------------------------------------------------
 def _spec(path: str) -> ExperimentSpec:
-    from .core.specfile import load_spec
+    from stateset_backend.spec.files import load_spec
 
     return load_spec(path)
 
 
 def _registry() -> Registry:
-    from .core.registry import build_registry
+    from stateset_backend.engines.registry import build_registry
 
     return build_registry()
 
 
 def _engine_version(entry: AdapterEntry, requested: str | None, python: str | None,
                     home: str | None = None, running: bool = False) -> str:
-    from .core.contracts import parse_version
-    from .core.errors import Unsupported
+    from stateset_backend.common.errors import Unsupported
+    from stateset_backend.contracts.loader import parse_version
 
     if requested is not None:
         parse_version(requested)
@@ -113,7 +113,7 @@ def _not_installed(entry: AdapterEntry, python: str | None, home: str | None,
 
 # -- commands ------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .core.digest import experiment_digest
+    from stateset_backend.spec.digest import experiment_digest
 
     spec = _spec(args.spec)
     digest = experiment_digest(spec)
@@ -122,7 +122,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_digest(args: argparse.Namespace) -> int:
-    from .core.digest import experiment_digest
+    from stateset_backend.spec.digest import experiment_digest
 
     digest = experiment_digest(_spec(args.spec))
     _emit(args, {"experiment_digest": digest}, digest)
@@ -130,7 +130,7 @@ def cmd_digest(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from .core.schemas import packaged
+    from stateset_backend.publish.schemas import packaged
 
     sys.stdout.write(packaged(args.name))
     return 0
@@ -180,8 +180,8 @@ def cmd_engines(args: argparse.Namespace) -> int:
 def _can_do(contract: Any, installed: str | None) -> str:
     """What an engine can do, at the installed release (else the newest the contract knows),
     by family (objectives, KL, aggregation, ...), and what newer releases add."""
-    from .core.contracts import parse_version
-    from .core.errors import InvalidInput
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.contracts.loader import parse_version
 
     try:
         version = parse_version(installed) if installed else None
@@ -208,8 +208,8 @@ def _can_do(contract: Any, installed: str | None) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .core.capabilities import required_capabilities
-    from .core.contracts import check
+    from stateset_backend.contracts.capabilities import required_capabilities
+    from stateset_backend.contracts.loader import check
 
     registry = _registry()
     spec, entry, version = target = _target(args, registry)
@@ -231,8 +231,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _explain_column(entry: AdapterEntry, spec: ExperimentSpec, version: str) -> Any:
-    from .core.contracts import parse_version
-    from .core.effective import column
+    from stateset_backend.contracts.loader import parse_version
+    from stateset_backend.translate.effective import column
 
     adapter = entry.adapter
     dialect = adapter.contract.dialect(parse_version(version))
@@ -319,8 +319,8 @@ def _effective_table(table: dict[str, Any], differs: bool) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .core.effective import counts, effective_table
-    from .core.errors import InvalidInput
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.translate.effective import counts, effective_table
 
     spec = _spec(args.spec)
     registry = _registry()
@@ -391,7 +391,7 @@ def _target(args: argparse.Namespace, registry: Registry) -> tuple[Any, Any, str
 def _make_plan(args: argparse.Namespace, registry: Registry,
                target: tuple[Any, Any, str] | None = None) -> Any:
     """The plan ``plan``, ``run --engine`` and ``check`` make (``check`` drops it)."""
-    from .core.plan import make_plan
+    from stateset_backend.plan.launch_plan import make_plan
 
     spec, entry, version = target or _target(args, registry)
     return make_plan(spec, entry, version, provider=getattr(args, "provider", "local"),
@@ -399,7 +399,7 @@ def _make_plan(args: argparse.Namespace, registry: Registry,
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .core.plan import write_plan
+    from stateset_backend.plan.launch_plan import write_plan
 
     plan = _make_plan(args, _registry())
     if args.output:
@@ -414,9 +414,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .core.errors import InvalidInput
-    from .core.runner import completed, newest_checkpoint, raise_for_status, run_plan
-    from .core.store import RunStore, runs_dir_from
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.runs.runner import (
+        completed,
+        newest_checkpoint,
+        raise_for_status,
+        run_plan,
+    )
+    from stateset_backend.runs.store import RunStore, runs_dir_from
 
     if not args.quiet and not args.json and sys.stderr.isatty():
         # a person watching sees something before the plugins and the spec load; a pipe
@@ -473,9 +478,9 @@ def _earlier_attempts(plan: Any, store: Any,
     """A plan whose run already has attempts is never trained again without being asked:
     (0, result, message) when it finished, (2, {}, message) when it did not; each message
     says what exists and the command for each choice. None when the run has no attempt."""
-    from .core.errors import InvalidInput
-    from .core.results import Result
-    from .core.runner import attempt_dirs, completed
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.runs.results import Result
+    from stateset_backend.runs.runner import attempt_dirs, completed
 
     folders = attempt_dirs(store, plan.run_id)  # newest first
     if not folders:
@@ -508,9 +513,9 @@ def _earlier_attempts(plan: Any, store: Any,
 
 def _load_run_document(path: str) -> Any:
     """A plan; a spec given without ``--engine`` is named as such, not as a broken plan."""
-    from .core.errors import InvalidInput
-    from .core.jsonio import read_json
-    from .core.plan import load_plan
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.common.jsonio import read_json
+    from stateset_backend.plan.launch_plan import load_plan
 
     try:
         return load_plan(path)
@@ -527,7 +532,7 @@ def _load_run_document(path: str) -> Any:
 def _resume_needs_plan(spec_path: str, engine: str, store: Any) -> str:
     """--resume continues one run, which a spec cannot name: point at the plan of the newest
     run of this spec on this engine in the run store, or say that there is none."""
-    from .core.digest import experiment_digest
+    from stateset_backend.spec.digest import experiment_digest
 
     digest = experiment_digest(_spec(spec_path))
     rows = store.query(digest=digest, engine=engine)
@@ -543,7 +548,7 @@ def _resume_needs_plan(spec_path: str, engine: str, store: Any) -> str:
 
 def _run_summary(result: Any, path: Path, runs_dir: str | None = None) -> str:
     """The few numbers a user looks at first, where the run is, and what to do next."""
-    from .core.display import metric_text
+    from stateset_backend.common.display import metric_text
 
     lines = [f"run {result.run_id} attempt {result.attempt} succeeded: "
              f"{result.committed_updates}/{result.planned_updates} updates committed in "
@@ -569,8 +574,8 @@ def _run_summary(result: Any, path: Path, runs_dir: str | None = None) -> str:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from .core import runs
-    from .core.store import RunStore, runs_dir_from
+    from stateset_backend.runs import views as runs
+    from stateset_backend.runs.store import RunStore, runs_dir_from
 
     store = RunStore(runs_dir_from(args.runs_dir))
     if getattr(args, "run", None) is not None:  # an id, or the unique prefix a listing shows
@@ -586,7 +591,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         doc = runs.compare(store, args.targets)
         _emit(args, doc, lambda: _compare_table(doc))
     elif args.runs_command == "verify":
-        from .core.verify import verify_run
+        from stateset_backend.runs.verify import verify_run
 
         doc = verify_run(store, _registry(), args.run)
         ver = doc["verified"]
@@ -607,10 +612,10 @@ def _from_run(args: argparse.Namespace, store: Any) -> int:
     """Print the ``model.from_run`` section naming a run's checkpoint, or write ``--spec`` with
     it filled in to ``--output``, anywhere: its relative paths are rewritten to name the same
     files from the new spec's folder."""
-    from .core import lineage
-    from .core.errors import InvalidInput
-    from .core.inputs import rebase_spec_paths
-    from .core.jsonio import atomic_write_json, read_json
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.common.jsonio import atomic_write_json, read_json
+    from stateset_backend.runs import lineage
+    from stateset_backend.spec.inputs import rebase_spec_paths
 
     ref = lineage.reference(store, _registry(), args.run, args.checkpoint).model_dump()
     if args.spec is None:
@@ -694,7 +699,7 @@ def _show_run(doc: dict[str, Any]) -> None:
                       markup=False)
     mark = doc.get("quarantine")
     if mark is not None:
-        from .core.quarantine import describe
+        from stateset_backend.runs.quarantine import describe
 
         state = "QUARANTINED" if mark.get("quarantined", True) else \
             f"quarantine cleared {mark.get('cleared_at')} by `runs verify`, was"
@@ -757,12 +762,12 @@ def _compare_table(doc: dict[str, Any]) -> None:
 def cmd_conformance(args: argparse.Namespace) -> int:
     """The conformance kit for one registered engine (exit 0, or 5 when a check failed), or
     the compatibility matrix of the built-in engines (or the engines named) as Markdown."""
-    from .conformance import runner
-    from .core.errors import InvalidInput
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.conformance import runner
 
     registry = _registry()
     if args.matrix:
-        from .conformance.matrix import render
+        from stateset_backend.conformance.matrix import render
 
         names = args.engine or sorted(n for n, e in registry.adapters.items()
                                       if e.plugin == "builtin")
@@ -785,14 +790,14 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 def _store_and_run(args: argparse.Namespace) -> tuple[Any, str]:
     """The run store a command reads and the run it names (an id, or the unique prefix a
     listing shows)."""
-    from .core.store import RunStore, runs_dir_from
+    from stateset_backend.runs.store import RunStore, runs_dir_from
 
     store = RunStore(runs_dir_from(args.runs_dir))
     return store, store.resolve_run(args.run)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .core.evaluate import evaluate_run
+    from stateset_backend.runs.evaluate import evaluate_run
 
     store, args.run = _store_and_run(args)
     path, doc = evaluate_run(store, _registry(), args.run, split=args.split,
@@ -806,8 +811,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .core.report import report
-    from .core.store import RunStore, runs_dir_from
+    from stateset_backend.publish.report import report
+    from stateset_backend.runs.store import RunStore, runs_dir_from
 
     path, records, skipped = report(RunStore(runs_dir_from(args.runs_dir)), args.target,
                                     args.output)
@@ -819,8 +824,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_attest(args: argparse.Namespace) -> int:
-    from .core.attest import attest
-    from .core.report import load_attempt
+    from stateset_backend.publish.attest import attest
+    from stateset_backend.publish.report import load_attempt
 
     record = load_attempt(*_store_and_run(args), args.attempt)
     doc = attest(record, args.output)
@@ -835,8 +840,8 @@ def cmd_attest(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_export(args: argparse.Namespace) -> int:
-    from .core.export import export_mlflow
-    from .core.report import load_attempt
+    from stateset_backend.publish.export import export_mlflow
+    from stateset_backend.publish.report import load_attempt
 
     record = load_attempt(*_store_and_run(args), args.attempt)
     doc = export_mlflow(record, args.mlflow, experiment_name=args.experiment)
@@ -1016,7 +1021,7 @@ def one_line(message: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .core.errors import StatesetError
+    from stateset_backend.common.errors import StatesetError
 
     raw = list(sys.argv[1:] if argv is None else argv)
     debug, as_json = "--debug" in raw, "--json" in raw

@@ -22,8 +22,13 @@ See docs/plugins.md.
 
 from __future__ import annotations
 
-from .core import overrides
-from .core.adapter import (
+from stateset_backend.common.errors import AdapterBug, InvalidInput, StatesetError, Unsupported
+from stateset_backend.common.jsonio import atomic_write_bytes, atomic_write_json
+from stateset_backend.contracts.capabilities import VOCABULARY as CAPABILITIES
+from stateset_backend.contracts.capabilities import required_capabilities
+from stateset_backend.contracts.loader import Contract, Deviation, Dialect
+from stateset_backend.contracts.surfaces import check_options
+from stateset_backend.engines.adapter import (
     ENGINE_HOME,
     PYTHON,
     RUN_DIR,
@@ -39,14 +44,11 @@ from .core.adapter import (
     distribution_version,
     stage_checkpoint,
 )
-from .core.capabilities import VOCABULARY as CAPABILITIES
-from .core.capabilities import required_capabilities
-from .core.content import directory_digest, sha256_file
-from .core.contracts import Contract, Deviation, Dialect
-from .core.errors import AdapterBug, InvalidInput, StatesetError, Unsupported
-from .core.hookspecs import hookimpl
-from .core.hub import pinned_model_path, revision_outcome
-from .core.inputs import (
+from stateset_backend.engines.hookspecs import hookimpl
+from stateset_backend.native.tiny_model import BUILTIN_PREFIX, builtin_dir
+from stateset_backend.runs.tensorboard import canonical_rows, read_hparams, read_scalars
+from stateset_backend.spec.content import directory_digest, sha256_file
+from stateset_backend.spec.inputs import (
     REWARD_SHIM_FILE,
     Uncountable,
     local_path,
@@ -55,9 +57,11 @@ from .core.inputs import (
     reward_shim,
     split_rows,
 )
-from .core.jsonio import atomic_write_bytes, atomic_write_json
-from .core.modeltree import all_leaf_paths, leaves
-from .core.rules import (
+from stateset_backend.spec.model import LOWER_IS_BETTER, ExperimentSpec
+from stateset_backend.spec.modeltree import all_leaf_paths, leaves
+from stateset_backend.translate import overrides
+from stateset_backend.translate.hub import pinned_model_path, revision_outcome
+from stateset_backend.translate.rules import (
     CORE_HANDLED,
     Hardcoded,
     NotApplicable,
@@ -76,7 +80,7 @@ from .core.rules import (
     when_set,
     with_owned_keys,
 )
-from .core.shared_rules import (
+from stateset_backend.translate.shared_rules import (
     VERIFIED,
     by_conversation,
     conversation_rules,
@@ -93,10 +97,6 @@ from .core.shared_rules import (
     turn_limit,
     zero_variance_rule,
 )
-from .core.spec import LOWER_IS_BETTER, ExperimentSpec
-from .core.surfaces import check_options
-from .core.tensorboard import canonical_rows, read_hparams, read_scalars
-from .native.tiny_model import BUILTIN_PREFIX, builtin_dir
 
 __all__ = [
     "BUILTIN_PREFIX",

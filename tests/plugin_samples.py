@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from stateset_backend.adapters.native import NativeAdapter
-from stateset_backend.core.hookspecs import hookimpl
+from stateset_backend.adapters.native.adapter import NativeAdapter
+from stateset_backend.engines.hookspecs import hookimpl
 
 
 class RaisesInHook:
@@ -45,7 +45,7 @@ class _Exploding(NativeAdapter):
 
     @property
     def contract(self):
-        from stateset_backend.core.contracts import parse_contract
+        from stateset_backend.contracts.loader import parse_contract
 
         doc = NativeAdapter().contract.to_json()
         return parse_contract({**doc, "engine": "exploding"}, source="exploding")

@@ -13,8 +13,8 @@ import pytest
 
 from stateset_backend.cli import main
 from stateset_backend.conformance.specs import MINIMAL
-from stateset_backend.core.attest import PREDICATE_TYPE
-from stateset_backend.core.content import sha256_file
+from stateset_backend.publish.attest import PREDICATE_TYPE
+from stateset_backend.spec.content import sha256_file
 
 pytest.importorskip("in_toto_attestation", reason="the attest extra is not installed")
 

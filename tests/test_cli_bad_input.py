@@ -207,7 +207,7 @@ def test_credentials_never_enter_a_spec(capsys, write_json, minimal, mutate, fra
 
 
 def test_token_counts_are_not_credentials(minimal):
-    from stateset_backend.core.specfile import parse_spec
+    from stateset_backend.spec.files import parse_spec
 
     minimal["data"]["max_prompt_tokens"] = 64
     minimal["algorithm"] = {"objective": "dapo", "overlong": {"buffer_tokens": 8}}
@@ -223,8 +223,8 @@ def test_user_text_cannot_hold_a_launch_placeholder(capsys, write_json, minimal,
 
 
 def test_the_refused_placeholders_are_the_launch_placeholders():
-    from stateset_backend.core.adapter import ENGINE_HOME, PYTHON, RUN_DIR
-    from stateset_backend.core.specfile import PLACEHOLDERS
+    from stateset_backend.engines.adapter import ENGINE_HOME, PYTHON, RUN_DIR
+    from stateset_backend.spec.files import PLACEHOLDERS
 
     assert set(PLACEHOLDERS) == {RUN_DIR, PYTHON, ENGINE_HOME}
 

@@ -6,8 +6,8 @@ import json
 import re
 from pathlib import Path
 
-from stateset_backend.core.digest import experiment_digest
-from stateset_backend.core.specfile import parse_spec
+from stateset_backend.spec.digest import experiment_digest
+from stateset_backend.spec.files import parse_spec
 
 
 def test_validate_and_digest(cli, write_json, minimal):

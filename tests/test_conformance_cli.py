@@ -59,7 +59,7 @@ def test_conformance_needs_one_engine(capsys):
 def test_dialect_versions_cover_every_dialect():
     from packaging.version import Version
 
-    from stateset_backend.core.registry import build_registry
+    from stateset_backend.engines.registry import build_registry
 
     for name, entry in build_registry().adapters.items():
         contract = entry.adapter.contract
@@ -69,7 +69,7 @@ def test_dialect_versions_cover_every_dialect():
 
 
 def test_the_kit_runs_twice_in_one_process():
-    from stateset_backend.core.registry import build_registry
+    from stateset_backend.engines.registry import build_registry
 
     entry = build_registry().get("native")
     counts = [runner.run_conformance(entry, ["0.1.0"])["counts"] for _ in range(2)]

@@ -10,10 +10,10 @@ import math
 
 import pytest
 
-from stateset_backend.adapters.native import NativeAdapter
+from stateset_backend.adapters.native.adapter import NativeAdapter
 from stateset_backend.conformance import AdapterConformance
 from stateset_backend.conformance.writers import write_native
-from stateset_backend.core.adapter import LaunchContext
+from stateset_backend.engines.adapter import LaunchContext
 
 
 class TestNativeConformance(AdapterConformance):
@@ -46,7 +46,7 @@ class TestVerlConformance(AdapterConformance):
 
     @pytest.fixture
     def adapter(self):
-        from stateset_backend.adapters.verl import VerlAdapter
+        from stateset_backend.adapters.verl.adapter import VerlAdapter
 
         return VerlAdapter()
 
@@ -56,7 +56,7 @@ class TestOpenRLHFConformance(AdapterConformance):
 
     @pytest.fixture
     def adapter(self):
-        from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
+        from stateset_backend.adapters.openrlhf.adapter import OpenRLHFAdapter
 
         return OpenRLHFAdapter()
 
@@ -67,7 +67,7 @@ class TestNemoRLConformance(AdapterConformance):
 
     @pytest.fixture
     def adapter(self):
-        from stateset_backend.adapters.nemo_rl import NemoRLAdapter
+        from stateset_backend.adapters.nemo_rl.adapter import NemoRLAdapter
 
         return NemoRLAdapter()
 

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from kit_runs import run_kit
 
-from stateset_backend.adapters.native import NativeAdapter
-from stateset_backend.adapters.verl import VerlAdapter
+from stateset_backend.adapters.native.adapter import NativeAdapter
+from stateset_backend.adapters.verl.adapter import VerlAdapter
 from stateset_backend.conformance.runner import run_module
-from stateset_backend.core.adapter import Checkpoint, Collected, LaunchContext, NativeLaunch
-from stateset_backend.core.modeltree import all_leaf_paths
-from stateset_backend.core.rules import CORE_HANDLED, RuleSet, Translation, carried, refuse
-from stateset_backend.core.spec import ExperimentSpec
+from stateset_backend.engines.adapter import Checkpoint, Collected, LaunchContext, NativeLaunch
+from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.spec.modeltree import all_leaf_paths
+from stateset_backend.translate.rules import CORE_HANDLED, RuleSet, Translation, carried, refuse
 
 
 class TranslatesNothing(NativeAdapter):
@@ -120,7 +120,7 @@ class EscapesInterpolationsOnce(VerlAdapter):
     resolves it in place first, so the escape is gone and the next read resolves."""
 
     def render(self, translation, spec, ctx) -> NativeLaunch:
-        from stateset_backend.core import overrides
+        from stateset_backend.translate import overrides
 
         real = overrides.refuse_interpolations
         overrides.refuse_interpolations = lambda *a, **k: None  # type: ignore[assignment]
@@ -191,7 +191,7 @@ class SetsAMisspeltKey(VerlAdapter):
     """Pins a setting to a key no verl release has (clip_ratio_hgih)."""
 
     def rules(self, dialect) -> RuleSet:
-        from stateset_backend.core.rules import to
+        from stateset_backend.translate.rules import to
 
         return {**super().rules(dialect),
                 "algorithm.clip.high": to("actor_rollout_ref.actor.clip_ratio_hgih")}
@@ -201,7 +201,7 @@ class AlsoSetsAMisspeltKey(VerlAdapter):
     """Sets a key no verl release has beside the right one (ppo_epoch)."""
 
     def rules(self, dialect) -> RuleSet:
-        from stateset_backend.core.rules import to
+        from stateset_backend.translate.rules import to
 
         return {**super().rules(dialect), "budget.ppo_epochs": to(
             "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.actor.ppo_epoch")}
@@ -244,7 +244,7 @@ class PinsAConstant(VerlAdapter):
     """Claims to pin weight decay, but always launches verl's default."""
 
     def rules(self, dialect) -> RuleSet:
-        from stateset_backend.core.rules import Pinned
+        from stateset_backend.translate.rules import Pinned
 
         return {**super().rules(dialect), "optim.weight_decay": lambda v, s: Pinned(
             {"actor_rollout_ref.actor.optim.weight_decay": 0.01,
@@ -255,7 +255,7 @@ class ResponseLimitIncludesThePrompt(VerlAdapter):
     """Sets max_response_length to prompt + response tokens."""
 
     def rules(self, dialect) -> RuleSet:
-        from stateset_backend.core.rules import Pinned
+        from stateset_backend.translate.rules import Pinned
 
         return {**super().rules(dialect), "data.max_response_tokens": lambda v, s: Pinned(
             {"data.max_response_length": v + s.data.max_prompt_tokens})}
@@ -263,7 +263,7 @@ class ResponseLimitIncludesThePrompt(VerlAdapter):
 
 class SwapsTheClipPair(VerlAdapter):
     def rules(self, dialect) -> RuleSet:
-        from stateset_backend.core.rules import to
+        from stateset_backend.translate.rules import to
 
         return {**super().rules(dialect),
                 "algorithm.clip.low": to("actor_rollout_ref.actor.clip_ratio_high"),
@@ -272,7 +272,7 @@ class SwapsTheClipPair(VerlAdapter):
 
 class CountsMiniBatchesInResponses(VerlAdapter):
     def rules(self, dialect) -> RuleSet:
-        from stateset_backend.core.rules import Pinned
+        from stateset_backend.translate.rules import Pinned
 
         return {**super().rules(dialect), "budget.mini_batches": lambda v, s: Pinned(
             {"actor_rollout_ref.actor.ppo_mini_batch_size":
@@ -281,7 +281,7 @@ class CountsMiniBatchesInResponses(VerlAdapter):
 
 class SwapsK1AndK3(VerlAdapter):
     def rules(self, dialect) -> RuleSet:
-        from stateset_backend.core.rules import Pinned
+        from stateset_backend.translate.rules import Pinned
 
         names = {"k1": "low_var_kl", "k2": "mse", "k3": "kl"}
 
@@ -316,7 +316,7 @@ class NeverRunsTheClampDeviation(VerlAdapter):
     """verl clamps k3 at 10 whatever the spec asks; this adapter says it honours any clamp."""
 
     def rules(self, dialect) -> RuleSet:
-        from stateset_backend.core.rules import Pinned
+        from stateset_backend.translate.rules import Pinned
 
         return {**super().rules(dialect),
                 "algorithm.kl.clamp": lambda value, spec: Pinned({})}
@@ -415,7 +415,7 @@ def test_an_unclaimed_capability_that_plans_fails_the_kit(tmp_path, monkeypatch)
     """An adapter whose contract check is bypassed (it plans what it does not claim) fails."""
     from stateset_backend.conformance import checks
     from stateset_backend.conformance.samples import write_sample_files
-    from stateset_backend.core import plan as plan_module
+    from stateset_backend.plan import launch_plan as plan_module
 
     files = write_sample_files(tmp_path)
     monkeypatch.setattr(plan_module, "check", lambda *a: _Passing())
@@ -434,7 +434,7 @@ def test_a_declared_gap_is_unsupported_not_passed(tmp_path):
     module = tmp_path / "test_declared.py"
     module.write_text(MODULE.format(cls="NativeAdapter").replace(
         "from test_conformance_kit_fails import NativeAdapter",
-        "from stateset_backend.adapters.native import NativeAdapter") +
+        "from stateset_backend.adapters.native.adapter import NativeAdapter") +
         '    unsupported = {"lora": "not yet"}\n', encoding="utf-8")
     here = str(Path(__file__).parent)
     report = run_module(module, "::TestBroken", ["-k", "test_capability and lora",

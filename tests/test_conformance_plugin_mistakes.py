@@ -10,9 +10,9 @@ import pytest
 from kit_runs import run_kit
 from stateset_echo_engine.plugin import EchoAdapter
 
-from stateset_backend.core.adapter import Collected, NativeLaunch
-from stateset_backend.core.contracts import Contract
-from stateset_backend.core.rules import RuleSet, to
+from stateset_backend.contracts.loader import Contract
+from stateset_backend.engines.adapter import Collected, NativeLaunch
+from stateset_backend.translate.rules import RuleSet, to
 
 
 class SetsNothingForALeaf(EchoAdapter):

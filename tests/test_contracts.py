@@ -8,10 +8,10 @@ from importlib import resources
 import jsonschema
 import pytest
 
-from stateset_backend.core.capabilities import VOCABULARY, required_capabilities
-from stateset_backend.core.contracts import check, parse_contract
-from stateset_backend.core.errors import InvalidInput, Unsupported
-from stateset_backend.core.specfile import parse_spec
+from stateset_backend.common.errors import InvalidInput, Unsupported
+from stateset_backend.contracts.capabilities import VOCABULARY, required_capabilities
+from stateset_backend.contracts.loader import check, parse_contract
+from stateset_backend.spec.files import parse_spec
 
 ENGINES = ["native", "verl", "openrlhf", "nemo-rl"]
 

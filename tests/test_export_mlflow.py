@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from stateset_backend.cli import main
+from stateset_backend.common.jsonio import atomic_write_json
 from stateset_backend.conformance.specs import MINIMAL
-from stateset_backend.core.content import sha256_file
-from stateset_backend.core.evaluate import EVALUATION_SCHEMA_ID
-from stateset_backend.core.export import CLIENT_ENVIRONMENT, flatten, redact
-from stateset_backend.core.jsonio import atomic_write_json
+from stateset_backend.publish.export import CLIENT_ENVIRONMENT, flatten, redact
+from stateset_backend.runs.evaluate import EVALUATION_SCHEMA_ID
+from stateset_backend.spec.content import sha256_file
 
 pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
 pytest.importorskip("sqlalchemy", reason="MLflow's SQLite store needs sqlalchemy")
@@ -279,7 +279,7 @@ def test_a_failing_tracking_server_is_retried_briefly(exported, capsys, monkeypa
 
 
 def test_the_users_own_client_settings_are_kept(monkeypatch):
-    from stateset_backend.core.export import _client_environment
+    from stateset_backend.publish.export import _client_environment
 
     for name in CLIENT_ENVIRONMENT:
         monkeypatch.delenv(name, raising=False)
@@ -301,7 +301,7 @@ def test_export_refuses_an_unknown_run_or_attempt(exported):
 
 def test_redaction_of_secret_looking_values():
     """A second line behind the spec's own refusal of credentials (older plans, new keys)."""
-    from stateset_backend.core.export import _value
+    from stateset_backend.publish.export import _value
 
     assert _value("engine_options.x.wandb_api_key", "abc") == "***"
     assert _value("data.max_prompt_tokens", 48) == "48"

@@ -97,7 +97,7 @@ RELEASES = {"native": ["0.1.0"],
 
 
 def _at_the_maximum(doc):
-    from stateset_backend.core.spec import MAX_COUNT
+    from stateset_backend.spec.model import MAX_COUNT
 
     if not isinstance(doc, dict):
         return doc
@@ -139,7 +139,7 @@ def test_counts_at_the_spec_maximum_plan_or_are_refused(capsys):
 
 
 def test_counts_beyond_the_maximum_are_invalid_input(capsys, minimal, write_json):
-    from stateset_backend.core.spec import MAX_COUNT
+    from stateset_backend.spec.model import MAX_COUNT
 
     minimal["data"]["max_prompt_tokens"] = MAX_COUNT + 1
     minimal["seed"] = 2**32

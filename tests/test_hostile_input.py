@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from stateset_backend.cli import main
-from stateset_backend.core import overrides
+from stateset_backend.translate import overrides
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "external"
 ENGINES = (("verl", "0.9.1"), ("openrlhf", "0.11.2"), ("nemo-rl", "0.7.0"))
@@ -186,8 +186,8 @@ def test_a_number_too_large_for_a_double_is_refused_at_load(capsys, tmp_path, gr
 
 
 def test_non_finite_numbers_from_the_python_api_are_refused():
-    from stateset_backend.core.errors import InvalidInput
-    from stateset_backend.core.specfile import parse_spec
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.spec.files import parse_spec
 
     doc = json.loads((EXAMPLES / "grpo.json").read_text())
     doc["labels"] = {"x": float("inf")}
@@ -214,13 +214,13 @@ def test_two_leaves_verl_reads_from_one_key_are_a_refusal_naming_both(capsys, tm
 def test_two_rules_deriving_different_values_for_one_key_stay_an_adapter_bug():
     """Only leaves copied verbatim onto one key are the user's to reconcile; two rules that
     compute different values are the adapter's bug."""
-    from stateset_backend.core.errors import AdapterBug
-    from stateset_backend.core.rules import Pinned, translate
-    from stateset_backend.core.specfile import parse_spec
+    from stateset_backend.common.errors import AdapterBug
     from stateset_backend.plugin import external_rules
+    from stateset_backend.spec.files import parse_spec
+    from stateset_backend.translate.rules import Pinned, translate
 
     spec = parse_spec(json.loads((EXAMPLES / "grpo.json").read_text()))
-    from stateset_backend.adapters.verl import VerlAdapter
+    from stateset_backend.adapters.verl.adapter import VerlAdapter
 
     adapter = VerlAdapter()
     dialect = adapter.contract.dialect(__import__("packaging.version").version.Version("0.9.1"))
@@ -242,7 +242,7 @@ def test_a_newline_in_a_path_keeps_the_error_on_one_line(capsys, tmp_path, grpo)
 
 def test_any_error_message_is_printed_on_one_line(capsys, monkeypatch):
     from stateset_backend import cli
-    from stateset_backend.core.errors import InvalidInput
+    from stateset_backend.common.errors import InvalidInput
 
     def fail(args):
         raise InvalidInput("first\nsecond\r\u2028third\x1b[31m\x85fourth\x9b31m")

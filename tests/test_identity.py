@@ -11,13 +11,13 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from stateset_backend.common.errors import InvalidInput
+from stateset_backend.common.jsonio import loads
 from stateset_backend.conformance.specs import FULL_DAPO, FULL_PPO, FULL_SFT
-from stateset_backend.core.digest import experiment_digest, plan_checksum, sha256_of
-from stateset_backend.core.errors import InvalidInput
-from stateset_backend.core.jsonio import loads
-from stateset_backend.core.modeltree import all_leaf_paths, leaves, model_in
-from stateset_backend.core.spec import NON_IDENTITY_FIELDS, ExperimentSpec
-from stateset_backend.core.specfile import parse_spec
+from stateset_backend.spec.digest import experiment_digest, plan_checksum, sha256_of
+from stateset_backend.spec.files import parse_spec
+from stateset_backend.spec.model import NON_IDENTITY_FIELDS, ExperimentSpec
+from stateset_backend.spec.modeltree import all_leaf_paths, leaves, model_in
 
 
 def digest_of(doc: dict[str, Any]) -> str:

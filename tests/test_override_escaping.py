@@ -8,8 +8,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from stateset_backend.core import overrides
-from stateset_backend.core.errors import InvalidInput
+from stateset_backend.common.errors import InvalidInput
+from stateset_backend.translate import overrides
 
 hydra_parser = pytest.importorskip("hydra.core.override_parser.overrides_parser")
 omegaconf = pytest.importorskip("omegaconf")

@@ -17,7 +17,7 @@ import pytest
 @pytest.fixture
 def echo_spec(write_json, minimal, tmp_path):
     """A spec whose data and reward files exist beside it, pinned by their real sha256."""
-    from stateset_backend.core.content import sha256_file
+    from stateset_backend.spec.content import sha256_file
 
     (tmp_path / "data").mkdir(exist_ok=True)
     train = tmp_path / "data" / "train.jsonl"
@@ -98,7 +98,7 @@ def test_a_changed_reward_file_is_refused_before_launch(cli, echo_spec, tmp_path
     (tmp_path / "reward.py").write_text("def score(prompt, response, answer):\n    return 2.0\n")
     proc = cli("run", "--engine", "echo", "--runs-dir", tmp_path / "runs", spec)
     assert proc.returncode == 2 and "reward:" in proc.stderr and "the file changed" in proc.stderr
-    from stateset_backend.core.content import sha256_file
+    from stateset_backend.spec.content import sha256_file
 
     now = sha256_file(tmp_path / "reward.py")
     # both causes, where the digests part, and the exact edit that accepts the file

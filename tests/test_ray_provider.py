@@ -65,7 +65,7 @@ def test_native_engine_runs_as_a_ray_job(cli, ray_head, tmp_path):
 def test_a_failing_ray_job_is_a_failed_run(cli, ray_head, tmp_path):
     from native.conftest import tiny_spec
 
-    from stateset_backend.core.content import sha256_file
+    from stateset_backend.spec.content import sha256_file
 
     broken = tmp_path / "reward.py"  # plans fine, fails inside the engine on the cluster
     broken.write_text("raise RuntimeError('this reward cannot be imported')\n")

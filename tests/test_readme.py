@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from stateset_backend.cli import build_parser
-from stateset_backend.core import errors
+from stateset_backend.common import errors
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -7,9 +7,9 @@ from importlib import metadata
 
 import pytest
 
-from stateset_backend.core import registry as registry_module
-from stateset_backend.core.errors import InvalidInput
-from stateset_backend.core.registry import PluginError, build_registry
+from stateset_backend.common.errors import InvalidInput
+from stateset_backend.engines import registry as registry_module
+from stateset_backend.engines.registry import PluginError, build_registry
 
 
 def test_builtin_adapters_are_registered_through_the_hook():
@@ -117,10 +117,10 @@ def test_a_plugin_that_exits_or_interrupts_at_import_is_contained(monkeypatch, t
 
 
 def test_an_adapter_that_raises_is_one_line_naming_its_plugin(monkeypatch):
+    from stateset_backend.common.errors import AdapterBug
     from stateset_backend.conformance.specs import MINIMAL
-    from stateset_backend.core.errors import AdapterBug
-    from stateset_backend.core.plan import make_plan
-    from stateset_backend.core.specfile import parse_spec
+    from stateset_backend.plan.launch_plan import make_plan
+    from stateset_backend.spec.files import parse_spec
 
     _with_entry_points(monkeypatch, boom="plugin_samples:registers_exploding")
     entry = build_registry(strict=False).get("exploding")

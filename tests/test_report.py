@@ -14,7 +14,7 @@ import pytest
 
 from stateset_backend.cli import main
 from stateset_backend.conformance.specs import MINIMAL
-from stateset_backend.core.content import sha256_file
+from stateset_backend.spec.content import sha256_file
 
 pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is not installed")
 
@@ -189,7 +189,7 @@ def test_the_pages_load_in_headless_chromium_without_errors(store, capsys, tmp_p
                                              "install chromium (the README's test command)")
 def test_the_browser_check_sees_a_broken_image_and_a_fetch(tmp_path):
     """The check above can fail: a page with an undecodable image and a remote one fails it."""
-    from stateset_backend.core.report import CSP
+    from stateset_backend.publish.report import CSP
 
     page = tmp_path / "broken.html"
     page.write_text(f'<!DOCTYPE html><html><head><meta charset="utf-8">'

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from stateset_backend.adapters.native import NativeAdapter
+from stateset_backend.adapters.native.adapter import NativeAdapter
 from stateset_backend.conformance.specs import MINIMAL
-from stateset_backend.core.adapter import Artifact, Collected
-from stateset_backend.core.launch import Exit
-from stateset_backend.core.plan import make_plan
-from stateset_backend.core.registry import AdapterEntry
-from stateset_backend.core.results import evaluate
-from stateset_backend.core.specfile import parse_spec
+from stateset_backend.engines.adapter import Artifact, Collected
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.providers.local import Exit
+from stateset_backend.runs.results import evaluate
+from stateset_backend.spec.files import parse_spec
 
 
 @pytest.fixture(scope="module")

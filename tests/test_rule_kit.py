@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 
-from stateset_backend.core.adapter import DialectKeys, check_all_pinned, unpinned_defaults
-from stateset_backend.core.contracts import Dialect, parse_contract
-from stateset_backend.core.digest import experiment_digest
-from stateset_backend.core.errors import AdapterBug, InvalidInput, Unsupported
-from stateset_backend.core.modeltree import all_leaf_paths
-from stateset_backend.core.rules import (
+from stateset_backend.common.errors import AdapterBug, InvalidInput, Unsupported
+from stateset_backend.contracts.loader import Dialect, parse_contract
+from stateset_backend.engines.adapter import DialectKeys, check_all_pinned, unpinned_defaults
+from stateset_backend.spec.digest import experiment_digest
+from stateset_backend.spec.files import parse_spec
+from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.spec.modeltree import all_leaf_paths
+from stateset_backend.translate.rules import (
     CORE_HANDLED,
     Hardcoded,
     explain_rows,
@@ -22,8 +24,6 @@ from stateset_backend.core.rules import (
     to,
     translate,
 )
-from stateset_backend.core.spec import ExperimentSpec
-from stateset_backend.core.specfile import parse_spec
 
 EPSILON = "advantage-epsilon"
 
@@ -124,7 +124,7 @@ class _Keys(DialectKeys):
 
 
 def test_typed_dialect_keys_fail_when_the_contract_loads():
-    from stateset_backend.core.adapter import _typed_keys
+    from stateset_backend.engines.adapter import _typed_keys
 
     contract = parse_contract({
         "schema": "stateset-backend/contract/v1", "engine": "toy", "distribution": None,
@@ -176,7 +176,7 @@ def test_greedy_validation_cannot_take_several_samples(minimal):
     "actor", "+actor", "actor.clip_ratio=0.5", "actor.clip_ratio.0",
 ])
 def test_engine_options_cannot_reach_a_pinned_hydra_key_in_any_spelling(option):
-    from stateset_backend.core.rules import option_conflict
+    from stateset_backend.translate.rules import option_conflict
 
     assert option_conflict(option, {"actor.clip_ratio": 0.2}) == "actor.clip_ratio"
 
@@ -186,13 +186,13 @@ def test_engine_options_cannot_reach_a_pinned_hydra_key_in_any_spelling(option):
     ("--actor.adam.lr=1", True), ("--actor.adam.lrx", False), ("--train.seed", False),
 ])
 def test_engine_options_cannot_abbreviate_a_pinned_flag(option, conflicts):
-    from stateset_backend.core.rules import option_conflict
+    from stateset_backend.translate.rules import option_conflict
 
     assert (option_conflict(option, ["--actor.adam.lr"]) is not None) is conflicts
 
 
 def test_unrelated_engine_options_pass(minimal):
-    from stateset_backend.core.rules import option_conflict
+    from stateset_backend.translate.rules import option_conflict
 
     assert option_conflict("trainer.val_before_train", {"trainer.logger": 1}) is None
     assert option_conflict("actor.clip", {"actor.clip_ratio": 1}) is None

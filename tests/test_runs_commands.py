@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stateset_backend.cli import main
-from stateset_backend.core.results import (
+from stateset_backend.runs.results import (
     ArtifactRecord,
     SavedCheckpoint,
     saved_checkpoints,
@@ -19,7 +19,7 @@ from stateset_backend.core.results import (
 @pytest.fixture
 def store(tmp_path, minimal, capsys):
     """Two runs of one experiment on the echo engine, and one run of another experiment."""
-    from stateset_backend.core.content import sha256_file
+    from stateset_backend.spec.content import sha256_file
 
     (tmp_path / "data").mkdir()
     train = tmp_path / "data" / "train.jsonl"
@@ -122,7 +122,7 @@ def test_the_prefixes_a_listing_shows_name_runs_and_experiments(store, capsys):
 
 
 def test_a_quarantined_run_lists_as_quarantined_until_verified(store, capsys):
-    from stateset_backend.core import quarantine
+    from stateset_backend.runs import quarantine
 
     run_id = _json(capsys, "runs", "list", "--runs-dir", str(store))["runs"][0]["run_id"]
     quarantine.mark(Path(store) / run_id, fault="restore", reason="damaged", update=2,
@@ -208,8 +208,8 @@ def test_selection_prefers_the_best_validated_checkpoint_and_the_earlier_on_a_ti
 
 
 def test_a_misspelt_selection_metric_is_refused_when_the_spec_is_read(minimal):
-    from stateset_backend.core.errors import InvalidInput
-    from stateset_backend.core.specfile import parse_spec
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.spec.files import parse_spec
 
     doc = minimal
     doc.setdefault("evaluation", {})["select_by"] = "val/reward/maen"

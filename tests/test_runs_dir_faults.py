@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from stateset_backend import __version__
-from stateset_backend.adapters.native import NativeAdapter
-from stateset_backend.core import runner, store
-from stateset_backend.core.errors import EngineFailed, InvalidInput
-from stateset_backend.core.plan import make_plan
-from stateset_backend.core.registry import AdapterEntry, Registry
-from stateset_backend.core.specfile import load_spec
-from stateset_backend.core.store import RunStore
+from stateset_backend.adapters.native.adapter import NativeAdapter
+from stateset_backend.common.errors import EngineFailed, InvalidInput
+from stateset_backend.engines.registry import AdapterEntry, Registry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.runs import runner, store
+from stateset_backend.runs.store import RunStore
+from stateset_backend.spec.files import load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -85,7 +85,7 @@ def test_atomic_writes_get_the_mode_of_a_plain_write(tmp_path):
     """A shared run store must stay readable to the team: not mkstemp's 0600."""
     import os
 
-    from stateset_backend.core.jsonio import atomic_write_json
+    from stateset_backend.common.jsonio import atomic_write_json
 
     previous = os.umask(0o022)
     try:

@@ -7,14 +7,14 @@ import json
 import jsonschema
 import pytest
 
-from stateset_backend.core.schemas import NAMES, generate, packaged, render
-from stateset_backend.core.specfile import parse_spec
+from stateset_backend.publish.schemas import NAMES, generate, packaged, render
+from stateset_backend.spec.files import parse_spec
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_checked_in_schema_matches_its_model(name):
     assert packaged(name) == render(generate(name)), (
-        f"schemas/{name}.json is stale: run `python -m stateset_backend.core.schemas`")
+        f"schemas/{name}.json is stale: run `python -m stateset_backend.publish.schemas`")
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from stateset_backend.core.errors import InvalidInput
-from stateset_backend.core.spec import OBJECTIVE_DEFAULTS, OBJECTIVES
-from stateset_backend.core.specfile import parse_spec
+from stateset_backend.common.errors import InvalidInput
+from stateset_backend.spec.files import parse_spec
+from stateset_backend.spec.model import OBJECTIVE_DEFAULTS, OBJECTIVES
 
 
 def test_full_specs_validate(full):

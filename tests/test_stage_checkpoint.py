@@ -8,7 +8,7 @@ import errno
 import os
 from pathlib import Path
 
-from stateset_backend.core.adapter import stage_checkpoint
+from stateset_backend.engines.adapter import stage_checkpoint
 
 
 def _checkpoint(root: Path) -> Path:

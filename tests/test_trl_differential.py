@@ -16,10 +16,10 @@ from optional_installs import TRL_PLUGIN_MISSING
 torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl", reason=TRL_PLUGIN_MISSING)
 
-from stateset_backend.core.spec import Model  # noqa: E402
 from stateset_backend.native import objectives  # noqa: E402
 from stateset_backend.native.model import load_policy  # noqa: E402
 from stateset_backend.native.rollout import response_logprobs  # noqa: E402
+from stateset_backend.spec.model import Model  # noqa: E402
 
 TOL = 1e-5
 GROUP, PROMPTS, T = 4, 2, 5

@@ -13,9 +13,9 @@ import pytest
 from optional_installs import TRL_PLUGIN_MISSING
 
 from stateset_backend.conformance import AdapterConformance
-from stateset_backend.core.contracts import parse_version
-from stateset_backend.core.rules import explain_rows, translate
-from stateset_backend.core.specfile import parse_spec
+from stateset_backend.contracts.loader import parse_version
+from stateset_backend.spec.files import parse_spec
+from stateset_backend.translate.rules import explain_rows, translate
 
 plugin = pytest.importorskip("stateset_trl_engine.plugin", reason=TRL_PLUGIN_MISSING)
 trl = pytest.importorskip("trl", reason=TRL_PLUGIN_MISSING)
@@ -176,7 +176,7 @@ def test_the_main_spec_plans_on_trl_unchanged(cli, tmp_path):
     proc = cli("plan", "--engine", "trl", EXAMPLES / "support-routing.json", "-o",
                tmp_path / "plan.json")
     assert proc.returncode == 0, proc.stderr
-    from stateset_backend.core.plan import load_plan
+    from stateset_backend.plan.launch_plan import load_plan
 
     native = plugin.read_launch(load_plan(tmp_path / "plan.json"))
     assert native["save_total_limit"] is None
@@ -229,9 +229,9 @@ def test_trl_trains_the_tiny_model_through_the_hub(cli, tmp_path):
     assert selection["update"] == min(u for u in (2, 4) if at[u] == best)
     # the same seed builds the same tiny model on both engines, and greedy validation of the
     # untrained policy is deterministic: the native engine scores it exactly the same
-    from stateset_backend.core.digest import experiment_digest
-    from stateset_backend.core.specfile import parse_spec
     from stateset_backend.native.trainer import RunSettings, Trainer
+    from stateset_backend.spec.digest import experiment_digest
+    from stateset_backend.spec.files import parse_spec
 
     spec = parse_spec(doc)
     native = Trainer(RunSettings("20260101T000000Z-00000000", experiment_digest(spec), spec,

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..plugin import EngineAdapter, hookimpl
+from stateset_backend.plugin import EngineAdapter, hookimpl
 
 
 @hookimpl
 def register_adapters(register: Callable[[EngineAdapter], None]) -> None:
-    from .native import NativeAdapter
-    from .nemo_rl import NemoRLAdapter
-    from .openrlhf import OpenRLHFAdapter
-    from .verl import VerlAdapter
+    from stateset_backend.adapters.native.adapter import NativeAdapter
+    from stateset_backend.adapters.nemo_rl.adapter import NemoRLAdapter
+    from stateset_backend.adapters.openrlhf.adapter import OpenRLHFAdapter
+    from stateset_backend.adapters.verl.adapter import VerlAdapter
 
     register(NativeAdapter())
     register(VerlAdapter())

@@ -54,14 +54,14 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ..core.adapter import CannotWrite, EngineAdapter
-from ..core.contracts import parse_version
-from ..core.jsonio import flatten
-from ..core.plan import LaunchPlan
-from . import checks, launch_run, readers, stubs, writers
-from .checks import COLLECTION_CASES, CheckFailed, Writer
-from .samples import SAMPLED, SampleFiles, write_sample_files
-from .specs import SAMPLES
+from stateset_backend.common.jsonio import flatten
+from stateset_backend.conformance import checks, launch_run, readers, stubs, writers
+from stateset_backend.conformance.checks import COLLECTION_CASES, CheckFailed, Writer
+from stateset_backend.conformance.samples import SAMPLED, SampleFiles, write_sample_files
+from stateset_backend.conformance.specs import SAMPLES
+from stateset_backend.contracts.loader import parse_version
+from stateset_backend.engines.adapter import CannotWrite, EngineAdapter
+from stateset_backend.plan.launch_plan import LaunchPlan
 
 __all__ = ["COLLECTION_CASES", "SAMPLED", "SAMPLES", "AdapterConformance", "CannotWrite",
            "CheckFailed", "Writer", "write_tensorboard"]
@@ -178,7 +178,7 @@ class AdapterConformance:
     def _overrides(self, adapter: EngineAdapter) -> dict[str, Any]:
         """``kit_support().base`` with the class's ``base`` merged over it: the CLI (which has
         no class of the author's) and the author's test class plan the same samples."""
-        from .samples import deep_merge
+        from stateset_backend.conformance.samples import deep_merge
 
         return deep_merge(dict(adapter.kit_support().base), type(self).base)
 
@@ -269,9 +269,9 @@ class AdapterConformance:
         if parse_launch is None:
             unverified("no launch reader: give KitSupport.parse_launch (docs/plugins.md)")
         assert parse_launch is not None
-        from ..core.modeltree import all_leaf_paths
-        from ..core.spec import ExperimentSpec
-        from ..core.surfaces import surface
+        from stateset_backend.contracts.surfaces import surface
+        from stateset_backend.spec.model import ExperimentSpec
+        from stateset_backend.spec.modeltree import all_leaf_paths
 
         leaves = set(all_leaf_paths(ExperimentSpec)) if adapter.name == "native" else set()
         base, _ = self._base(adapter, engine_version, sample_files)
@@ -360,9 +360,9 @@ class AdapterConformance:
             unverified("no launch reader: give KitSupport.parse_launch, the engine's own "
                        "reading of a launch (docs/plugins.md)")
         assert parse_launch is not None
-        from ..core.modeltree import all_leaf_paths
-        from ..core.spec import ExperimentSpec
-        from ..core.surfaces import surface
+        from stateset_backend.contracts.surfaces import surface
+        from stateset_backend.spec.model import ExperimentSpec
+        from stateset_backend.spec.modeltree import all_leaf_paths
 
         leaves = set(all_leaf_paths(ExperimentSpec)) if adapter.name == "native" else set()
         samples = self._claimed(adapter, engine_version, sample_files)
@@ -399,7 +399,7 @@ class AdapterConformance:
         if parse_launch is None:
             unverified("no launch reader: give KitSupport.parse_launch (docs/plugins.md)")
         assert parse_launch is not None and stub is not None
-        from ..core.surfaces import surface
+        from stateset_backend.contracts.surfaces import surface
 
         _, plan = self._base(adapter, engine_version, sample_files)
         known = surface(adapter.name, engine_version) or adapter.kit_support().surface
@@ -418,7 +418,7 @@ class AdapterConformance:
         dialect = adapter.contract.dialect(parse_version(engine_version))
         if not dialect.deviations:
             pytest.skip(f"{adapter.name} {dialect.name} declares no deviation")
-        from ..core.surfaces import surface
+        from stateset_backend.contracts.surfaces import surface
 
         samples = self._claimed(adapter, engine_version, sample_files)
         _, base = self._base(adapter, engine_version, sample_files)

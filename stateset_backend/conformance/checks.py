@@ -19,23 +19,29 @@ from typing import Any, Protocol
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-from ..core.adapter import (
+from stateset_backend.common.errors import AdapterBug, InvalidInput, Unsupported
+from stateset_backend.common.jsonio import flatten
+from stateset_backend.conformance.reach import leaf, reach_deviations, with_leaf
+from stateset_backend.conformance.samples import (
+    Sample,
+    SampleFiles,
+    base_doc,
+    deep_merge,
+    samples_for,
+)
+from stateset_backend.contracts.loader import parse_version
+from stateset_backend.engines.adapter import (
     RUN_DIR,
     EngineAdapter,
     LaunchContext,
     unpinned_defaults,
 )
-from ..core.contracts import parse_version
-from ..core.errors import AdapterBug, InvalidInput, Unsupported
-from ..core.jsonio import flatten
-from ..core.launch import Exit
-from ..core.plan import LaunchPlan, make_plan
-from ..core.registry import AdapterEntry
-from ..core.results import evaluate
-from ..core.rules import explain_rows, translate
-from ..core.specfile import parse_spec
-from .reach import leaf, reach_deviations, with_leaf
-from .samples import Sample, SampleFiles, base_doc, deep_merge, samples_for
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import LaunchPlan, make_plan
+from stateset_backend.providers.local import Exit
+from stateset_backend.runs.results import evaluate
+from stateset_backend.spec.files import parse_spec
+from stateset_backend.translate.rules import explain_rows, translate
 
 
 class CheckFailed(AssertionError):
@@ -167,7 +173,7 @@ def claimed_plans(adapter: EngineAdapter, version: str, files: SampleFiles,
     """One plannable sample per claimed capability (those ``skip`` says are not declared gaps);
     capabilities with no plannable sample are left to the capability check. When none plans,
     the failure is one, with the reasons the samples were refused."""
-    from .samples import SAMPLED
+    from stateset_backend.conformance.samples import SAMPLED
 
     out, errors = [], []
     provided = adapter.contract.provided(parse_version(version))
@@ -616,7 +622,7 @@ def fitted_base(adapter: EngineAdapter, version: str, files: SampleFiles,
                 overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The base, with every setting the release hard-codes (and refuses otherwise) moved to
     the release's value, so the base plans without per-engine hand-written specs."""
-    from ..core.rules import Hardcoded, rule_for
+    from stateset_backend.translate.rules import Hardcoded, rule_for
 
     doc = base_doc(adapter.contract, version, files, overrides)
     dialect = adapter.contract.dialect(parse_version(version))
@@ -958,7 +964,7 @@ def check_expected(engine: str, plan: LaunchPlan, read: dict[str, Any],
                    surface: dict[str, Any] | None) -> None:
     """The values the kit knows, from the engine itself, that the engine must read for this
     spec (``expectations``), are the ones it reads."""
-    from .expectations import OneOf, expected
+    from stateset_backend.conformance.expectations import OneOf, expected
 
     for key, want in expected(engine, plan.validated_spec(), surface).items():
         got = read.get(key, _MISSING)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..core.spec import ExperimentSpec
+from stateset_backend.spec.model import ExperimentSpec
 
 Expect = Callable[[ExperimentSpec], Any]
 

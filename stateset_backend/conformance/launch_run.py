@@ -14,14 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..core.adapter import ENGINE_HOME, RUN_DIR, EngineAdapter, LaunchContext
-from ..core.jsonio import flatten
-from ..core.launch import Exit
-from ..core.plan import LaunchPlan
-from ..core.results import evaluate
-from ..core.runner import fill_placeholders
-from .checks import CheckFailed, normalize_values, same_value
-from .stubs import common
+from stateset_backend.common.jsonio import flatten
+from stateset_backend.conformance.checks import CheckFailed, normalize_values, same_value
+from stateset_backend.conformance.stubs import common
+from stateset_backend.engines.adapter import ENGINE_HOME, RUN_DIR, EngineAdapter, LaunchContext
+from stateset_backend.plan.launch_plan import LaunchPlan
+from stateset_backend.providers.local import Exit
+from stateset_backend.runs.results import evaluate
+from stateset_backend.runs.runner import fill_placeholders
 
 # the kit's sample reward (samples.REWARD_SOURCE) scores 1 when the answer is in the response
 CASES = [{"prompt": "Route: my card was charged twice", "response": "billing, I think",

@@ -15,12 +15,12 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from ..core.capabilities import VOCABULARY
-from ..core.contracts import Contract
-from ..core.registry import AdapterEntry
-from .checks import CheckFailed, check_capability
-from .runner import data_format_for
-from .samples import NOT_A_SPEC_SETTING, write_sample_files
+from stateset_backend.conformance.checks import CheckFailed, check_capability
+from stateset_backend.conformance.runner import data_format_for
+from stateset_backend.conformance.samples import NOT_A_SPEC_SETTING, write_sample_files
+from stateset_backend.contracts.capabilities import VOCABULARY
+from stateset_backend.contracts.loader import Contract
+from stateset_backend.engines.registry import AdapterEntry
 
 LEGEND = ("✓ claimed, a sample needing it plans · ✗ claimed, but no sample needing it plans "
           "(the kit fails) · - not claimed: refused with exit 3 before launch · ! not claimed, "

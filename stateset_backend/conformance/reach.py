@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from ..core.plan import LaunchPlan
-from ..core.spec import ExperimentSpec
+from stateset_backend.plan.launch_plan import LaunchPlan
+from stateset_backend.spec.model import ExperimentSpec
 
 # leaves whose values are paths, code, identities or sizes of the machine: moving them cannot
 # put a launch into a different behaviour of the engine, only make it unplannable

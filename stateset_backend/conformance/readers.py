@@ -24,9 +24,9 @@ import io
 from collections.abc import Callable
 from typing import Any
 
-from ..core.jsonio import flatten
-from ..core.plan import LaunchPlan
-from ..core.surfaces import surface
+from stateset_backend.common.jsonio import flatten
+from stateset_backend.contracts.surfaces import surface
+from stateset_backend.plan.launch_plan import LaunchPlan
 
 Reader = Callable[[LaunchPlan], dict[str, Any]]
 

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..core.contracts import Contract, parse_version
-from ..core.registry import AdapterEntry
+from stateset_backend.contracts.loader import Contract, parse_version
+from stateset_backend.engines.registry import AdapterEntry
 
 # exit code of `stateset-backend conformance` when a check failed (see docs/plugins.md)
 FAILED_EXIT = 5
@@ -41,8 +41,8 @@ def dialect_versions(contract: Contract) -> list[str]:
 
 def data_format_for(entry: AdapterEntry, version: str, root: Path) -> str:
     """The sample data format the engine plans with: jsonl, else parquet."""
-    from .checks import CheckFailed, base_plan
-    from .samples import write_sample_files
+    from stateset_backend.conformance.checks import CheckFailed, base_plan
+    from stateset_backend.conformance.samples import write_sample_files
 
     for fmt in ("jsonl", "parquet"):
         try:
@@ -59,7 +59,7 @@ _MODULE = '''\
 import pytest
 
 from stateset_backend.conformance import AdapterConformance
-from stateset_backend.core.registry import build_registry
+from stateset_backend.engines.registry import build_registry
 
 
 class TestConformance(AdapterConformance):
@@ -78,7 +78,7 @@ def run_module(path: Path, node: str = "", extra: list[str] | None = None) -> di
     report (counts per state and every check's outcome)."""
     import pytest
 
-    from .pytest_plugin import Collector
+    from stateset_backend.conformance.pytest_plugin import Collector
 
     collector = Collector()
     ini = path.parent / "conformance-pytest.ini"

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.capabilities import VOCABULARY, required_capabilities
-from ..core.contracts import Contract, parse_version
-from ..core.specfile import parse_spec
+from stateset_backend.contracts.capabilities import VOCABULARY, required_capabilities
+from stateset_backend.contracts.loader import Contract, parse_version
+from stateset_backend.spec.files import parse_spec
 
 # the capabilities a spec cannot ask for (resume is asked for by a run, not a spec)
 NOT_A_SPEC_SETTING = frozenset({"resume:exact"})

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..core.adapter import CannotWrite, LaunchContext
-from ..core.plan import LaunchPlan
+from stateset_backend.engines.adapter import CannotWrite, LaunchContext
+from stateset_backend.plan.launch_plan import LaunchPlan
 
 OTHER_RUN = "20990101T000000Z-ffffffff.someone-elses-run"  # outputs of an unrelated run
 
@@ -141,7 +141,7 @@ def nemo_rl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
 def write_native(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
                  identity: bool, artifacts: bool, checkpoint_step: int | None) -> None:
     """run_info.json, metrics.jsonl, checkpoints with a manifest, final weights."""
-    from ..native import layout
+    from stateset_backend.native import layout
 
     info: dict[str, Any] = {"committed_updates": max((r["step"] for r in metrics), default=0)}
     if identity:

@@ -25,9 +25,9 @@ def main() -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the run's own bar (or log line) is the one progress
-    from .distributed import World, join
-    from .sft_trainer import trainer_for
-    from .trainer import load_settings
+    from stateset_backend.native.parallel.distributed import World, join
+    from stateset_backend.native.sft.trainer import trainer_for
+    from stateset_backend.native.trainer import load_settings
 
     world = World()
     try:

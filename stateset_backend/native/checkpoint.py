@@ -24,8 +24,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..core.content import sha256_file
-from .layout import (
+from stateset_backend.native.layout import (
     MANIFEST,
     RUNTIME_FILE,
     RUNTIME_PACKAGES,
@@ -34,6 +33,7 @@ from .layout import (
     manifest_problem,
     read_runtime,
 )
+from stateset_backend.spec.content import sha256_file
 
 
 class CheckpointError(RuntimeError):
@@ -207,7 +207,7 @@ def package_versions() -> dict[str, str | None]:
 
 def runtime_identity(spec: Any, world_size: int,
                      ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    from .layout import runtime_identity as build
+    from stateset_backend.native.layout import runtime_identity as build
 
     return build(spec, world_size, package_versions(), ranks)
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.content import sha256_file
-from ..core.spec import DataSplit
+from stateset_backend.spec.content import sha256_file
+from stateset_backend.spec.model import DataSplit
 
 
 class DataError(ValueError):

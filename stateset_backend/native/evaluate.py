@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import layout
-from .data import load_split
-from .sft_trainer import trainer_for
-from .trainer import Trainer, load_settings
+from stateset_backend.native import layout
+from stateset_backend.native.data import load_split
+from stateset_backend.native.sft.trainer import trainer_for
+from stateset_backend.native.trainer import Trainer, load_settings
 
 # metric prefix per split: the validation split keeps the names training logs
 PREFIX = {"validation": "val/", "test": "test/"}

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.spec import Algorithm, Environment, Optim
-from . import objectives
-from .batch import ConversationBatch, RolloutBatch
-from .conversation import conversation_logprobs
-from .distributed import World, all_reduce_gradients
-from .rollout import response_logprobs
+from stateset_backend.native import objectives
+from stateset_backend.native.batch import ConversationBatch, RolloutBatch
+from stateset_backend.native.multiturn.conversation import conversation_logprobs
+from stateset_backend.native.parallel.distributed import World, all_reduce_gradients
+from stateset_backend.native.rollout import response_logprobs
+from stateset_backend.spec.model import Algorithm, Environment, Optim
 
 Batch = RolloutBatch | ConversationBatch
 

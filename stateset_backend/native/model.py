@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from ..core.content import directory_digest
-from ..core.spec import Model
-from .data import resolve
-from .tiny_model import builtin_dir
+from stateset_backend.native.data import resolve
+from stateset_backend.native.tiny_model import builtin_dir
+from stateset_backend.spec.content import directory_digest
+from stateset_backend.spec.model import Model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

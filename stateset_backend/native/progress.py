@@ -13,7 +13,7 @@ import time
 from types import TracebackType
 from typing import Any
 
-from ..core.display import metric_text
+from stateset_backend.common.display import metric_text
 
 
 class Progress:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..core import quarantine
+from stateset_backend.runs import quarantine
 
 
 class StepCounter:

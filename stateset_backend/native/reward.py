@@ -11,9 +11,9 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from ..core.content import sha256_file
-from ..core.spec import Reward
-from .data import resolve
+from stateset_backend.native.data import resolve
+from stateset_backend.spec.content import sha256_file
+from stateset_backend.spec.model import Reward
 
 RewardFn = Callable[[str, str, str], float]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .scenarios import support_agent, support_routing
+from stateset_backend.native.scenarios import support_agent, support_routing
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 BUILTIN_PREFIX = "builtin:"

@@ -14,38 +14,53 @@ from typing import Any
 
 import torch
 
-from ..core.digest import experiment_digest
-from ..core.jsonio import atomic_write_json
-from ..core.lineage import STAGED_CHECKPOINT
-from ..core.spec import LOWER_IS_BETTER, ExperimentSpec
-from ..core.specfile import parse_spec
-from . import checkpoint, conversation, layout, objectives
-from .batch import ConversationBatch, RolloutBatch, check_batch, check_conversation_batch
-from .critic import learn_ppo, load_critic, rollout_values
-from .critic_settings import ppo_refusals
-from .data import DataError, Example, PromptSampler, load_split, resolve
-from .distributed import World
-from .distributed_settings import data_parallel_refusals
-from .environment import (
-    EnvironmentLoadError,
-    EnvironmentRef,
-    Workers,
-    conversation_refusals,
-    describe,
+from stateset_backend.common.jsonio import atomic_write_json
+from stateset_backend.native import checkpoint, layout, objectives
+from stateset_backend.native.batch import (
+    ConversationBatch,
+    RolloutBatch,
+    check_batch,
+    check_conversation_batch,
 )
-from .learner import (
+from stateset_backend.native.data import DataError, Example, PromptSampler, load_split, resolve
+from stateset_backend.native.learner import (
     LearnerConfig,
     advantages_for,
     make_optimizer,
     reference_logprobs,
     update,
 )
-from .model import compute_context, frozen_reference, load_policy, pick_device
-from .progress import Progress
-from .quarantine_guard import StepCounter, learner_update_guard, quarantine_on_failure
-from .reward import RewardFn, load_reward
-from .rollout import group_generators, sample
-from .tensorboard_log import ScalarLog
+from stateset_backend.native.model import (
+    compute_context,
+    frozen_reference,
+    load_policy,
+    pick_device,
+)
+from stateset_backend.native.multiturn import conversation
+from stateset_backend.native.multiturn.environment import (
+    EnvironmentLoadError,
+    EnvironmentRef,
+    Workers,
+    conversation_refusals,
+    describe,
+)
+from stateset_backend.native.parallel.distributed import World
+from stateset_backend.native.parallel.settings import data_parallel_refusals
+from stateset_backend.native.ppo.critic import learn_ppo, load_critic, rollout_values
+from stateset_backend.native.ppo.settings import ppo_refusals
+from stateset_backend.native.progress import Progress
+from stateset_backend.native.quarantine_guard import (
+    StepCounter,
+    learner_update_guard,
+    quarantine_on_failure,
+)
+from stateset_backend.native.reward import RewardFn, load_reward
+from stateset_backend.native.rollout import group_generators, sample
+from stateset_backend.native.tensorboard_log import ScalarLog
+from stateset_backend.runs.lineage import STAGED_CHECKPOINT
+from stateset_backend.spec.digest import experiment_digest
+from stateset_backend.spec.files import parse_spec
+from stateset_backend.spec.model import LOWER_IS_BETTER, ExperimentSpec
 
 Batch = RolloutBatch | ConversationBatch
 

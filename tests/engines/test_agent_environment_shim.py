@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from agent_shim_fixtures import REWARDS, SCRIPT, TASK, bad_environment, settings
 
-from stateset_backend.adapters.agent_shims import SHIM_MODULES, shim_source
-from stateset_backend.native import environment as native
+from stateset_backend.adapters.agent_shims import PROTOCOL_FILE, SHIM_MODULES, shim_source
+from stateset_backend.native.multiturn import environment as native
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def shim(tmp_path, monkeypatch):
     """The shared shim as the engines import it: by name, from the run folder."""
     path = tmp_path / "run" / "stateset_environment.py"
     path.parent.mkdir()
-    path.write_text(shim_source("environment_shim.py"))
+    path.write_text(shim_source(PROTOCOL_FILE))
     spec = importlib.util.spec_from_file_location("stateset_environment", path)
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "stateset_environment", module)

@@ -29,10 +29,10 @@ from omegaconf import OmegaConf
 from optional_installs import NEMO_RL_CONFIGS, NEMO_RL_CONFIGS_MISSING
 
 from stateset_backend.adapters.agent_shims import NEMO_RL_ENV, NEMO_RL_PROCESSOR
-from stateset_backend.adapters.nemo_rl import NemoRLAdapter
-from stateset_backend.core.plan import make_plan
-from stateset_backend.core.registry import AdapterEntry
-from stateset_backend.core.specfile import load_spec
+from stateset_backend.adapters.nemo_rl.adapter import NemoRLAdapter
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.spec.files import load_spec
 
 CONFIGS = NEMO_RL_CONFIGS
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "external"

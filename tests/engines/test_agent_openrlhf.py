@@ -28,10 +28,10 @@ import pytest
 from agent_shim_fixtures import REWARDS, SCRIPT, TASK, bad_environment, tokenizer
 from optional_installs import OPENRLHF_WHEELS_MISSING
 
-from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
-from stateset_backend.core.plan import make_plan
-from stateset_backend.core.registry import AdapterEntry
-from stateset_backend.core.specfile import load_spec
+from stateset_backend.adapters.openrlhf.adapter import OpenRLHFAdapter
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.spec.files import load_spec
 
 WHEELS = os.environ.get("STATESET_TEST_OPENRLHF_WHEELS")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "external"

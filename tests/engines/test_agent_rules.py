@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from optional_installs import trl_plugin_installed
 
-from stateset_backend.adapters.nemo_rl import NemoRLAdapter
-from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
-from stateset_backend.adapters.verl import VerlAdapter
-from stateset_backend.core.errors import Unsupported
-from stateset_backend.core.plan import make_plan
-from stateset_backend.core.registry import AdapterEntry
-from stateset_backend.core.specfile import parse_spec
+from stateset_backend.adapters.nemo_rl.adapter import NemoRLAdapter
+from stateset_backend.adapters.openrlhf.adapter import OpenRLHFAdapter
+from stateset_backend.adapters.verl.adapter import VerlAdapter
+from stateset_backend.common.errors import Unsupported
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.spec.files import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "external"

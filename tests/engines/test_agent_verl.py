@@ -21,12 +21,12 @@ import pytest
 from agent_shim_fixtures import REWARDS, SCRIPT, TASK, bad_environment
 from optional_installs import VERL_PYTHON_MISSING
 
-from stateset_backend.adapters.verl import VerlAdapter
-from stateset_backend.core.errors import Unsupported
-from stateset_backend.core.hub import hub_snapshot
-from stateset_backend.core.plan import make_plan
-from stateset_backend.core.registry import AdapterEntry
-from stateset_backend.core.specfile import load_spec
+from stateset_backend.adapters.verl.adapter import VerlAdapter
+from stateset_backend.common.errors import Unsupported
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.spec.files import load_spec
+from stateset_backend.translate.hub import hub_snapshot
 
 VERL_PYTHON = os.environ.get("STATESET_TEST_VERL_PYTHON")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "external"

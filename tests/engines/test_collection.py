@@ -16,14 +16,14 @@ from test_openrlhf import golden as openrlhf_golden
 from test_verl import VERL_PYTHON, VERL_WHEELS, needs_verl
 from test_verl import golden as verl_golden
 
-from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
-from stateset_backend.adapters.verl import VerlAdapter
-from stateset_backend.core.adapter import Checkpoint, LaunchContext, identity_name
-from stateset_backend.core.launch import Exit
-from stateset_backend.core.plan import make_plan
-from stateset_backend.core.registry import AdapterEntry
-from stateset_backend.core.results import evaluate
-from stateset_backend.core.specfile import parse_spec
+from stateset_backend.adapters.openrlhf.adapter import OpenRLHFAdapter
+from stateset_backend.adapters.verl.adapter import VerlAdapter
+from stateset_backend.engines.adapter import Checkpoint, LaunchContext, identity_name
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.providers.local import Exit
+from stateset_backend.runs.results import evaluate
+from stateset_backend.spec.files import parse_spec
 
 RUN_ID = "20260101T000000Z-0000abcd"
 DIGEST = "sha256:" + "1" * 64
@@ -247,7 +247,7 @@ def test_nemo_rl_tensorboard_and_checkpoints_are_collected(tmp_path):
     from test_nemo_rl import golden as nemo_golden
     from torch.utils.tensorboard import SummaryWriter
 
-    from stateset_backend.adapters.nemo_rl import NemoRLAdapter
+    from stateset_backend.adapters.nemo_rl.adapter import NemoRLAdapter
 
     adapter = NemoRLAdapter()
     ctx = _ctx(adapter, "0.7.0")
@@ -279,7 +279,7 @@ def test_nemo_rl_tensorboard_and_checkpoints_are_collected(tmp_path):
 
 def _plan_like_unchecked(adapter, doc, version):
     """A plan document for checks only: NeMo RL refuses python rewards before launch."""
-    from stateset_backend.core.plan import LaunchPlan
+    from stateset_backend.plan.launch_plan import LaunchPlan
 
     spec = parse_spec(doc)
     return LaunchPlan.model_construct(run_id=RUN_ID, experiment_digest=DIGEST,

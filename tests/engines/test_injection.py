@@ -35,17 +35,17 @@ from optional_installs import (
 )
 from packaging.version import Version
 
-from stateset_backend.adapters import nemo_rl_launcher
-from stateset_backend.adapters.nemo_rl import NemoRLAdapter
-from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
-from stateset_backend.adapters.verl import VerlAdapter
-from stateset_backend.core import overrides
-from stateset_backend.core.adapter import identity_name
-from stateset_backend.core.errors import InvalidInput
-from stateset_backend.core.jsonio import flatten
-from stateset_backend.core.plan import LaunchPlan, make_plan
-from stateset_backend.core.registry import AdapterEntry
-from stateset_backend.core.specfile import parse_spec
+from stateset_backend.adapters.nemo_rl import launcher as nemo_rl_launcher
+from stateset_backend.adapters.nemo_rl.adapter import NemoRLAdapter
+from stateset_backend.adapters.openrlhf.adapter import OpenRLHFAdapter
+from stateset_backend.adapters.verl.adapter import VerlAdapter
+from stateset_backend.common.errors import InvalidInput
+from stateset_backend.common.jsonio import flatten
+from stateset_backend.engines.adapter import identity_name
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import LaunchPlan, make_plan
+from stateset_backend.spec.files import parse_spec
+from stateset_backend.translate import overrides
 
 HERE = Path(__file__).resolve().parent
 VERL_PYTHON = os.environ.get("STATESET_TEST_VERL_PYTHON")
@@ -142,7 +142,7 @@ def option_key(engine: str, version: str) -> str:
 
 @functools.cache
 def _lora_plans(engine: str, version: str) -> bool:
-    from stateset_backend.core.errors import Unsupported
+    from stateset_backend.common.errors import Unsupported
 
     try:
         _plan(engine, version, benign(engine), lora=True)

@@ -20,11 +20,11 @@ from omegaconf import OmegaConf
 from optional_installs import NEMO_RL_CONFIGS, NEMO_RL_CONFIGS_MISSING
 from packaging.version import Version
 
-from stateset_backend.adapters.nemo_rl import SWITCHED_OFF, WARMUP_START, NemoRLAdapter
-from stateset_backend.core.errors import Unsupported
-from stateset_backend.core.plan import make_plan
-from stateset_backend.core.registry import AdapterEntry
-from stateset_backend.core.specfile import parse_spec
+from stateset_backend.adapters.nemo_rl.adapter import SWITCHED_OFF, WARMUP_START, NemoRLAdapter
+from stateset_backend.common.errors import Unsupported
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.spec.files import parse_spec
 
 CONFIGS = NEMO_RL_CONFIGS
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "external"

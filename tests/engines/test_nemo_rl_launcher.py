@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from stateset_backend.adapters import nemo_rl_launcher as launcher
-from stateset_backend.adapters.nemo_rl import LAUNCHER_FILE, NemoRLAdapter
-from stateset_backend.core.plan import make_plan
-from stateset_backend.core.registry import AdapterEntry
-from stateset_backend.core.specfile import load_spec
+from stateset_backend.adapters.nemo_rl import launcher as launcher
+from stateset_backend.adapters.nemo_rl.adapter import LAUNCHER_FILE, NemoRLAdapter
+from stateset_backend.engines.registry import AdapterEntry
 from stateset_backend.native.tiny_model import ASSETS
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.spec.files import load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "external"
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"

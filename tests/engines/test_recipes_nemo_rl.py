@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 from optional_installs import NEMO_RL_CONFIGS_MISSING
 from test_nemo_rl import CONFIGS, apply, overrides_of, release_config
 
-from stateset_backend.adapters.nemo_rl import NemoRLAdapter
-from stateset_backend.core.plan import make_plan
-from stateset_backend.core.registry import AdapterEntry
-from stateset_backend.core.specfile import load_spec
+from stateset_backend.adapters.nemo_rl.adapter import NemoRLAdapter
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.spec.files import load_spec
 
 RECIPES = Path(__file__).resolve().parents[2] / "examples" / "recipes"
 pytestmark = pytest.mark.skipif(not CONFIGS.is_dir(), reason=NEMO_RL_CONFIGS_MISSING)

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from test_openrlhf import WHEELS, _run_parser, needs_wheels
 
-from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
-from stateset_backend.core.plan import make_plan
-from stateset_backend.core.registry import AdapterEntry
-from stateset_backend.core.specfile import load_spec
+from stateset_backend.adapters.openrlhf.adapter import OpenRLHFAdapter
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.spec.files import load_spec
 
 RECIPES = Path(__file__).resolve().parents[2] / "examples" / "recipes"
 RELEASE = "0.11.1"  # the wheel nearest v0.11.0 that still parses the scripts' IS flags

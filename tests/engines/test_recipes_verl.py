@@ -15,10 +15,10 @@ import pytest
 from omegaconf import OmegaConf
 from test_verl import _compose_release, _needs_release, _overrides, _release, _same
 
-from stateset_backend.adapters.verl import VerlAdapter
-from stateset_backend.core.plan import make_plan
-from stateset_backend.core.registry import AdapterEntry
-from stateset_backend.core.specfile import load_spec
+from stateset_backend.adapters.verl.adapter import VerlAdapter
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.spec.files import load_spec
 
 RECIPES = Path(__file__).resolve().parents[2] / "examples" / "recipes"
 DATA = RECIPES.parent / "external" / "data"

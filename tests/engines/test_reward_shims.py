@@ -12,14 +12,14 @@ from types import ModuleType
 import pytest
 from golden import variant
 
-from stateset_backend.adapters.nemo_rl import NemoRLAdapter
-from stateset_backend.adapters.openrlhf import OpenRLHFAdapter
-from stateset_backend.adapters.verl import VerlAdapter
-from stateset_backend.core.content import sha256_file
-from stateset_backend.core.inputs import REWARD_SHIM_FILE
-from stateset_backend.core.plan import make_plan
-from stateset_backend.core.registry import AdapterEntry
-from stateset_backend.core.specfile import parse_spec
+from stateset_backend.adapters.nemo_rl.adapter import NemoRLAdapter
+from stateset_backend.adapters.openrlhf.adapter import OpenRLHFAdapter
+from stateset_backend.adapters.verl.adapter import VerlAdapter
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.spec.content import sha256_file
+from stateset_backend.spec.files import parse_spec
+from stateset_backend.spec.inputs import REWARD_SHIM_FILE
 
 REWARD = '''
 def score(prompt, response, answer):

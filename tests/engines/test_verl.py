@@ -24,14 +24,14 @@ from golden import variant
 from optional_installs import VERL_PYTHON_MISSING, VERL_WHEELS_MISSING
 from packaging.version import Version
 
-from stateset_backend.adapters.verl import VerlAdapter
-from stateset_backend.core.adapter import identity_name
-from stateset_backend.core.errors import Unsupported
-from stateset_backend.core.hub import hub_snapshot
-from stateset_backend.core.plan import make_plan
-from stateset_backend.core.registry import AdapterEntry
-from stateset_backend.core.rules import translate
-from stateset_backend.core.specfile import parse_spec
+from stateset_backend.adapters.verl.adapter import VerlAdapter
+from stateset_backend.common.errors import Unsupported
+from stateset_backend.engines.adapter import identity_name
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.spec.files import parse_spec
+from stateset_backend.translate.hub import hub_snapshot
+from stateset_backend.translate.rules import translate
 
 VERL_PYTHON = os.environ.get("STATESET_TEST_VERL_PYTHON")
 VERL_WHEELS = os.environ.get("STATESET_TEST_VERL_WHEELS")

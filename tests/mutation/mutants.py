@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-VERL = "stateset_backend/adapters/verl.py"
+VERL = "stateset_backend/adapters/verl/adapter.py"
 VERL_CONTRACT = "stateset_backend/contracts/verl.json"
-ORL = "stateset_backend/adapters/openrlhf.py"
+ORL = "stateset_backend/adapters/openrlhf/adapter.py"
 ORL_CONTRACT = "stateset_backend/contracts/openrlhf.json"
-NEMO = "stateset_backend/adapters/nemo_rl.py"
+NEMO = "stateset_backend/adapters/nemo_rl/adapter.py"
 NEMO_CONTRACT = "stateset_backend/contracts/nemo-rl.json"
-NEMO_LAUNCHER = "stateset_backend/adapters/nemo_rl_launcher.py"
+NEMO_LAUNCHER = "stateset_backend/adapters/nemo_rl/launcher.py"
 TRL = "stateset_trl_engine/plugin.py"
 TRL_LAUNCHER = "stateset_trl_engine/launch_script.py"
 TRL_CONTRACT = "stateset_trl_engine/contract.json"

@@ -33,7 +33,7 @@ def agent_spec(**changes: Any) -> dict[str, Any]:
 
 
 def with_environment(doc: dict[str, Any], path: Path, class_name: str) -> dict[str, Any]:
-    from stateset_backend.core.content import sha256_file
+    from stateset_backend.spec.content import sha256_file
 
     doc = copy.deepcopy(doc)
     doc["environment"]["entrypoint"] = f"{path}:{class_name}"
@@ -42,9 +42,9 @@ def with_environment(doc: dict[str, Any], path: Path, class_name: str) -> dict[s
 
 
 def make_trainer(doc: dict[str, Any], out: Path) -> Any:
-    from stateset_backend.core.digest import experiment_digest
-    from stateset_backend.core.specfile import parse_spec
     from stateset_backend.native.trainer import RunSettings, Trainer
+    from stateset_backend.spec.digest import experiment_digest
+    from stateset_backend.spec.files import parse_spec
 
     spec = parse_spec(doc)
     out.mkdir(parents=True, exist_ok=True)

@@ -54,9 +54,9 @@ def spec_file(tmp_path):
 
 @pytest.fixture
 def make_trainer(tmp_path):
-    from stateset_backend.core.digest import experiment_digest
-    from stateset_backend.core.specfile import parse_spec
     from stateset_backend.native.trainer import RunSettings, Trainer
+    from stateset_backend.spec.digest import experiment_digest
+    from stateset_backend.spec.files import parse_spec
 
     def make(doc: dict[str, Any], out: str = "out") -> Trainer:
         spec = parse_spec(doc)
@@ -73,7 +73,7 @@ def signal_reward(directory: Path) -> dict[str, Any]:
     response's characters), for tests that need every update to have a learning signal whatever
     the tiny random model samples: the task reward is 0 for nearly every sample, so whether an
     early update moves the weights would otherwise depend on the luck of the draw."""
-    from stateset_backend.core.content import sha256_file
+    from stateset_backend.spec.content import sha256_file
 
     path = directory / "parity_reward.py"
     path.write_text("def score(prompt, response, answer):\n"

@@ -17,7 +17,7 @@ from stateset_backend.native.batch import (
     BatchIntegrityError,
     check_conversation_batch,
 )
-from stateset_backend.native.conversation import Decoding, collect, conversation_logprobs
+from stateset_backend.native.multiturn.conversation import Decoding, collect, conversation_logprobs
 
 
 @pytest.fixture(scope="module")

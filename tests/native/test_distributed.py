@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from stateset_backend.native import objectives
-from stateset_backend.native.distributed import World, shard
 from stateset_backend.native.learner import split_groups
+from stateset_backend.native.parallel.distributed import World, shard
 from stateset_backend.native.rollout import group_generators, sample
 
 
@@ -139,8 +139,8 @@ def test_more_processes_than_gpus_is_invalid_input(cli, tiny, spec_file):
 
 
 def test_external_engines_refuse_a_process_count_of_their_own(tiny):
-    from stateset_backend.core.shared_rules import one_process_per_gpu
-    from stateset_backend.core.specfile import parse_spec
+    from stateset_backend.spec.files import parse_spec
+    from stateset_backend.translate.shared_rules import one_process_per_gpu
 
     rule = one_process_per_gpu("verl")
     spec = parse_spec(tiny(**{"resources.processes_per_node": 2}))
@@ -162,7 +162,7 @@ RUNTIME = {"world_size": 2, "model": {"path": "builtin:tiny", "revision": None},
 
 
 def test_the_same_runtime_resumes_without_warnings():
-    from stateset_backend.core.runtime import check_resume
+    from stateset_backend.runs.runtime import check_resume
 
     assert check_resume(RUNTIME, json.loads(json.dumps(RUNTIME)), allow_change=False,
                         where="run r") == []
@@ -171,8 +171,8 @@ def test_the_same_runtime_resumes_without_warnings():
 
 @pytest.mark.parametrize("allow", [False, True])
 def test_another_world_size_or_model_is_never_resumed(allow):
-    from stateset_backend.core.errors import ResumeImpossible
-    from stateset_backend.core.runtime import check_resume
+    from stateset_backend.common.errors import ResumeImpossible
+    from stateset_backend.runs.runtime import check_resume
 
     with pytest.raises(ResumeImpossible, match="world_size: the checkpoint has 2, this launch 4"):
         check_resume(RUNTIME, {**RUNTIME, "world_size": 4}, allow_change=allow, where="run r")
@@ -182,8 +182,8 @@ def test_another_world_size_or_model_is_never_resumed(allow):
 
 
 def test_changed_versions_need_the_users_leave_and_then_warn():
-    from stateset_backend.core.errors import ResumeImpossible
-    from stateset_backend.core.runtime import check_resume
+    from stateset_backend.common.errors import ResumeImpossible
+    from stateset_backend.runs.runtime import check_resume
 
     newer = {**RUNTIME, "versions": {**RUNTIME["versions"], "torch": "2.2"}}
     with pytest.raises(ResumeImpossible, match=r"torch 2.1 -> 2.2 .*--allow-runtime-change"):

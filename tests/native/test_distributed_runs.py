@@ -82,9 +82,9 @@ def uninterrupted(tmp_path_factory, reward):
 
 
 def test_two_gloo_processes_train_the_one_process_weights(uninterrupted, reward, tmp_path):
-    from stateset_backend.core.digest import experiment_digest
-    from stateset_backend.core.specfile import parse_spec
     from stateset_backend.native.trainer import RunSettings, Trainer
+    from stateset_backend.spec.digest import experiment_digest
+    from stateset_backend.spec.files import parse_spec
 
     spec = parse_spec(_spec(None, reward))
     trainer = Trainer(RunSettings("20260101T000000Z-00000000", experiment_digest(spec), spec,
@@ -182,7 +182,7 @@ def _copy(killed, tmp_path: Path) -> Path:
 
 def test_a_resume_under_another_world_size_or_versions_is_exit_6(killed, tmp_path,
                                                                  monkeypatch, capsys):
-    from stateset_backend.adapters import native
+    from stateset_backend.adapters.native import adapter as native
     from stateset_backend.cli import main
 
     runs = _copy(killed, tmp_path)
@@ -209,7 +209,7 @@ def test_a_resume_under_another_world_size_or_versions_is_exit_6(killed, tmp_pat
 
 def test_a_package_change_the_user_allows_is_a_warning_in_the_result(killed, tmp_path,
                                                                      monkeypatch, capsys):
-    from stateset_backend.adapters import native
+    from stateset_backend.adapters.native import adapter as native
     from stateset_backend.cli import main
 
     runs = _copy(killed, tmp_path)

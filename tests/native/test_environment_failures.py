@@ -11,7 +11,7 @@ import pytest
 import torch
 from native.agent_support import agent_spec, bad_environment_file, make_trainer, with_environment
 
-from stateset_backend.native.conversation import FailedShareExceeded
+from stateset_backend.native.multiturn.conversation import FailedShareExceeded
 
 
 def _rows(path):

@@ -8,9 +8,12 @@ import time
 import pytest
 from native.agent_support import AGENT_ENV, bad_environment_file
 
-from stateset_backend.core.content import sha256_file
-from stateset_backend.native.conversation import parse_assistant, render_context, render_tools
-from stateset_backend.native.environment import (
+from stateset_backend.native.multiturn.conversation import (
+    parse_assistant,
+    render_context,
+    render_tools,
+)
+from stateset_backend.native.multiturn.environment import (
     EnvironmentLoadError,
     EnvironmentRef,
     Failure,
@@ -21,6 +24,7 @@ from stateset_backend.native.environment import (
     check_tools,
     describe,
 )
+from stateset_backend.spec.content import sha256_file
 
 TASK = {"prompt": "hi . where is order o3 ?", "order": "o3", "status": "lost", "vague": False,
         "answer": "lost"}

@@ -190,7 +190,7 @@ def test_a_spec_without_a_test_split_is_exit_2(capsys, tmp_path):
 
 
 def test_tensorboard_events_mirror_metrics_jsonl_and_are_not_artifacts(finished):
-    from stateset_backend.core.tensorboard import read_scalars
+    from stateset_backend.runs.tensorboard import read_scalars
 
     runs, run_id = finished
     attempt = runs / run_id / "attempts" / "1"

@@ -15,11 +15,11 @@ import torch
 from optional_installs import TRL_PLUGIN_MISSING, trl_plugin_installed
 from safetensors.torch import load_file
 
-from stateset_backend.core import lineage
-from stateset_backend.core.content import sha256_file
-from stateset_backend.core.digest import experiment_digest, identity_document
-from stateset_backend.core.specfile import parse_spec
 from stateset_backend.native import checkpoint
+from stateset_backend.runs import lineage
+from stateset_backend.spec.content import sha256_file
+from stateset_backend.spec.digest import experiment_digest, identity_document
+from stateset_backend.spec.files import parse_spec
 
 from .conftest import EXAMPLES, tiny_spec
 
@@ -73,9 +73,9 @@ def test_external_engines_refuse_sft_and_the_link(cli, tiny, spec_file, engine, 
 def test_external_rules_refuse_the_new_leaves(engine, version):
     """Past the contract check too: every new leaf has a rule, and it refuses."""
     from stateset_backend.conformance.specs import FULL_SFT
-    from stateset_backend.core.contracts import parse_version
-    from stateset_backend.core.registry import build_registry
-    from stateset_backend.core.rules import explain_rows
+    from stateset_backend.contracts.loader import parse_version
+    from stateset_backend.engines.registry import build_registry
+    from stateset_backend.translate.rules import explain_rows
 
     adapter = build_registry().get(engine).adapter
     dialect = adapter.contract.dialect(parse_version(version))
@@ -178,8 +178,8 @@ def test_a_damaged_checkpoint_is_exit_6(cli, tiny, spec_file, sft_run, tmp_path)
 
 def test_a_spec_written_elsewhere_still_names_the_same_files(tmp_path):
     """`runs from-run --spec S --output O`: O's relative paths are read from O's folder."""
-    from stateset_backend.core.inputs import pinned_files, rebase_spec_paths
-    from stateset_backend.core.specfile import parse_spec
+    from stateset_backend.spec.files import parse_spec
+    from stateset_backend.spec.inputs import pinned_files, rebase_spec_paths
 
     src = tmp_path / "project"
     (src / "data").mkdir(parents=True)

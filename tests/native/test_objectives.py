@@ -224,7 +224,7 @@ def test_overlong_penalty():
 
 
 def test_every_objective_the_native_contract_promises_has_a_recipe():
-    from stateset_backend.adapters.native import NativeAdapter
+    from stateset_backend.adapters.native.adapter import NativeAdapter
 
     promised = {c.split(":")[1] for c in NativeAdapter().contract.all_capabilities()
                 if c.startswith("objective:")}
@@ -237,7 +237,7 @@ def test_every_objective_the_native_contract_promises_has_a_recipe():
 def test_every_spec_choice_has_a_registered_function():
     from typing import get_args
 
-    from stateset_backend.core.spec import KLEstimator, LossAggregation
+    from stateset_backend.spec.model import KLEstimator, LossAggregation
 
     assert set(O.KL_ESTIMATORS) == set(get_args(KLEstimator))
     assert set(O.AGGREGATIONS) == set(get_args(LossAggregation))

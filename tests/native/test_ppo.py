@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
-from stateset_backend.core.specfile import parse_spec
 from stateset_backend.native import checkpoint
 from stateset_backend.native import objectives as O
 from stateset_backend.native.batch import BatchIntegrityError, check_batch, check_returns
+from stateset_backend.spec.files import parse_spec
 
 from .conftest import EXAMPLES, signal_reward
 

@@ -31,13 +31,13 @@ def test_the_launchers_choice_wins_over_the_engines_own_stderr(monkeypatch, aske
 def test_json_on_a_terminal_asks_the_engine_for_lines(monkeypatch, tmp_path, json_flag,
                                                       expected):
     """What `run --json` on a terminal hands the engine (the CLI passes live_progress)."""
-    from stateset_backend.adapters.native import NativeAdapter
+    from stateset_backend.adapters.native.adapter import NativeAdapter
     from stateset_backend.conformance.specs import MINIMAL
-    from stateset_backend.core.plan import make_plan
-    from stateset_backend.core.registry import AdapterEntry
-    from stateset_backend.core.runner import prepare_attempt
-    from stateset_backend.core.specfile import parse_spec
-    from stateset_backend.core.store import Attempt
+    from stateset_backend.engines.registry import AdapterEntry
+    from stateset_backend.plan.launch_plan import make_plan
+    from stateset_backend.runs.runner import prepare_attempt
+    from stateset_backend.runs.store import Attempt
+    from stateset_backend.spec.files import parse_spec
 
     plan = make_plan(parse_spec(MINIMAL), AdapterEntry(NativeAdapter(), "builtin",
                                                        "stateset-backend", "0.1.0"), "0.1.0")

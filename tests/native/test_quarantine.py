@@ -235,7 +235,7 @@ def test_a_restore_that_fails_inside_the_engine(interrupted, capsys, tmp_path):
     the engine's restore refuses them, and the attempt is quarantined."""
     from safetensors.torch import load_file, save_file
 
-    from stateset_backend.core.content import sha256_file
+    from stateset_backend.spec.content import sha256_file
 
     plan, runs, run_id, newest = _copy(interrupted, tmp_path)
     weights = load_file(str(newest / "weights.safetensors"))

@@ -119,7 +119,7 @@ def test_a_resumed_run_selects_and_evaluates_across_its_attempts(tmp_path, capsy
     import shutil
 
     from stateset_backend.cli import main
-    from stateset_backend.core.results import SavedCheckpoint, select_checkpoint
+    from stateset_backend.runs.results import SavedCheckpoint, select_checkpoint
 
     where = importlib.util.spec_from_file_location("native_conftest",
                                                    Path(__file__).with_name("conftest.py"))

@@ -94,7 +94,7 @@ def test_resume_continues_exactly(finished, tmp_path):
 
 def test_resume_under_other_package_versions_is_exit_6(finished, tmp_path, monkeypatch,
                                                        capsys):
-    from stateset_backend.adapters import native
+    from stateset_backend.adapters.native import adapter as native
 
     _, _, _, run_id = finished
     plan, runs, _ = _interrupted_after_update_2(finished, tmp_path)

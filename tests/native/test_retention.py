@@ -7,11 +7,11 @@ import json
 
 from native.conftest import tiny_spec
 
-from stateset_backend.core.digest import experiment_digest
-from stateset_backend.core.results import SavedCheckpoint, select_checkpoint
-from stateset_backend.core.specfile import parse_spec
 from stateset_backend.native import checkpoint
 from stateset_backend.native.trainer import RunSettings, Trainer
+from stateset_backend.runs.results import SavedCheckpoint, select_checkpoint
+from stateset_backend.spec.digest import experiment_digest
+from stateset_backend.spec.files import parse_spec
 
 
 def _trainer(tmp_path, select_by: str) -> Trainer:

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from stateset_backend.core.digest import experiment_digest
-from stateset_backend.core.errors import InvalidInput
-from stateset_backend.core.specfile import parse_spec
+from stateset_backend.common.errors import InvalidInput
 from stateset_backend.native import checkpoint
 from stateset_backend.native.batch import BatchIntegrityError
 from stateset_backend.native.objectives import AGGREGATIONS
-from stateset_backend.native.sft import SFTExample, check_sft_batch, lay_out, sft_loss
-from stateset_backend.native.sft_trainer import SFTTrainer, trainer_for
+from stateset_backend.native.sft.objective import SFTExample, check_sft_batch, lay_out, sft_loss
+from stateset_backend.native.sft.trainer import SFTTrainer, trainer_for
 from stateset_backend.native.trainer import RunSettings
+from stateset_backend.spec.digest import experiment_digest
+from stateset_backend.spec.files import parse_spec
 
 from .conftest import EXAMPLES
 
@@ -117,8 +117,8 @@ def test_packing_puts_rows_together_and_padding_does_not():
 
 @pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
 def test_packed_and_padded_give_the_same_loss_and_gradient(aggregation):
-    from stateset_backend.core.spec import Model
     from stateset_backend.native.model import load_policy
+    from stateset_backend.spec.model import Model
 
     model, _ = load_policy(Model(path="builtin:tiny-llama-support", dtype="float32"), 0,
                            Path("."), torch.device("cpu"))

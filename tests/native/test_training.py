@@ -71,7 +71,7 @@ def test_the_engine_itself_refuses_changed_data(tiny, make_trainer):
 
 
 def test_a_nan_reward_fails_the_run(cli, tiny, spec_file, tmp_path):
-    from stateset_backend.core.content import sha256_file
+    from stateset_backend.spec.content import sha256_file
 
     reward = tmp_path / "nan_reward.py"
     reward.write_text("def score(prompt, response, answer):\n    return float('nan')\n")
@@ -186,8 +186,8 @@ def test_lora_trains_and_saves_only_adapters(tiny, make_trainer):
 
 
 def test_trains_a_local_hugging_face_directory_pinned_by_content(tiny, make_trainer, tmp_path):
-    from stateset_backend.core.content import directory_digest
     from stateset_backend.native.model import ModelError
+    from stateset_backend.spec.content import directory_digest
 
     seed_model = make_trainer(tiny(), "seed")
     local = tmp_path / "local-model"

@@ -49,7 +49,7 @@ def generate(seed: int = 0) -> dict[str, list[dict[str, object]]]:
 
 def vocabulary() -> list[str]:
     """Every word of the conversation format and the scenario, in a stable order."""
-    from ..conversation import FORMAT_WORDS
+    from stateset_backend.native.multiturn.conversation import FORMAT_WORDS
 
     texts = [*FORMAT_WORDS, *ORDERS, *STATUSES, *OPENERS, ".", *ENVIRONMENT_WORDS,
              *AGENT_WORDS, *CLEAR, *VAGUE]
@@ -57,6 +57,6 @@ def vocabulary() -> list[str]:
 
 
 if __name__ == "__main__":
-    from . import main
+    from stateset_backend.native.scenarios import main
 
     main(generate, "generate the support-agent task rows")

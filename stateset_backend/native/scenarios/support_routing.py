@@ -77,6 +77,6 @@ def vocabulary() -> list[str]:
 
 
 if __name__ == "__main__":
-    from . import main
+    from stateset_backend.native.scenarios import main
 
     main(generate, "generate the support-routing data set")

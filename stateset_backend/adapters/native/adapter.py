@@ -1,0 +1,231 @@
+"""Adapter for the native engine: the embedded torch trainer in ``stateset_backend.native``.
+
+The native engine speaks the spec's own vocabulary, so translation is the identity on every
+leaf it can honour; it still goes through the same rules, plan and launch path as any other
+engine, as a child process, so nothing about it is special-cased in the core.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from stateset_backend.native import layout
+from stateset_backend.native.multiturn.environment import conversation_refusals
+from stateset_backend.native.parallel.settings import data_parallel_refusals
+from stateset_backend.native.ppo.settings import ppo_refusals
+from stateset_backend.plugin import (
+    BUILTIN_PREFIX,
+    CORE_HANDLED,
+    PYTHON,
+    RUN_DIR,
+    Artifact,
+    Checkpoint,
+    Collected,
+    Dialect,
+    EngineAdapter,
+    ExperimentSpec,
+    InvalidInput,
+    KitSupport,
+    LaunchContext,
+    NativeLaunch,
+    Outcome,
+    Pinned,
+    Refused,
+    RuleSet,
+    Translation,
+    all_leaf_paths,
+    builtin_dir,
+    distribution_version,
+    leaves,
+    only,
+    to,
+)
+
+
+def _chat_template(value: Any, spec: ExperimentSpec) -> Outcome:
+    if value and spec.model.path.startswith(BUILTIN_PREFIX):
+        return Refused(f"{spec.model.path} ships no chat template: set data.chat_template to "
+                       "false to tokenize prompts as plain text")
+    return Pinned({"data.chat_template": value})
+
+
+def _param_dtype(value: Any, spec: ExperimentSpec) -> Outcome:
+    if value == "bfloat16" and spec.model.dtype != "bfloat16":
+        return Refused(f"bfloat16 weights cannot compute in {spec.model.dtype}: the native "
+                       "engine computes in the weights' dtype or narrower")
+    return Pinned({"model.param_dtype": value})
+
+
+def _environment_kind(value: Any, spec: ExperimentSpec) -> Outcome:
+    problems = conversation_refusals(spec)
+    if problems:
+        return Refused("; ".join(problems))
+    return Pinned({"environment.kind": value})
+
+
+def _reward_kind(value: Any, spec: ExperimentSpec) -> Outcome:
+    if value == "python" or (value == "environment" and spec.environment.kind != "single_turn"):
+        return Pinned({"reward.kind": value})
+    return Refused("the native engine calls python reward functions in process, or takes the "
+                   "rewards of a conversation's environment")
+
+
+def _critic(value: Any, spec: ExperimentSpec) -> Outcome:
+    """Every PPO setting the native critic cannot honour, refused on the critic's row."""
+    problems = ppo_refusals(spec)
+    if problems:
+        return Refused("; ".join(problems))
+    return Pinned({"algorithm.gae.critic.model": value})
+
+
+def _dual_clip(value: Any, spec: ExperimentSpec) -> Outcome:
+    if value is not None and spec.algorithm.objective in ("gspo", "cispo"):
+        return Refused(f"the native {spec.algorithm.objective} loss has no dual clip")
+    return Pinned({"algorithm.clip.dual_clip": value})
+
+
+def _processes(value: Any, spec: ExperimentSpec) -> Outcome:
+    """Several processes split each update's groups; settings with no exact data-parallel
+    meaning are refused here, before anything launches."""
+    problems = data_parallel_refusals(spec)
+    if problems:
+        return Refused("; ".join(problems))
+    return Pinned({"resources.processes_per_node": value})
+
+
+def launcher_argv(spec: ExperimentSpec) -> list[str]:
+    """How the engine process starts: directly, or under torchrun with one process per rank
+    (``--standalone``: a rendezvous on this machine at a free port; nodes above 1 are refused by
+    the contract, since the local provider starts processes on one machine only). Every value
+    is its own argv item, never shell text."""
+    engine = ["-m", "stateset_backend.native", "--config", f"{RUN_DIR}/{layout.CONFIG_FILE}",
+              "--output", RUN_DIR]
+    processes = spec.resources.processes
+    if spec.resources.world_size == 1:
+        return [PYTHON, *engine]
+    return [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            f"--nproc_per_node={processes}", "--max_restarts=0", *engine]
+
+
+def _update_of(path: Path, root: Path) -> int | None:
+    """The update a checkpoint file belongs to, from its ``update-NNNNNN`` folder."""
+    folder = path.relative_to(root).parts[0]
+    if folder.startswith(layout.CHECKPOINT_PREFIX):
+        return int(folder.removeprefix(layout.CHECKPOINT_PREFIX))
+    return None
+
+
+class NativeAdapter(EngineAdapter):
+    name = "native"
+    contract_file = "native.json"
+
+    def rules(self, dialect: Dialect) -> RuleSet:
+        rules: dict[str, Any] = {path: to(path) for path in all_leaf_paths(ExperimentSpec)}
+        rules.update({
+            "rollout.backend": only(lambda v: v == "hf", "the native engine samples with its "
+                                    "own KV-cache loop ('hf'), not vllm or sglang", to(
+                                        "rollout.backend")),
+            "algorithm.gae.critic.model": _critic,
+            "name": to("name"),
+            "resources.nodes": only(lambda v: v == 1, "the native engine runs on one node",
+                                    to("resources.nodes")),
+            "resources.processes_per_node": _processes,
+            "reward.kind": _reward_kind,
+            "data.chat_template": _chat_template,
+            "model.param_dtype": _param_dtype,
+            "algorithm.clip.dual_clip": _dual_clip,
+        })
+        for core_handled in ("engine_options", "labels", "version", "equivalence"):
+            rules.pop(core_handled, None)
+        rules["environment.kind"] = _environment_kind
+        return rules
+
+    def kit_support(self) -> KitSupport:
+        # the kit writes the native engine's outputs from the engine's own layout
+        return KitSupport()
+
+    def render(self, translation: Translation, spec: ExperimentSpec,
+               ctx: LaunchContext) -> NativeLaunch:
+        try:
+            builtin_dir(spec.model.path)
+        except FileNotFoundError as exc:  # found now, not after a launch
+            raise InvalidInput(f"model.path: {exc}") from None
+        # The engine speaks the spec's vocabulary: it gets every leaf, the inert ones too, so
+        # it can prove the settings hash back to the experiment digest it carries.
+        settings = {**{path: value for path, value in leaves(spec) if path not in CORE_HANDLED},
+                    **translation.native}
+        config = {"run_id": ctx.run_id, "experiment_digest": ctx.experiment_digest,
+                  "base_dir": ctx.base_dir, "settings": settings}
+        return NativeLaunch(
+            argv=launcher_argv(spec),
+            files={layout.CONFIG_FILE: json.dumps(config, indent=2, sort_keys=True) + "\n"},
+            env=["CUDA_VISIBLE_DEVICES", "STATESET_BACKEND_PROGRESS"],
+        )
+
+    def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
+        out = Collected()
+        info_path = attempt_dir / layout.RUN_INFO_FILE
+        if info_path.is_file():
+            info = json.loads(info_path.read_text(encoding="utf-8"))
+            out.run_id = info.get("run_id")
+            out.experiment_digest = info.get("experiment_digest")
+            out.committed_updates = int(info.get("committed_updates", 0))
+            out.resumed_from = info.get("resumed_from")
+        metrics_path = attempt_dir / layout.METRICS_FILE
+        if metrics_path.is_file():
+            for line in metrics_path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    out.metrics.append(json.loads(line))
+        for kind in (layout.CHECKPOINTS_DIR, layout.FINAL_DIR):
+            root = attempt_dir / kind
+            if root.is_dir():
+                out.artifacts.extend(
+                    Artifact(str(p.relative_to(attempt_dir)), kind.rstrip("s"),
+                             _update_of(p, root))
+                    for p in sorted(root.rglob("*")) if p.is_file())
+        return out
+
+    def latest_checkpoint(self, attempt_dir: Path) -> Checkpoint | None:
+        found = self.checkpoints(attempt_dir)
+        return found[-1] if found else None
+
+    def checkpoints(self, attempt_dir: Path) -> list[Checkpoint]:
+        return [Checkpoint(p, int(p.name.removeprefix(layout.CHECKPOINT_PREFIX)))
+                for p in layout.complete_checkpoints(attempt_dir / layout.CHECKPOINTS_DIR)]
+
+    def named_checkpoint(self, attempt_dir: Path, name: str) -> Checkpoint | None:
+        found = [p for p in layout.complete_checkpoints(attempt_dir / layout.CHECKPOINTS_DIR)
+                 if p.name == name]
+        return Checkpoint(found[0], int(name.removeprefix(layout.CHECKPOINT_PREFIX))) \
+            if found else None
+
+    def checkpoint_problem(self, checkpoint: Checkpoint, experiment_digest: str) -> str | None:
+        return layout.manifest_problem(checkpoint.path, experiment_digest)
+
+    def checkpoint_runtime(self, checkpoint: Checkpoint) -> dict[str, Any] | None:
+        return layout.read_runtime(checkpoint.path)
+
+    def current_runtime(self, spec: ExperimentSpec, python: str | None = None) -> \
+            dict[str, Any] | None:
+        versions = {name: distribution_version(name, python)
+                    for name in layout.RUNTIME_PACKAGES}
+        return layout.runtime_identity(spec, spec.resources.world_size, versions)
+
+    def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
+                    attempt_dir: Path) -> list[str]:
+        return [*argv, "--resume-from", str(checkpoint.path)]
+
+    def evaluate_checkpoint(self, attempt_dir: Path, checkpoint: Checkpoint,
+                            split: str) -> dict[str, float]:
+        from stateset_backend.native.evaluate import (
+            evaluate_checkpoint,  # torch: only when evaluating
+        )
+
+        return evaluate_checkpoint(attempt_dir, checkpoint.path, split)
+
+    def reload_checkpoint(self, attempt_dir: Path, checkpoint: Checkpoint) -> dict[str, Any]:
+        from stateset_backend.native.evaluate import reload_checkpoint
+
+        return reload_checkpoint(attempt_dir, checkpoint.path)

@@ -1,0 +1,2 @@
+"""The OpenRLHF adapter: its rules, argv rendering and output collection.
+"""

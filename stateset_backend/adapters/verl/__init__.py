@@ -1,0 +1,2 @@
+"""The verl adapter: its rules, Hydra override rendering and output collection.
+"""

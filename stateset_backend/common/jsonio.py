@@ -1,0 +1,131 @@
+"""Strict JSON reading and atomic writing.
+
+Reading is strict because a silently-accepted NaN or a duplicated key is exactly the kind of
+input that turns into a wasted GPU-day; writing is atomic because a half-written plan or
+result is worse than none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from stateset_backend.common.errors import InvalidInput
+
+
+def utc_now() -> str:
+    """The timestamp every record the hub writes carries: UTC, to the second, ISO 8601."""
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed (non-finite numbers are rejected)")
+
+
+def _finite_float(text: str) -> float:
+    """A number literal too large for a double (``1e400``) parses to infinity; refused here so
+    no infinity reaches a digest, a plan or an engine."""
+    number = float(text)
+    if number in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {text} is too large to be carried exactly "
+                         "(non-finite numbers are rejected)")
+    return number
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in doc:
+            raise ValueError(f"key {key!r} appears twice in one object")
+        doc[key] = value
+    return doc
+
+
+def loads(text: str, *, source: str = "<input>") -> Any:
+    """Parse JSON, rejecting NaN/Infinity and duplicate keys, with line and column on error."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
+                          object_pairs_hook=_no_duplicate_keys)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(
+            f"{source}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
+    except ValueError as exc:
+        raise InvalidInput(f"{source}: {exc}") from None
+    except RecursionError:
+        raise InvalidInput(f"{source}: nested too deeply to be a spec, plan or contract") \
+            from None
+
+
+def read_json(path: str | os.PathLike[str], *, what: str = "file") -> Any:
+    """Read a JSON document from disk; every way it can be unusable is one InvalidInput."""
+    p = Path(path)
+    if not p.exists():
+        raise InvalidInput(f"{p}: no such {what}")
+    if p.is_dir():
+        raise InvalidInput(f"{p}: is a directory, expected a JSON {what}")
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise InvalidInput(f"{p}: cannot read: {exc.strerror}") from None
+    if not raw.strip():
+        raise InvalidInput(f"{p}: is empty, expected a JSON {what}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{p}: not UTF-8 text (byte {exc.start})") from None
+    return loads(text, source=str(p))
+
+
+def dumps(doc: Any) -> str:
+    """Readable, stable JSON for files humans review (plans, results)."""
+    return json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write via temp file in the same directory, fsync, rename: readers see all or nothing."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        # mkstemp's 0600 would make plans, results and reports unreadable to the team that
+        # shares a run store: give the file the mode a plain open() would (umask applies).
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def atomic_write_json(path: str | os.PathLike[str], doc: Any) -> None:
+    atomic_write_bytes(path, dumps(doc).encode("utf-8"))
+
+
+def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as dotted keys; lists, empty dicts and scalars are leaves."""
+    if isinstance(doc, dict) and doc:
+        out: dict[str, Any] = {}
+        for key, value in doc.items():
+            out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: doc}

@@ -1,0 +1,341 @@
+"""The interface every engine adapter implements, and the records it exchanges with the core.
+
+An adapter is thin on purpose: it declares field rules (what each spec leaf becomes in its
+engine's vocabulary, per dialect), renders the mapped native keys into a launch (argv, files,
+environment), and reads the engine's outputs back. Everything engine-neutral — the contract
+check, identity, the plan, launching, result checks — stays in the core.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from stateset_backend.common.errors import AdapterBug, InvalidInput
+from stateset_backend.contracts.loader import Contract, Dialect, load_packaged_contract
+from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.translate.rules import RuleSet, Translation
+
+# Placeholders filled in when a plan runs; spec validation refuses user text holding one
+# (core.specfile.PLACEHOLDERS), so the substitution never touches user text.
+RUN_DIR = "{run_dir}"
+PYTHON = "{python}"
+ENGINE_HOME = "{engine_home}"  # an engine run from a source checkout (--engine-home)
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What an adapter may know when rendering a launch; paths use the placeholders above."""
+
+    run_id: str
+    experiment_digest: str
+    engine_version: str
+    dialect: Dialect
+    base_dir: str | None = None  # where the spec's relative paths point (the spec's folder)
+
+    @property
+    def run_name(self) -> str:
+        """The name every engine gives this run: run id and experiment digest, so the identity
+        can be read back from the engine's own outputs."""
+        return identity_name(self.run_id, self.experiment_digest)
+
+
+def identity_name(run_id: str, experiment_digest: str) -> str:
+    return f"{run_id}.{experiment_digest.removeprefix('sha256:')}"
+
+
+@dataclass(frozen=True)
+class NativeLaunch:
+    """An engine launch, as data: reviewed in the plan, executed verbatim by a provider.
+
+    ``argv`` and ``set_env`` values may contain ``{run_dir}`` and ``{python}``, filled in when
+    the plan runs. ``env`` names variables the engine reads from the caller's environment;
+    their values are never stored, since they may be secrets.
+    """
+
+    argv: list[str]
+    files: dict[str, str] = field(default_factory=dict)
+    set_env: dict[str, str] = field(default_factory=dict)
+    env: list[str] = field(default_factory=list)
+    native: dict[str, Any] | None = None  # every native key the launch sets, when it adds keys
+    # to the translation's (identity, outputs, memory knobs); the plan records it
+
+    def to_json(self) -> dict[str, Any]:
+        return {"argv": self.argv, "files": self.files, "set_env": self.set_env,
+                "env": sorted(self.env)}
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: str  # relative to the attempt directory
+    kind: str  # checkpoint, model, log, metrics, ...
+    step: int | None = None
+
+
+@dataclass
+class Collected:
+    """What an adapter read back from an engine's outputs, in canonical form."""
+
+    run_id: str | None = None
+    experiment_digest: str | None = None
+    committed_updates: int = 0
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # {"step": n, name: value}
+    raw_metric_names: dict[str, str] = field(default_factory=dict)  # canonical -> engine's
+    artifacts: list[Artifact] = field(default_factory=list)
+    resumed_from: int | None = None  # the update the engine says it continued from
+    notes: list[str] = field(default_factory=list)
+
+
+class CannotWrite(Exception):
+    """Raised by a ``KitSupport.write_outputs`` writer for a case its engine's output format
+    cannot hold (a string metric in TensorBoard): the kit reports that case ``unsupported``."""
+
+
+@dataclass(frozen=True)
+class KitSupport:
+    """What the conformance kit needs from an adapter besides its contract, so that every
+    place the kit runs (an author's test class, ``stateset-backend conformance``, CI) checks
+    the same things.
+
+    ``write_outputs(attempt_dir, ctx, *, metrics, identity, artifacts, checkpoint_step)``
+    writes the engine's native output files for canonical metric rows; without it collection
+    and resume are reported ``unsupported``. ``parse_launch(plan)`` reads a launch back with
+    the engine's own parser (nested or flat values); ``option_key(plan)`` names a free-text
+    ``engine_options`` key the engine's parser accepts. ``surface`` is the engine release's
+    configuration surface (``{"options": {key: {"default": ...}}}``, as
+    ``stateset_backend.conformance.surface_gen`` writes it): every key it reads, with its real
+    default; the built-in engines' ship with the hub. ``unsupported`` declares gaps the
+    kit reports ``unsupported`` instead of failing: capability or case names, optionally
+    limited by a PEP 440 specifier after a space, each with its reason. ``base`` is merged into
+    every sample spec the kit plans (a model path the engine can load, a prompt policy), in
+    the CLI and in an author's test class alike (the class's own ``base`` merges over it).
+    ``engine_stub`` maps relative file paths to the source of modules that stand in for the
+    engine's entry point when the kit runs a launch for real (``stateset_backend.conformance.
+    stubs`` says what they receive and must write); without it the launch-run check is
+    ``unverified``.
+    """
+
+    write_outputs: Any = None
+    parse_launch: Any = None
+    option_key: Any = None
+    surface: dict[str, Any] | None = None
+    unsupported: dict[str, str] = field(default_factory=dict)
+    base: dict[str, Any] = field(default_factory=dict)
+    engine_stub: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    update: int
+
+
+def stage_checkpoint(source: Path, target: Path) -> None:
+    """Make ``target`` a copy of the checkpoint folder ``source``: files are hard links where
+    the filesystem allows (checkpoints are large and engines never rewrite a saved one), copies
+    elsewhere. It appears complete or not at all, like the engines' own saves."""
+    partial = target.with_name(target.name + ".staging")
+    shutil.rmtree(partial, ignore_errors=True)
+
+    def link_or_copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, partial, copy_function=link_or_copy)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():  # staged by an earlier try of this same attempt
+        shutil.rmtree(target)
+    os.replace(partial, target)
+
+
+class DialectKeys(BaseModel):
+    """Base of an adapter's typed dialect keys: every slot the adapter reads is a field, so a
+    contract that misses one, misspells one or gives the wrong type fails when it loads, not
+    in the middle of a translation. ``None`` means the release has no such key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@functools.cache
+def _packaged_contract(package: str, filename: str,
+                       keys_model: type[DialectKeys] | None) -> Contract:
+    contract = load_packaged_contract(package, filename)
+    if keys_model is not None:
+        for dialect in contract.dialects:
+            _typed_keys(contract, dialect, keys_model)
+    return contract
+
+
+_TYPED: dict[tuple[int, type[DialectKeys]], tuple[Dialect, Any]] = {}
+
+
+def _typed_keys(contract: Contract, dialect: Dialect, keys_model: type[DialectKeys]) -> Any:
+    cached = _TYPED.get((id(dialect), keys_model))
+    if cached is not None and cached[0] is dialect:
+        return cached[1]
+    try:
+        typed = keys_model.model_validate(dialect.keys)
+        _TYPED[(id(dialect), keys_model)] = (dialect, typed)
+        return typed
+    except ValidationError as exc:
+        problems = "; ".join(f"keys.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                             for e in exc.errors())
+        raise InvalidInput(f"{contract.engine} contract, dialect {dialect.name!r}: "
+                           f"{problems}") from None
+
+
+def unpinned_defaults(dialect: Dialect, native: dict[str, Any]) -> list[str]:
+    """Native keys whose engine default changes the math but that the launch leaves unset.
+
+    Hydra's ``+``/``++`` prefixes only say how a key is added; they name the same key."""
+    set_keys = {key.lstrip("+") for key in native}
+    return sorted(key for key in dialect.defaults if key.lstrip("+") not in set_keys)
+
+
+def check_all_pinned(engine: str, dialect: Dialect, native: dict[str, Any]) -> None:
+    missing = unpinned_defaults(dialect, native)
+    if missing:
+        raise AdapterBug(f"the {engine} adapter leaves {', '.join(missing)} at the "
+                         f"{engine} {dialect.name} default; every setting that changes the "
+                         "math must be pinned")
+
+
+class EngineAdapter(abc.ABC):
+    """Base class for adapters. Subclasses set ``name`` and where their contract ships
+    (``contract_package``, ``contract_file``), and implement the abstract methods."""
+
+    name: str
+    contract_package: ClassVar[str] = "stateset_backend.contracts"
+    contract_file: ClassVar[str | None] = None
+    dialect_keys: ClassVar[type[DialectKeys] | None] = None
+
+    @property
+    def contract(self) -> Contract:
+        """The engine's contract, loaded once from package data, every dialect's keys checked
+        against ``dialect_keys``."""
+        if self.contract_file is None:
+            raise NotImplementedError(f"{type(self).__name__} sets no contract_file")
+        return _packaged_contract(self.contract_package, self.contract_file, self.dialect_keys)
+
+    def keys(self, dialect: Dialect) -> Any:
+        """The dialect's keys as the adapter's typed model."""
+        if self.dialect_keys is None:
+            raise NotImplementedError(f"{type(self).__name__} sets no dialect_keys")
+        return _typed_keys(self.contract, dialect, self.dialect_keys)
+
+    @abc.abstractmethod
+    def rules(self, dialect: Dialect) -> RuleSet:
+        """Field rules for one dialect; every spec leaf must be covered (exactly or by prefix)."""
+
+    @abc.abstractmethod
+    def render(self, translation: Translation, spec: ExperimentSpec,
+               ctx: LaunchContext) -> NativeLaunch:
+        """Turn mapped native keys into an engine launch."""
+
+    def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
+        """Read the engine's outputs from the attempt directory (override per engine)."""
+        raise NotImplementedError(f"{self.name}: collection is not implemented")
+
+    def latest_checkpoint(self, attempt_dir: Path) -> Checkpoint | None:
+        """The newest complete checkpoint an attempt left behind (None: nothing to resume)."""
+        return None
+
+    def checkpoints(self, attempt_dir: Path) -> list[Checkpoint]:
+        """Every complete checkpoint an attempt left, oldest first, so that `runs verify` can
+        prove an older one when the newest is damaged (default: the newest alone)."""
+        newest = self.latest_checkpoint(attempt_dir)
+        return [newest] if newest is not None else []
+
+    def named_checkpoint(self, attempt_dir: Path, name: str) -> Checkpoint | None:
+        """The complete checkpoint folder ``name`` an attempt left, for ``model.from_run``
+        (None: no such checkpoint, or an engine whose checkpoints cannot start another run)."""
+        return None
+
+    def checkpoint_problem(self, checkpoint: Checkpoint, experiment_digest: str) -> str | None:
+        """What makes ``checkpoint`` unfit to resume from (a damaged, truncated or missing
+        file, another experiment's state), or None. Engines without a manifest answer None."""
+        return None
+
+    def checkpoint_runtime(self, checkpoint: Checkpoint) -> dict[str, Any] | None:
+        """The runtime identity ``checkpoint`` recorded (core.runtime: world_size, model,
+        versions), or None when the engine records none."""
+        return None
+
+    def current_runtime(self, spec: ExperimentSpec, python: str | None = None) -> \
+            dict[str, Any] | None:
+        """The runtime identity a launch of ``spec`` would have now, comparable with
+        checkpoint_runtime; None when the engine records none."""
+        return None
+
+    def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
+                    attempt_dir: Path) -> list[str]:
+        """The plan's argv changed to continue from ``checkpoint`` (an earlier attempt's) in
+        the new attempt ``attempt_dir``. An engine that reloads only from its own output folder
+        gets the checkpoint staged there (``stage_checkpoint``), so each attempt writes only
+        into its own folder and the earlier attempt stays as it was."""
+        raise NotImplementedError(f"{self.name}: resume is not implemented")
+
+    def evaluate_checkpoint(self, attempt_dir: Path, checkpoint: Checkpoint,
+                            split: str) -> dict[str, float]:
+        """Score ``checkpoint`` (already verified by the core) on the spec's ``split`` with
+        the spec's validation decoding, through the same code the engine validates with during
+        training; metric names carry the split's prefix (``test/reward/mean``). An adapter
+        that does not override this has not declared how its engine evaluates, and
+        ``evaluate`` refuses its runs (exit 3)."""
+        raise NotImplementedError(f"{self.name}: evaluation is not declared")
+
+    def reload_checkpoint(self, attempt_dir: Path, checkpoint: Checkpoint) -> dict[str, Any]:
+        """Load ``checkpoint`` completely (weights, optimizer, scheduler, RNG) into a fresh
+        model, as a resume would, and say what was loaded. ``runs verify`` needs it to lift a
+        quarantine; without it the engine cannot prove a checkpoint loads (exit 3)."""
+        raise NotImplementedError(f"{self.name}: reloading a checkpoint is not declared")
+
+    def kit_support(self) -> KitSupport:
+        """The writer of the engine's outputs and the launch reader the conformance kit uses
+        (``KitSupport``); the default supplies neither."""
+        return KitSupport()
+
+    def declares(self, method: str) -> bool:
+        """Whether this adapter overrides an optional engine capability (``evaluate_checkpoint``,
+        ``reload_checkpoint``)."""
+        return getattr(type(self), method) is not getattr(EngineAdapter, method)
+
+    def installed_version(self, python: str | None = None,
+                          home: str | None = None) -> str | None:
+        """The engine version installed in this (or the given) Python environment, or in
+        the source checkout ``home`` for engines run from one; None when not found."""
+        dist = self.contract.distribution
+        return None if dist is None else distribution_version(dist, python)
+
+
+def distribution_version(distribution: str, python: str | None = None) -> str | None:
+    """Version of an installed distribution here, or in another interpreter via ``--python``."""
+    if python is None:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return None
+    if not Path(python).is_file():
+        raise InvalidInput(f"--python {python}: no such interpreter")
+    probe = ("import importlib.metadata as m, json, sys\n"
+             "try: print(json.dumps(m.version(sys.argv[1])))\n"
+             "except m.PackageNotFoundError: print('null')\n")
+    try:
+        out = subprocess.run([python, "-c", probe, distribution], capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise InvalidInput(f"--python {python}: cannot query it: {exc}") from None
+    version = json.loads(out.strip().splitlines()[-1])
+    return str(version) if version is not None else None

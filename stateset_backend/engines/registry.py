@@ -1,0 +1,199 @@
+"""The adapter registry: built-in and third-party adapters, loaded through one pluggy hook.
+
+A plugin that fails to import (or raises while registering) is recorded with its name and
+error and the others keep working, so one broken third-party package cannot take down the CLI.
+``STATESET_BACKEND_STRICT_PLUGINS=1`` makes such a failure fatal (for CI), and
+``STATESET_BACKEND_PLUGINS=a,b`` limits which installed plugins are loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from stateset_backend.common.errors import AdapterBug, InvalidInput, StatesetError
+from stateset_backend.engines import hookspecs
+from stateset_backend.engines.adapter import EngineAdapter
+
+ENTRY_POINT_GROUP = "stateset_backend"
+BUILTIN = "builtin"
+
+
+class PluginError(StatesetError):
+    """A plugin failed to load while strict plugin loading was asked for."""
+
+    exit_code = 2
+    kind = "plugin_error"
+
+
+@dataclass(frozen=True)
+class AdapterEntry:
+    adapter: EngineAdapter
+    plugin: str
+    distribution: str
+    version: str
+
+    @contextlib.contextmanager
+    def guard(self, what: str) -> Iterator[None]:
+        """Anything an adapter raises that is not one of our typed errors is its bug: one line
+        naming the engine, plugin and distribution (exit 3), never a traceback or exit 1."""
+        try:
+            yield
+        except StatesetError:
+            raise
+        except (KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as exc:
+            raise AdapterBug(f"the {self.adapter.name} adapter (plugin {self.plugin!r}, "
+                             f"{self.distribution} {self.version}) failed in {what}: "
+                             f"{_describe(exc)}") from exc
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    plugin: str
+    distribution: str | None
+    error: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plugin": self.plugin, "distribution": self.distribution, "error": self.error}
+
+
+@dataclass
+class Registry:
+    adapters: dict[str, AdapterEntry] = field(default_factory=dict)
+    failures: list[PluginFailure] = field(default_factory=list)
+
+    def get(self, engine: str) -> AdapterEntry:
+        if engine in self.adapters:
+            return self.adapters[engine]
+        known = ", ".join(sorted(self.adapters)) or "none"
+        hint = ""
+        failed = [f for f in self.failures if f.plugin == engine]
+        if failed:
+            hint = f"; plugin {engine!r} failed to load: {failed[0].error}"
+        raise InvalidInput(f"unknown engine {engine!r} (registered: {known}){hint}")
+
+
+def _describe(exc: BaseException) -> str:
+    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _selected_plugins() -> set[str] | None:
+    raw = os.environ.get("STATESET_BACKEND_PLUGINS")
+    if raw is None:
+        return None
+    return {p.strip() for p in raw.split(",") if p.strip()}
+
+
+def _accept(adapter: object, registry: Registry) -> str:
+    """Validate one registered adapter; loading its contract now makes a bad one its plugin's."""
+    if not isinstance(adapter, EngineAdapter):
+        raise TypeError(f"registered {type(adapter).__name__}, not an EngineAdapter")
+    if adapter.name in registry.adapters:
+        owner = registry.adapters[adapter.name].plugin
+        raise ValueError(f"engine name {adapter.name!r} is already registered by {owner!r}")
+    if adapter.contract.engine != adapter.name:
+        raise ValueError(f"adapter {adapter.name!r} carries the contract of "
+                         f"{adapter.contract.engine!r}")
+    return adapter.name
+
+
+@contextlib.contextmanager
+def _real_interrupts() -> Iterator[Any]:
+    """Tell a real Ctrl-C (SIGINT delivered to us) from a plugin raising KeyboardInterrupt at
+    import: only the first may stop the CLI."""
+    seen = [False]
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        seen[0] = True
+        raise KeyboardInterrupt
+
+    try:
+        signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread: signals cannot be caught here anyway
+        yield lambda: True
+        return
+    try:
+        yield lambda: seen[0]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def build_registry(*, strict: bool | None = None,
+                   only: set[str] | None = None) -> Registry:
+    """Load built-in adapters and every selected entry-point plugin."""
+    strict = _env_flag("STATESET_BACKEND_STRICT_PLUGINS") if strict is None else strict
+    only = _selected_plugins() if only is None else only
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    registry = Registry()
+    sources: dict[str, tuple[str, str]] = {}
+
+    def fail(plugin: str, dist: str | None, exc: BaseException) -> None:
+        failure = PluginFailure(plugin, dist, _describe(exc))
+        if strict:
+            raise PluginError(f"plugin {plugin!r} failed to load: {failure.error}")
+        registry.failures.append(failure)
+
+    # Built-ins first, so a third-party adapter that takes a built-in name is the one refused.
+    entry_points = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP),
+                          key=lambda ep: (ep.name != BUILTIN, ep.name))
+    with _real_interrupts() as interrupted:
+        for ep in entry_points:
+            if only is not None and ep.name not in only and ep.name != BUILTIN:
+                continue
+            dist_name = ep.dist.name if ep.dist is not None else None
+            dist_version = ep.dist.version if ep.dist is not None else "unknown"
+            try:
+                plugin = ep.load()
+                pm.register(plugin, name=ep.name)
+                sources[ep.name] = (dist_name or ep.name, dist_version)
+            except BaseException as exc:  # SystemExit too: one plugin cannot stop the CLI
+                if isinstance(exc, KeyboardInterrupt) and interrupted():
+                    raise
+                fail(ep.name, dist_name, exc)
+
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        bad = pm.get_name(exc.plugin) or "?"
+        pm.unregister(exc.plugin)
+        fail(bad, sources.get(bad, (None, ""))[0], exc)
+
+    # Call each implementation on its own, in registration order (built-ins first), so that
+    # one raising does not lose the rest and a taken engine name is the newcomer's failure.
+    for impl in pm.hook.register_adapters.get_hookimpls():
+        plugin_name = impl.plugin_name
+        dist, version = sources.get(plugin_name, (plugin_name, "unknown"))
+        staged: list[EngineAdapter] = []
+
+        def register(adapter: EngineAdapter, _staged: list[EngineAdapter] = staged) -> None:
+            _staged.append(adapter)
+
+        try:
+            impl.function(**{arg: register for arg in impl.argnames})
+            names = [_accept(adapter, registry) for adapter in staged]
+            if len(set(names)) != len(names):
+                raise ValueError("registered the same engine name twice")
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            fail(plugin_name, dist, exc)
+            continue
+        for adapter in staged:  # all or nothing per plugin
+            registry.adapters[adapter.name] = AdapterEntry(adapter, plugin_name, dist, version)
+    return registry

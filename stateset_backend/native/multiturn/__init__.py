@@ -1,0 +1,3 @@
+"""Multi-turn rollouts on the native engine: conversations driven through the
+engine-neutral environment protocol.
+"""

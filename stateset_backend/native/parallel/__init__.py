@@ -1,0 +1,2 @@
+"""Data parallelism on the native engine: process groups, sharding and their settings.
+"""

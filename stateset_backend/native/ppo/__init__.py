@@ -1,0 +1,2 @@
+"""PPO's critic on the native engine: the value model and its settings.
+"""

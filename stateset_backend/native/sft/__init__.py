@@ -1,0 +1,2 @@
+"""Supervised fine-tuning on the native engine: the token loss and its trainer loop.
+"""

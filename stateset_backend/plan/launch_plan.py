@@ -1,0 +1,220 @@
+"""The launch plan: everything that will run, as one reviewable, checksummed document.
+
+A plan is made once (contract check, translation, identity) and can be reviewed, copied to
+another machine and run there. Running the same plan file again is an exact retry: it keeps
+the run id and checksum and adds an attempt. A plan edited by hand no longer matches its
+checksum and is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from stateset_backend.common.errors import InvalidInput, Unsupported
+from stateset_backend.common.jsonio import atomic_write_json, read_json, utc_now
+from stateset_backend.contracts.capabilities import required_capabilities
+from stateset_backend.contracts.loader import Dialect, check, parse_version
+from stateset_backend.engines.adapter import LaunchContext, check_all_pinned
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.spec.digest import binding_digest, experiment_digest, plan_checksum
+from stateset_backend.spec.files import SAFE_INTEGER, parse_spec
+from stateset_backend.spec.inputs import check_budget_fits
+from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.translate.rules import Translation, option_conflict, translate
+
+PLAN_SCHEMA_ID = "stateset-backend/plan/v2"
+Provider = Literal["local", "ray"]
+
+
+class AdapterInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    distribution: str
+    version: str
+
+
+class LaunchPlan(BaseModel):
+    """A reviewed launch. ``argv``/``set_env`` may hold ``{run_dir}`` and ``{python}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    schema_id: Literal["stateset-backend/plan/v2"] = Field(
+        "stateset-backend/plan/v2", alias="schema")
+    run_id: str = Field(pattern=r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}$")
+    created_at: str
+    experiment_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    binding_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    engine: str
+    engine_version: str
+    adapter: AdapterInfo
+    contract_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    provider: Provider = "local"
+    base_dir: str = Field(description="the spec's folder: where its relative paths point")
+    required_capabilities: list[str]
+    spec: dict[str, Any] = Field(description="the validated spec, defaults filled")
+    dialect: dict[str, Any] = Field(description="the engine release's dialect as resolved "
+                                                "from the contract: name, keys, recorded "
+                                                "defaults, declared deviations")
+    deviations: list[dict[str, Any]] = Field(
+        description="the declared deviations this launch runs with: setting, deviation name, "
+                    "spec value, engine value, description")
+    native: dict[str, Any] = Field(description="every native key the launch sets: the spec's "
+                                               "settings, engine_options, identity and outputs")
+    argv: list[str] = Field(min_length=1)
+    env: list[str] = Field(description="names of caller variables the engine reads; values "
+                                       "are never stored")
+    set_env: dict[str, str]
+    files: dict[str, str] = Field(description="files written into the run directory before "
+                                              "launch, by relative path")
+    checksum: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    def validated_spec(self) -> ExperimentSpec:
+        return parse_spec(self.spec, source="plan.spec", stored=True)
+
+    def resolved_dialect(self) -> Dialect:
+        return Dialect.model_validate(self.dialect)
+
+
+def new_run_id() -> str:
+    """Sortable by creation time, unique without coordination."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(4)
+
+
+def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
+              provider: Provider = "local", base_dir: Path | None = None) -> LaunchPlan:
+    """Contract check, translation and identity; raises before anything could launch."""
+    adapter = entry.adapter
+    contract = adapter.contract
+    required = required_capabilities(spec)
+    check(contract, engine_version, required).raise_if_missing()
+    check_budget_fits(spec, (base_dir or Path.cwd()).resolve())
+    dialect = contract.dialect(parse_version(engine_version))
+    with entry.guard("translating the spec"):
+        translation = translate(spec, adapter.rules(dialect), dialect, adapter.name,
+                                engine_version)
+    run_id = new_run_id()
+    exp_digest = experiment_digest(spec)
+    base = str((base_dir or Path.cwd()).resolve())
+    ctx = LaunchContext(run_id, exp_digest, engine_version, dialect, base)
+    with entry.guard("rendering the launch"):
+        launch = adapter.render(translation, spec, ctx)
+    native = launch.native if launch.native is not None else translation.native
+    check_all_pinned(adapter.name, dialect, native)
+    _refuse_inexact_integers(adapter.name, {"native": native, **launch.to_json()})
+    options = spec.engine_options.get(adapter.name, {})
+    if options:
+        # What the launch sets on its own (identity, outputs, fixed switches, memory knobs) is
+        # what it sets without the options: rendered once more without them, to guard it.
+        own = Translation({k: v for k, v in translation.native.items()
+                           if translation.sources.get(k) != f"engine_options.{adapter.name}"},
+                          translation.sources, translation.rows)
+        with entry.guard("rendering the launch"):
+            bare = adapter.render(own, spec, ctx)
+        guard_engine_options(adapter.name, options,
+                             bare.native if bare.native is not None else own.native)
+    resources = spec.resources.model_dump(mode="json")
+    engine_options = spec.engine_options.get(adapter.name, {})
+    doc: dict[str, Any] = {
+        "schema": PLAN_SCHEMA_ID,
+        "run_id": run_id,
+        "created_at": utc_now(),
+        "experiment_digest": exp_digest,
+        "binding_digest": binding_digest(
+            experiment_digest=exp_digest, engine=adapter.name, engine_version=engine_version,
+            adapter_distribution=entry.distribution, adapter_version=entry.version,
+            contract_digest=contract.digest, resources=resources,
+            engine_options=engine_options, native=launch.to_json()),
+        "engine": adapter.name,
+        "engine_version": engine_version,
+        "adapter": {"distribution": entry.distribution, "version": entry.version},
+        "contract_digest": contract.digest,
+        "provider": provider,
+        "base_dir": base,
+        "required_capabilities": sorted(required),
+        "spec": spec.model_dump(mode="json"),
+        "dialect": dialect.model_dump(mode="json", exclude={"extends"}),
+        "deviations": translation.deviations,
+        "native": native,
+        **launch.to_json(),
+        "checksum": "",
+    }
+    doc["checksum"] = plan_checksum(doc)
+    return LaunchPlan.model_validate(doc)
+
+
+def _refuse_inexact_integers(engine: str, doc: Any, path: str = "") -> None:
+    """A launch value the adapter derived (a sum or product of spec counts) that canonical
+    JSON cannot carry exactly would make the plan unhashable: the spec's counts are too large
+    for this engine, which is the user's to change."""
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            _refuse_inexact_integers(engine, value, f"{path}.{key}" if path else str(key))
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            _refuse_inexact_integers(engine, value, f"{path}.{i}")
+    elif isinstance(doc, int) and not isinstance(doc, bool) and abs(doc) > SAFE_INTEGER:
+        raise InvalidInput(f"{engine} launch value {path} = {doc} is derived from the spec's "
+                           "counts and exceeds 2^53 - 1, which a plan cannot carry exactly; "
+                           "lower the budget or token limits")
+
+
+def guard_engine_options(engine: str, options: dict[str, Any], native: dict[str, Any]) -> None:
+    """``engine_options`` may add what the spec does not describe; it may never reach a key
+    the launch sets by itself (``native``: rendered without the options) for identity,
+    outputs, a spec setting or a fixed switch, in any spelling."""
+    owned = list(native)
+    for key in options:
+        taken = option_conflict(key, owned)
+        if taken is not None:
+            raise InvalidInput(f"engine_options.{engine}.{key}: would change {taken}, which "
+                               "stateset-backend sets for this run's identity, outputs or a "
+                               "spec setting")
+
+
+def write_plan(plan: LaunchPlan, path: str | os.PathLike[str]) -> None:
+    target = Path(path)
+    if target.is_dir():
+        raise InvalidInput(f"{target}: is a directory; -o takes a file path")
+    atomic_write_json(target, plan.to_json())
+
+
+def load_plan(path: str | os.PathLike[str]) -> LaunchPlan:
+    """Read a plan and prove it is the one that was made: checksum and digest both hold."""
+    doc = read_json(path, what="plan")
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"{path}: a plan is a JSON object")
+    if doc.get("schema") != PLAN_SCHEMA_ID and isinstance(doc.get("schema"), str) and \
+            doc["schema"].startswith("stateset-backend/plan/"):
+        raise InvalidInput(f"{path}: a {doc['schema']} plan, made by an earlier stateset-backend "
+                           f"that did not pin every setting; make a new plan ({PLAN_SCHEMA_ID})")
+    try:
+        plan = LaunchPlan.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "plan"
+        raise InvalidInput(f"{path}: not a valid plan: {where}: {first['msg']}") from None
+    if plan_checksum(doc) != plan.checksum:
+        raise InvalidInput(f"{path}: checksum mismatch: the plan was changed after it was "
+                           "made; make a new plan")
+    if experiment_digest(plan.validated_spec()) != plan.experiment_digest:
+        raise InvalidInput(f"{path}: the embedded spec does not match experiment_digest")
+    return plan
+
+
+def verify_engine_version(plan: LaunchPlan, installed: str | None) -> None:
+    """A plan runs only on the engine version it was translated for."""
+    if installed is None:
+        raise Unsupported(f"{plan.engine} is not installed here; the plan needs "
+                          f"{plan.engine} {plan.engine_version} (use --python to pick the "
+                          "environment that has it)")
+    if parse_version(installed) != parse_version(plan.engine_version):
+        raise Unsupported(f"the plan was made for {plan.engine} {plan.engine_version} but "
+                          f"{installed} is installed; make a new plan for {installed}")

@@ -1,0 +1,64 @@
+"""Where the engine's process runs: a provider takes a filled-in argv and returns how it ended.
+
+The engine (what trains) and the provider (where compute comes from) are separate choices: the
+same plan runs as a local process group or as a Ray job. Both stream the engine's output into
+the attempt's log files and stop the whole engine on Ctrl-C, SIGTERM or the timeout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from stateset_backend.providers.local import STDERR_LOG, STDOUT_LOG, Exit, run_local
+
+
+@dataclass(frozen=True)
+class PreparedLaunch:
+    """An attempt ready to start: placeholders filled, files written, resume applied."""
+
+    argv: list[str]
+    run_dir: Path
+    env: dict[str, str]  # the whole environment for a local process
+    set_env: dict[str, str]  # only what the plan sets, for a remote job
+    submission_id: str
+    echo_stderr: bool
+
+    @property
+    def stdout_path(self) -> Path:
+        return self.run_dir / STDOUT_LOG
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.run_dir / STDERR_LOG
+
+
+class Provider(Protocol):
+    """Runs one prepared launch to its end."""
+
+    def launch(self, prepared: PreparedLaunch, timeout: float | None) -> Exit: ...
+
+
+class LocalProvider:
+    """A child process in its own process group, argv without a shell."""
+
+    def launch(self, prepared: PreparedLaunch, timeout: float | None) -> Exit:
+        return run_local(prepared.argv, cwd=prepared.run_dir, env=prepared.env,
+                         timeout=timeout, echo_stderr=prepared.echo_stderr,
+                         stdout_path=prepared.stdout_path, stderr_path=prepared.stderr_path)
+
+
+@dataclass(frozen=True)
+class RayProvider:
+    """A Ray job through the Jobs API; the attempt directory must be reachable from the
+    cluster's workers."""
+
+    address: str | None
+
+    def launch(self, prepared: PreparedLaunch, timeout: float | None) -> Exit:
+        from stateset_backend.providers.ray_jobs import run_ray
+
+        return run_ray(prepared.argv, address=self.address, env=prepared.set_env,
+                       submission_id=prepared.submission_id, timeout=timeout,
+                       stdout_path=prepared.stdout_path, stderr_path=prepared.stderr_path)

@@ -1,0 +1,77 @@
+"""The ``ray`` launch provider: run the engine as a Ray job through the Jobs API.
+
+Where compute comes from is a separate choice from which engine trains: the same plan runs
+as a local process group or as a job on a Ray cluster. The job's entrypoint is the plan's
+argv, shell-quoted word by word (Ray takes one command string), its environment is the plan's
+``set_env``, and its submission id carries the run id and attempt so the job is findable in
+Ray's own dashboard. Ctrl-C, SIGTERM and the timeout stop the job on the cluster.
+
+Outputs go where the plan's paths point, so the attempt directory must be reachable from the
+cluster's workers (the same machine, or a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from stateset_backend.common.errors import EngineFailed, InvalidInput
+from stateset_backend.providers.local import Exit, forward_interrupts
+
+POLL_SECONDS = 0.5
+_EXIT_CODE = re.compile(r"exit code (-?\d+)")
+
+
+def run_ray(argv: list[str], *, address: str | None, env: dict[str, str], submission_id: str,
+            stdout_path: Path, stderr_path: Path, timeout: float | None = None) -> Exit:
+    try:
+        from ray.job_submission import JobStatus, JobSubmissionClient
+    except ImportError:
+        raise InvalidInput("the ray provider needs ray: pip install 'stateset-backend[ray]'") \
+            from None
+    if not address:
+        raise InvalidInput("the ray provider needs --ray-address (or RAY_ADDRESS), e.g. "
+                           "http://127.0.0.1:8265")
+    try:
+        client = JobSubmissionClient(address)
+        job_id = client.submit_job(entrypoint=shlex.join(argv), submission_id=submission_id,
+                                   runtime_env={"env_vars": env})
+    except Exception as exc:  # connection refused, bad address, cluster rejected the job
+        raise EngineFailed(f"cannot submit to the Ray cluster at {address}: {exc}") from None
+
+    interrupted = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        interrupted.set()
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    timed_out = False
+    terminal = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
+    with forward_interrupts(on_signal):
+        stop_sent = False
+        while True:
+            info = client.get_job_info(job_id)
+            if info.status in terminal:
+                break
+            late = deadline is not None and time.monotonic() > deadline
+            if (interrupted.is_set() or late) and not stop_sent:
+                timed_out = late and not interrupted.is_set()
+                client.stop_job(job_id)
+                stop_sent = True
+            time.sleep(POLL_SECONDS)
+    stdout_path.write_text(client.get_job_logs(job_id), encoding="utf-8")
+    stderr_path.write_text(f"ray job {job_id}: {info.status} {info.message or ''}\n",
+                           encoding="utf-8")
+    if info.status == JobStatus.SUCCEEDED:
+        code = 0
+    elif info.status == JobStatus.STOPPED:
+        code = 130 if interrupted.is_set() else -int(signal.SIGTERM)
+    else:
+        found = _EXIT_CODE.search(info.message or "")
+        code = int(found.group(1)) if found else 1
+    return Exit(code, interrupted=interrupted.is_set(), timed_out=timed_out)

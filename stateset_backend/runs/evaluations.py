@@ -1,0 +1,31 @@
+"""Where held-out evaluation records live and how they are read back.
+
+`evaluate` writes them (core.evaluate, which needs the engine's adapter); `runs show`,
+`runs compare`, `report` and the MLflow export only read them, and must not pay for the
+adapter machinery to do so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from stateset_backend.common.errors import InvalidInput
+from stateset_backend.common.jsonio import read_json
+
+EVALUATION_DIR = "evaluations"
+EVALUATION_SCHEMA_ID = "stateset-backend/evaluation/v1"
+
+
+def records(run_dir: Path) -> list[dict[str, Any]]:
+    """Every evaluation record of a run (unreadable ones are skipped), oldest name first."""
+    folder = run_dir / EVALUATION_DIR
+    found = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            doc = read_json(path, what="evaluation record")
+        except InvalidInput:
+            continue
+        if isinstance(doc, dict) and doc.get("schema") == EVALUATION_SCHEMA_ID:
+            found.append({**doc, "record": path.name})
+    return found

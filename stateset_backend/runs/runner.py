@@ -1,0 +1,326 @@
+"""Running a plan: verify it, launch it, collect its outputs, check them, store the result."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from stateset_backend.runs import history, lineage, quarantine
+from stateset_backend.engines.adapter import ENGINE_HOME, PYTHON, RUN_DIR, Checkpoint, EngineAdapter, LaunchContext
+from stateset_backend.contracts.loader import parse_version
+from stateset_backend.common.errors import (
+    EngineFailed,
+    Interrupted,
+    InvalidInput,
+    InvalidResult,
+    ResumeImpossible,
+    StatesetError,
+    Unsupported,
+)
+from stateset_backend.spec.inputs import verify_inputs
+from stateset_backend.common.jsonio import atomic_write_bytes, utc_now
+from stateset_backend.providers.local import Exit
+from stateset_backend.plan.launch_plan import LaunchPlan, verify_engine_version
+from stateset_backend.providers.base import LocalProvider, PreparedLaunch, Provider, RayProvider
+from stateset_backend.engines.registry import Registry
+from stateset_backend.runs.results import (
+    Check,
+    Metrics,
+    Result,
+    ResumeLink,
+    evaluate,
+    saved_checkpoints,
+    select_checkpoint,
+    summarize,
+)
+from stateset_backend.runs.runtime import check_resume
+from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.runs.store import Attempt, RunStore
+from stateset_backend.runs.verify import verified_fallback
+
+CANONICAL_SERIES = "canonical_metrics.jsonl"
+
+
+def fill_placeholders(text: str, run_dir: Path, python: str, engine_home: str | None) -> str:
+    """A launch's ``{run_dir}``, ``{python}`` and ``{engine_home}`` as this attempt fills them
+    (the conformance kit fills a launch it runs the same way)."""
+    if engine_home is not None:
+        text = text.replace(ENGINE_HOME, engine_home)
+    return text.replace(RUN_DIR, str(run_dir)).replace(PYTHON, python)
+
+
+
+def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore) -> Checkpoint:
+    """The newest complete checkpoint any earlier attempt of this run left, or exit 6."""
+    version = parse_version(plan.engine_version)
+    if "resume:exact" not in adapter.contract.provided(version):
+        raise Unsupported(f"{plan.engine} {plan.engine_version} cannot resume exactly "
+                          "(no resume:exact in its contract)")
+    quarantine.refuse_if_quarantined(store.run_dir(plan.run_id), plan.run_id, "resume it")
+    newest = newest_checkpoint(adapter, store, plan.run_id)
+    if newest is None:
+        attempts = store.run_dir(plan.run_id) / "attempts"
+        count = len(attempt_dirs(store, plan.run_id))
+        raise ResumeImpossible(f"run {plan.run_id} has no complete checkpoint to resume from "
+                               f"in {attempts} ({count} earlier attempt(s))")
+    attempt, found = newest
+    # `runs verify` passed over the newest (damaged, or it did not reload) and proved an older
+    # one: continue from that, whatever the newest's manifest says now
+    fallback = verified_fallback(store.run_dir(plan.run_id), found)
+    if fallback is not None and adapter.checkpoint_problem(
+            fallback, plan.experiment_digest) is None:
+        return fallback
+    problem = adapter.checkpoint_problem(found, plan.experiment_digest)
+    if problem is not None:  # never fall back silently to older state
+        quarantine.mark(store.run_dir(plan.run_id), fault="restore", reason=problem,
+                        update=found.update, attempt=attempt)
+        raise ResumeImpossible(f"run {plan.run_id}: the newest checkpoint (update "
+                               f"{found.update}, {found.path}) cannot be resumed: {problem}; "
+                               "the run is quarantined until `stateset-backend runs verify "
+                               f"{plan.run_id}` reloads a verified checkpoint")
+    return found
+
+
+def attempt_dirs(store: RunStore, run_id: str) -> list[Path]:
+    """A run's attempt folders, newest first."""
+    attempts = store.run_dir(run_id) / "attempts"
+    return sorted((p for p in attempts.glob("*") if p.name.isdigit()),
+                  key=lambda p: int(p.name), reverse=True) if attempts.is_dir() else []
+
+
+def newest_checkpoint(adapter: EngineAdapter, store: RunStore,
+                      run_id: str) -> tuple[int, Checkpoint] | None:
+    """(attempt, checkpoint) of the newest complete checkpoint of any attempt, unchecked."""
+    for attempt_dir in attempt_dirs(store, run_id):
+        found = adapter.latest_checkpoint(attempt_dir)
+        if found is not None:
+            return int(attempt_dir.name), found
+    return None
+
+
+def completed(plan: LaunchPlan, store: RunStore) -> tuple[Result, Path] | None:
+    """The run's result when an earlier attempt already finished every planned update."""
+    latest = store.run_dir(plan.run_id) / "result.json"
+    if not latest.is_file():
+        return None
+    try:
+        result = Result.load(latest)
+    except InvalidInput:
+        return None
+    if result.status == "succeeded" and result.committed_updates >= result.planned_updates:
+        return result, latest
+    return None
+
+
+def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
+             python: str | None = None, timeout: float | None = None,
+             echo_stderr: bool = True, resume: bool = False, live_progress: bool = True,
+             engine_home: str | None = None, ray_address: str | None = None,
+             allow_runtime_change: bool = False) -> tuple[Result, Path]:
+    """Run one attempt of a plan; raises the error whose exit code matches the outcome.
+    A resume first compares the checkpoint's recorded runtime with this launch's
+    (core.runtime): ``allow_runtime_change`` lets package versions differ, with a warning."""
+    entry = registry.get(plan.engine)
+    adapter = entry.adapter
+    if (entry.distribution, entry.version) != (plan.adapter.distribution,
+                                               plan.adapter.version):
+        raise Unsupported(f"the plan was made with {plan.adapter.distribution} "
+                          f"{plan.adapter.version} but {entry.distribution} {entry.version} "
+                          "is installed; make a new plan")
+    verify_engine_version(plan, adapter.installed_version(python, engine_home))
+
+    spec = plan.validated_spec()
+    if plan.provider == "local":
+        verify_inputs(spec, Path(plan.base_dir))
+    if engine_home is None and any(ENGINE_HOME in a for a in plan.argv):
+        raise InvalidInput("this plan runs an engine from its source checkout: pass "
+                           "--engine-home DIR")
+    resume_from = find_resume_point(plan, adapter, store) if resume else None
+    start_from = lineage.resolve(spec, store, registry)  # before the attempt exists
+    warnings = check_resume(adapter.checkpoint_runtime(resume_from),
+                            adapter.current_runtime(spec, python),
+                            allow_change=allow_runtime_change,
+                            where=f"run {plan.run_id} update {resume_from.update}") \
+        if resume_from is not None else []
+    try:
+        attempt = store.begin_attempt(plan)
+    except OSError as exc:
+        raise InvalidInput(f"runs directory {store.root}: cannot record the run there: "
+                           f"{exc.strerror or exc}") from None
+    if echo_stderr:  # on screen at once: the engine may take seconds to load its model
+        how = f"resuming from update {resume_from.update}" if resume_from is not None else \
+            "starting"
+        print(f"stateset-backend: run {plan.run_id} attempt {attempt.number}: {how} "
+              f"{plan.engine} {plan.engine_version} ({plan.provider}); its output is kept in "
+              f"{attempt.directory}", file=sys.stderr, flush=True)
+    try:
+        if start_from is not None:
+            lineage.stage(start_from, attempt.directory)
+        return _run_attempt(plan, adapter, store, attempt, spec, resume_from,
+                            python=python, timeout=timeout, echo_stderr=echo_stderr,
+                            live_progress=live_progress,
+                            engine_home=engine_home, ray_address=ray_address,
+                            warnings=warnings)
+    except OSError as exc:
+        reason = f"could not write into the runs directory: {exc.strerror or exc}"
+        path = _record_failure(plan, spec, store, attempt, reason)
+        raise EngineFailed(f"run {plan.run_id} attempt {attempt.number} failed: {reason}"
+                           + (f" (result: {path})" if path else " (attempt removed)")) \
+            from None
+
+
+def _record_failure(plan: LaunchPlan, spec: ExperimentSpec, store: RunStore, attempt: Attempt,
+                    reason: str) -> Path | None:
+    """Every attempt folder ends with a result.json saying what happened; when not even that
+    can be written (a full disk), the folder is removed rather than left unexplained."""
+    now = utc_now()
+    result = Result(
+        run_id=plan.run_id, attempt=attempt.number, experiment_digest=plan.experiment_digest,
+        binding_digest=plan.binding_digest, plan_checksum=plan.checksum, engine=plan.engine,
+        engine_version=plan.engine_version, provider=plan.provider, status="failed",
+        exit_code=None, started_at=now, ended_at=now, duration_s=0.0,
+        planned_updates=spec.budget.total_updates, committed_updates=0,
+        metrics=Metrics(series=None, summary={}, raw_names={}), deviations=plan.deviations,
+        artifacts=[], checks=[Check(name="store", ok=False, detail=reason)])
+    try:
+        return store.finish(attempt, result)
+    except OSError:
+        shutil.rmtree(attempt.directory, ignore_errors=True)
+        return None
+
+
+def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, attempt: Attempt,
+                 spec: ExperimentSpec, resume_from: Checkpoint | None, *, python: str | None,
+                 timeout: float | None, echo_stderr: bool, live_progress: bool,
+                 engine_home: str | None,
+                 ray_address: str | None, warnings: list[str]) -> tuple[Result, Path]:
+    """Prepare the attempt, launch it where the plan says, collect and validate what the
+    engine left: the data path of one attempt, in that order."""
+    prepared = prepare_attempt(plan, adapter, attempt, resume_from, python=python,
+                               engine_home=engine_home, echo_stderr=echo_stderr,
+                               live_progress=live_progress)
+    provider: Provider = RayProvider(ray_address or os.environ.get("RAY_ADDRESS")) \
+        if plan.provider == "ray" else LocalProvider()
+    started, t0 = utc_now(), time.monotonic()
+    exit_ = provider.launch(prepared, timeout)
+    duration = time.monotonic() - t0
+    result = collect_and_validate(plan, adapter, attempt, spec, exit_, resume_from,
+                                  started=started, duration=duration, warnings=warnings)
+    return result, store.finish(attempt, result)
+
+
+def prepare_attempt(plan: LaunchPlan, adapter: EngineAdapter, attempt: Attempt,
+                    resume_from: Checkpoint | None, *, python: str | None,
+                    engine_home: str | None, echo_stderr: bool,
+                    live_progress: bool = True) -> PreparedLaunch:
+    """Write the plan's files into the attempt and fill in its placeholders (never inside
+    user text: specs cannot hold them)."""
+    run_dir = attempt.directory.resolve()
+    interpreter = python or sys.executable
+    for rel, content in plan.files.items():
+        atomic_write_bytes(run_dir / rel, content.encode("utf-8"))
+    set_env = {k: fill_placeholders(v, run_dir, interpreter, engine_home)
+               for k, v in plan.set_env.items()}
+    env = {**os.environ, **set_env}
+    argv = [fill_placeholders(a, run_dir, interpreter, engine_home) for a in plan.argv]
+    if resume_from is not None:
+        argv = adapter.resume_argv(resume_from, argv, run_dir)
+    # the live bar only where a person watches a terminal; --json, a log or a pipe get one
+    # line per update (the engine's stderr is a pipe to us either way, so we decide)
+    live = live_progress and echo_stderr and sys.stderr.isatty()
+    env["STATESET_BACKEND_PROGRESS"] = "tty" if live else "lines"
+    if live:  # the engine's stderr is our pipe: tell it how wide the user's terminal is
+        env["COLUMNS"] = str(shutil.get_terminal_size().columns)
+    return PreparedLaunch(argv, run_dir, env, set_env,
+                          f"stateset-{plan.run_id}-{attempt.number}", echo_stderr)
+
+
+def collect_and_validate(plan: LaunchPlan, adapter: EngineAdapter, attempt: Attempt,
+                         spec: ExperimentSpec, exit_: Exit, resume_from: Checkpoint | None, *,
+                         started: str, duration: float,
+                         warnings: list[str] | None = None) -> Result:
+    """Read the engine's outputs back and run every result check; nothing is `succeeded`
+    unless the engine exited 0 and every check passed."""
+    run_dir = attempt.directory.resolve()
+    dialect = plan.resolved_dialect()  # what the plan was translated with, not today's contract
+    ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version, dialect)
+    collected, collect_error = None, None
+    try:
+        collected = adapter.collect(run_dir, ctx)
+    except Exception as exc:  # whatever the adapter raises, the attempt gets its result
+        collect_error = f"{type(exc).__name__}: {exc}"
+    link, earlier = None, history.History()
+    if resume_from is not None:
+        source = history.source_attempt(run_dir.parent, resume_from.path)
+        if source is not None:
+            link = ResumeLink(attempt=source, update=resume_from.update)
+            earlier = history.before(run_dir.parent, source, resume_from.update)
+    status, checks, artifacts = evaluate(plan, exit_, collected, run_dir, collect_error,
+                                         resume_from.update if resume_from else None)
+    own = collected.metrics if collected is not None else []
+    if resume_from is not None:  # an engine that logs its resume point again: once is enough
+        own = [r for r in own if not isinstance(r.get("step"), int) or
+               r["step"] > resume_from.update]
+    rows = [*earlier.rows, *own]  # the run's series, not only this attempt's part of it
+    if earlier.missing:
+        warnings = [*(warnings or []), earlier.missing]
+    series = None
+    if rows:
+        lines = "".join(json.dumps(row) + "\n" for row in rows)
+        atomic_write_bytes(run_dir / CANONICAL_SERIES, lines.encode("utf-8"))
+        series = CANONICAL_SERIES
+    saved = {**earlier.checkpoints, **saved_checkpoints(attempt.number, artifacts)}
+    return Result(
+        run_id=plan.run_id, attempt=attempt.number, experiment_digest=plan.experiment_digest,
+        binding_digest=plan.binding_digest, plan_checksum=plan.checksum, engine=plan.engine,
+        engine_version=plan.engine_version, provider=plan.provider, status=status,
+        exit_code=exit_.code, started_at=started, ended_at=utc_now(), duration_s=round(duration, 3),
+        planned_updates=spec.budget.total_updates,
+        committed_updates=collected.committed_updates if collected else 0,
+        resumed_from=link,
+        metrics=Metrics(series=series, summary=summarize(rows),
+                        initial=summarize(rows, first=True),
+                        raw_names=collected.raw_metric_names if collected else {}),
+        selection=select_checkpoint(spec.evaluation.select_by, rows, saved),
+        deviations=plan.deviations, artifacts=artifacts, checks=checks,
+        warnings=warnings or [])
+
+
+def raise_for_status(result: Result, path: Path, resume_from: int | None = None) -> None:
+    """Map a non-successful result onto the error (and exit code) the CLI reports;
+    ``resume_from`` is the update of the newest checkpoint a resume would start from."""
+    failed = [f"{c.name}: {c.detail}" for c in result.checks if not c.ok]
+    detail = "; ".join(failed)
+    errors: dict[str, type[StatesetError]] = {
+        "interrupted": Interrupted, "failed": EngineFailed, "invalid": InvalidResult,
+        "quarantined": EngineFailed}
+    if result.status in errors:
+        raise errors[result.status](f"run {result.run_id} attempt {result.attempt} "
+                                    f"{result.status}: {detail} (result: {path})"
+                                    f"{next_step(result, path, resume_from)}",
+                                    details=result.to_json())
+
+
+def next_step(result: Result, path: Path, resume_from: int | None) -> str:
+    """The exact command that continues a stopped run, so that nobody starts it afresh by
+    hand: resume from its newest checkpoint, or retry when there is none; a quarantined run
+    needs ``runs verify`` first. Nothing for an invalid one, whose outputs are suspect."""
+    import shlex
+
+    if result.status not in ("interrupted", "failed", "quarantined"):
+        return ""
+    plan = path.parent / "plan.json"
+    root = shlex.quote(str(plan.parent.parent))
+    command = f"stateset-backend run {shlex.quote(str(plan))} --runs-dir {root}"
+    if resume_from is None:
+        return f"; no checkpoint to resume from, train it again from scratch with: {command} " \
+            "--retry"
+    resume = f"{command} --resume"
+    if result.status == "quarantined":
+        return (f"; verify it, then resume: stateset-backend runs verify {result.run_id} "
+                f"--runs-dir {root} && {resume}")
+    return f"; resume from the checkpoint of update {resume_from} with: {resume}"

@@ -1,0 +1,226 @@
+"""Proving, before launch, that the files a spec names are the files it pinned.
+
+Engines other than the native one never look at ``sha256``; without this check a changed
+data file or reward function would run as "the same experiment". Only local paths are
+checked: a URI the engine resolves itself (``s3://``, ``hf://``) is the engine's to fetch.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import stat
+from pathlib import Path
+from typing import Any, Literal
+
+from stateset_backend.common.errors import InvalidInput
+from stateset_backend.spec.content import sha256_file
+from stateset_backend.spec.model import ExperimentSpec
+
+
+def local_path(uri: str, base_dir: Path) -> Path | None:
+    """The file a URI names on this machine, or None for one the engine fetches itself."""
+    if "://" in uri and not uri.startswith("file://"):
+        return None
+    path = Path(uri.removeprefix("file://"))
+    return path if path.is_absolute() else base_dir / path
+
+
+def probe(field: str, path: Path) -> Literal["file", "dir", "missing"]:
+    """What a path a spec names is on this machine. Anything the operating system refuses
+    (permission, a symlink loop, a file where a folder should be, a name too long) is the
+    spec's to fix: one line naming the field, never an operating-system traceback."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "missing"
+    except (OSError, RuntimeError) as exc:  # RuntimeError: pathlib's own symlink-loop error
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InvalidInput(f"{field}: cannot use {str(path)!r}: {reason}") from None
+    return "dir" if stat.S_ISDIR(mode) else "file"
+
+
+def resolved(field: str, path: Path) -> Path:
+    """``path`` made absolute with its links followed; a loop is the spec's to fix."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise InvalidInput(f"{field}: cannot use {str(path)!r}: {reason}") from None
+
+
+def _rebased(value: str, source: Path, target: Path) -> str:
+    """``value`` (a local path, relative to ``source``) relative to ``target`` instead."""
+    if "://" in value or Path(value).is_absolute() or value.startswith("~"):
+        return value  # a URI the engine fetches, or a path that means the same anywhere
+    return os.path.relpath(source / value, target)
+
+
+def rebase_spec_paths(doc: dict[str, Any], source: Path, target: Path) -> dict[str, Any]:
+    """A spec document moved from folder ``source`` to folder ``target``, its relative data
+    paths and reward/environment files still naming the same files (a relative path is read
+    from the spec's own folder). ``model.path`` stays as written: it must match the run a
+    ``from_run`` names, and "org/name" is a hub id, not a path."""
+    out = copy.deepcopy(doc)
+    data = out.get("data")
+    for name in ("train", "validation", "test"):
+        split = data.get(name) if isinstance(data, dict) else None
+        if isinstance(split, dict) and isinstance(split.get("uri"), str):
+            uri = split["uri"]
+            scheme = "file://" if uri.startswith("file://") else ""
+            split["uri"] = scheme + _rebased(uri.removeprefix("file://"), source, target)
+    for section in ("reward", "environment"):
+        part = out.get(section)
+        if not isinstance(part, dict) or (section == "reward" and
+                                          part.get("kind", "python") != "python"):
+            continue  # only a python reward names a file; a remote one names a service
+        entry = part.get("entrypoint")
+        if isinstance(entry, str) and ":" in entry:
+            file_part, _, function = entry.rpartition(":")
+            part["entrypoint"] = f"{_rebased(file_part, source, target)}:{function}"
+    return out
+
+
+class Uncountable(ValueError):
+    """A split whose rows cannot be counted on this machine; the message says why."""
+
+
+def split_rows(uri: str, base_dir: Path, field: str = "data.train.uri") -> int:
+    """Rows of a local split: non-empty lines of JSON lines, elements of a JSON array, or a
+    parquet file's row count from its footer (pyarrow, imported only here). Engines that size
+    their passes or validation batches from the data need it at plan time."""
+    path = local_path(uri, base_dir)
+    if path is None:
+        raise Uncountable(f"{uri} is not a local file")
+    if probe(field, path) != "file":
+        raise Uncountable(f"{path}: no such file")
+    try:
+        if path.suffix == ".parquet":
+            try:
+                import pyarrow.parquet as pq
+            except ImportError:
+                raise Uncountable(f"{path}: counting a parquet file's rows needs pyarrow "
+                                  "(pip install pyarrow)") from None
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        if path.suffix == ".json":
+            import json
+
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(doc, list):
+                raise Uncountable(f"{path}: a JSON split is an array of rows")
+            return len(doc)
+        if path.suffix == ".jsonl":
+            with path.open("rb") as lines:
+                return sum(1 for line in lines if line.strip())
+    except Uncountable:
+        raise
+    except Exception as exc:  # pyarrow and json raise their own types for a damaged file
+        raise Uncountable(f"{path}: cannot be read ({type(exc).__name__}: {exc})") from None
+    raise Uncountable(f"{path}: only .jsonl, .json and .parquet splits can be counted")
+
+
+def check_budget_fits(spec: ExperimentSpec, base_dir: Path) -> None:
+    """A train split smaller than one update can never run a single update: invalid input at
+    plan time, not a failure after launch. A split that cannot be counted here (remote, not
+    yet fetched) is left to the engine."""
+    try:
+        rows = split_rows(spec.data.train.uri, base_dir)
+    except Uncountable:
+        return
+    if rows < spec.budget.prompts_per_update:
+        raise InvalidInput(f"data.train: {rows} rows, fewer than one update's "
+                           f"{spec.budget.prompts_per_update} prompts "
+                           "(budget.prompts_per_update)")
+
+
+REWARD_SHIM_FILE = "stateset_reward.py"
+
+_REWARD_LOADER = '''"""Generated by stateset-backend: {engine}'s reward call -> the spec's reward.
+
+The reward file is read once, checked against its pinned sha256 in the process that scores
+(which may be a worker on another node), and the checked bytes are what runs.
+"""
+import hashlib
+import types
+
+_PATH, _FUNCTION, _SHA256 = {path}, {function}, {sha256}
+with open(_PATH, "rb") as _file:
+    _source = _file.read()
+if _SHA256 is not None and hashlib.sha256(_source).hexdigest() != _SHA256:
+    raise RuntimeError(f"reward file {{_PATH}} no longer has the pinned sha256 {{_SHA256}}")
+_module = types.ModuleType("stateset_user_reward")
+_module.__file__ = _PATH
+exec(compile(_source, _PATH, "exec"), _module.__dict__)
+score = getattr(_module, _FUNCTION)
+'''
+
+
+def reward_function(spec: ExperimentSpec, base_dir: str | None) -> tuple[str, str]:
+    """(absolute file path, function name) of a python reward, for engines that import it."""
+    if spec.reward.entrypoint is None:
+        raise InvalidInput("reward.entrypoint: this launch imports a python reward function")
+    file_part, _, function = spec.reward.entrypoint.rpartition(":")
+    path = Path(file_part)
+    return str(path if path.is_absolute() else Path(base_dir or ".") / path), function
+
+
+def reward_shim(spec: ExperimentSpec, base_dir: str | None, engine: str,
+                calling_convention: str = "") -> str:
+    """The module an engine imports in place of the spec's reward: it exposes
+    ``score(prompt, response, answer)`` and, after it, ``calling_convention``, the code that
+    adapts the engine's own reward signature to ``score``."""
+    path, function = reward_function(spec, base_dir)
+    loader = _REWARD_LOADER.format(engine=engine, path=repr(path), function=repr(function),
+                                   sha256=repr(spec.reward.sha256))
+    return loader + calling_convention
+
+
+def pinned_files(spec: ExperimentSpec, base_dir: Path) -> list[tuple[str, Path, str]]:
+    """(spec field, local path, expected sha256) for every local file the spec pins."""
+    pins: list[tuple[str, Path, str]] = []
+    for name in ("train", "validation", "test"):
+        split = getattr(spec.data, name)
+        local = local_path(split.uri, base_dir) if split is not None else None
+        if split is not None and local is not None:
+            pins.append((f"data.{name}", local, split.sha256))
+    reward, environment = spec.reward, spec.environment
+    if reward.kind == "python" and reward.entrypoint and reward.sha256 is not None:
+        local = local_path(reward.entrypoint.rpartition(":")[0], base_dir)
+        if local is not None:
+            pins.append(("reward", local, reward.sha256))
+    if environment.entrypoint and environment.sha256 is not None:
+        local = local_path(environment.entrypoint.rpartition(":")[0], base_dir)
+        if local is not None:
+            pins.append(("environment", local, environment.sha256))
+    return pins
+
+
+def digest_mismatch(field: str, path: Path, actual: str, expected: str | None) -> str:
+    """Both ways a pinned digest stops matching, where the two digests part, and the one edit
+    that accepts the file as it is now."""
+    expected = expected or ""
+    common = next((i for i, (a, b) in enumerate(zip(actual, expected, strict=False)) if a != b),
+                  min(len(actual), len(expected)))
+    key = "reward.sha256" if field == "reward" else "environment.sha256" \
+        if field == "environment" else f"{field}.sha256"
+    return (f"{field}: {path} has sha256 {actual[:common]}[{actual[common:common + 8]}...], the "
+            f"spec pins {expected[:common]}[{expected[common:common + 8]}...] (they differ "
+            f"from hex digit {common + 1}): either the file changed since the spec was written "
+            "(then this is a different experiment: restore the file) or the spec's digest is "
+            f'wrong; to accept the file as it is now, set {key} to "{actual}"')
+
+
+def verify_inputs(spec: ExperimentSpec, base_dir: Path) -> None:
+    """Exit 2 naming the first local file that is missing or has changed."""
+    for field, path, expected in pinned_files(spec, base_dir):
+        kind = probe(field, path)
+        if kind != "file":
+            raise InvalidInput(f"{field}: {str(path)!r} " + (
+                "is a directory, not a file" if kind == "dir" else
+                "does not exist on this machine"))
+        try:
+            actual = sha256_file(path)
+        except OSError as exc:
+            raise InvalidInput(f"{field}: cannot read {str(path)!r}: {exc.strerror}") from None
+        if actual != expected:
+            raise InvalidInput(digest_mismatch(field, path, actual, expected))
