@@ -825,7 +825,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_attest(args: argparse.Namespace) -> int:
     from stateset_backend.publish.attest import attest
-    from stateset_backend.publish.report import load_attempt
+    from stateset_backend.runs.attempts import load_attempt
 
     record = load_attempt(*_store_and_run(args), args.attempt)
     doc = attest(record, args.output)
@@ -841,7 +841,7 @@ def cmd_attest(args: argparse.Namespace) -> int:
 
 def cmd_runs_export(args: argparse.Namespace) -> int:
     from stateset_backend.publish.export import export_mlflow
-    from stateset_backend.publish.report import load_attempt
+    from stateset_backend.runs.attempts import load_attempt
 
     record = load_attempt(*_store_and_run(args), args.attempt)
     doc = export_mlflow(record, args.mlflow, experiment_name=args.experiment)

@@ -23,7 +23,7 @@ from typing import Any
 from stateset_backend import __version__
 from stateset_backend.common.errors import InvalidResult, Unsupported
 from stateset_backend.common.jsonio import atomic_write_bytes
-from stateset_backend.publish.report import AttemptRecord
+from stateset_backend.runs.attempts import AttemptRecord
 from stateset_backend.spec.content import sha256_file
 
 PREDICATE_TYPE = "https://stateset.dev/attestation/run/v1"

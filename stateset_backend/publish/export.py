@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlsplit
 from stateset_backend import __version__
 from stateset_backend.common.errors import InvalidInput, Unsupported
 from stateset_backend.common.jsonio import flatten
-from stateset_backend.publish.report import AttemptRecord, read_series
+from stateset_backend.runs.attempts import AttemptRecord, read_series
 from stateset_backend.runs.evaluations import records as evaluation_records
 
 MANIFEST_ARTIFACT = "stateset/artifacts.json"

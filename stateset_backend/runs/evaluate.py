@@ -27,7 +27,7 @@ from stateset_backend.spec.inputs import verify_inputs
 from stateset_backend.common.jsonio import atomic_write_json, utc_now
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.runs.quarantine import refuse_if_quarantined
-from stateset_backend.publish.report import AttemptRecord, load_attempt
+from stateset_backend.runs.attempts import AttemptRecord, load_attempt
 from stateset_backend.runs.store import RunStore
 
 if TYPE_CHECKING:
