@@ -4,6 +4,7 @@ lists is a real one) and the examples' sizes with the example specs."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -72,11 +73,29 @@ def test_every_command_in_the_table_exists_and_lists_real_exit_codes():
     assert documented == set(commands), set(commands) ^ documented
 
 
-def test_the_examples_sizes_are_the_specs():
-    sizes = re.findall(r"`examples/([\w.-]+\.json)` from scratch \((\d+) prompts \u00d7 (\d+)\)"
-                       r"[^\n]*for (\d+) \|", README)
-    assert sizes, "the README's table of example runs moved"
-    for name, prompts, group, total in sizes:
-        spec = json.loads((ROOT / "examples" / name).read_text())
-        assert (spec["budget"]["prompts_per_update"], spec["algorithm"]["group_size"],
-                spec["budget"]["total_updates"]) == (int(prompts), int(group), int(total)), name
+def _examples_benchmark():
+    """benchmarks/examples.py, which measures the example runs and renders the README's table."""
+    spec = importlib.util.spec_from_file_location("examples_benchmark",
+                                                  ROOT / "benchmarks" / "examples.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_examples_table_is_the_stored_measurement_of_the_specs():
+    bench = _examples_benchmark()
+    measured = json.loads(bench.MEASURED.read_text(encoding="utf-8"))
+    start, end = README.index(bench.BEGIN), README.index(bench.END) + len(bench.END)
+    # sizes come from today's specs, times and rewards from the measurement
+    assert README[start:end] == bench.render(measured)
+    assert {r["spec"] for r in measured["runs"]} <= {p.name for p in (ROOT / "examples").glob(
+        "*.json")}
+    assert all(r["learning"]["status"] == "succeeded" and len(r["wall_s"]) ==
+               measured["rounds"] for r in measured["runs"])
+
+
+def test_the_screen_shows_the_measured_main_job():
+    bench = _examples_benchmark()
+    measured = json.loads(bench.MEASURED.read_text(encoding="utf-8"))
+    shown = bench.SCREEN_TIME.findall(README)
+    assert shown == [bench.screen_time(measured)]
