@@ -2,8 +2,10 @@
 
 The engine process the core launches, alone or as one rank of a torchrun group (data
 parallel: ``resources.processes_per_node`` above 1). Any failure is one line on stderr and exit
-status 1; the core records the run as failed and never as a success. When one rank fails or is
-killed, torchrun ends the others, so the group fails as a whole.
+status 1; the core records the run as failed and never as a success. A provider's stop request
+(``stop-requested`` in the run directory: a cluster's warning before its time limit or a
+pre-emption) ends the run after a checkpoint at the current update, with status 75. When one
+rank fails or is killed, torchrun ends the others, so the group fails as a whole.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
+EXIT_STOPPED = 75  # stopped on the provider's request after a checkpoint (EX_TEMPFAIL)
 
 
 def main() -> int:
@@ -27,7 +31,7 @@ def main() -> int:
     hf_logging.disable_progress_bar()  # the run's own bar (or log line) is the one progress
     from stateset_backend.native.parallel.distributed import World, join
     from stateset_backend.native.sft.trainer import trainer_for
-    from stateset_backend.native.trainer import load_settings
+    from stateset_backend.native.trainer import StopRequested, load_settings
 
     world = World()
     try:
@@ -41,6 +45,11 @@ def main() -> int:
         # tears its process group down while a peer still holds the connection can abort
         # (gloo: "terminate called without an active exception") and fail a finished run
         world.barrier()
+    except StopRequested as stopped:  # the provider asked; resumable from this checkpoint
+        if world.is_main:
+            print(f"native engine: {stopped}; `run PLAN --resume` continues from it",
+                  file=sys.stderr)
+        return EXIT_STOPPED
     except Exception as exc:  # the process boundary: one line, non-zero exit
         rank = f" (rank {world.rank})" if world.parallel else ""
         print(f"native engine{rank}: error: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -57,6 +57,7 @@ from stateset_backend.native.quarantine_guard import (
 from stateset_backend.native.reward import RewardFn, load_reward
 from stateset_backend.native.rollout import group_generators, sample
 from stateset_backend.native.tensorboard_log import ScalarLog
+from stateset_backend.providers.base import STOP_REQUEST
 from stateset_backend.runs.lineage import STAGED_CHECKPOINT
 from stateset_backend.spec.digest import experiment_digest
 from stateset_backend.spec.files import parse_spec
@@ -72,6 +73,15 @@ class SettingsError(ValueError):
 
 Decoding = conversation.Decoding
 
+
+
+class StopRequested(Exception):
+    """Raised after the checkpoint the provider's stop request asked for: the run stops
+    resumable at ``update``, with nothing half-written."""
+
+    def __init__(self, update: int) -> None:
+        super().__init__(f"stopped on request at update {update}, checkpoint written")
+        self.update = update
 
 def _refuse_unsupported(spec: ExperimentSpec, world: World) -> None:
     """Settings the native engine cannot honour stop the run before anything loads (the native
@@ -513,13 +523,26 @@ class Trainer:
                                 "time/update_s": elapsed})
                 self.log_metrics(metrics)
                 every_ckpt = spec.checkpoint.every
-                if every_ckpt and self.update_count % every_ckpt == 0:
+                due = every_ckpt is not None and every_ckpt > 0 and \
+                    self.update_count % every_ckpt == 0
+                stopping = self.update_count < stop and self.stop_requested()
+                if due or stopping:
                     self.save_checkpoint()
                     self._track_best(metrics)
                 self.commit()
                 progress.advance(metrics)
+                if stopping:
+                    raise StopRequested(self.update_count)
         if self.update_count == total and main:
             self.save_final()
+
+    def stop_requested(self) -> bool:
+        """Whether the provider asked to checkpoint and stop (a cluster's warning before its
+        time limit or a pre-emption); every rank takes rank 0's answer, so all stop together."""
+        asked = self.world.is_main and (self.out.root / STOP_REQUEST).exists()
+        if self.world.parallel:
+            return bool(self.world.all_gather(asked)[0])
+        return asked
 
     def close(self) -> None:
         """Stop the environment's worker processes (a later rollout starts new ones)."""

@@ -13,6 +13,11 @@ from typing import Protocol
 
 from stateset_backend.providers.local import STDERR_LOG, STDOUT_LOG, Exit, run_local
 
+# A cluster provider's request that the engine checkpoint and stop at the end of its current
+# update (the warning before a time limit or a pre-emption): this file, created in the run
+# directory. An engine that honours it exits with the run resumable from that checkpoint.
+STOP_REQUEST = "stop-requested"
+
 
 @dataclass(frozen=True)
 class PreparedLaunch:

@@ -31,6 +31,7 @@ class Exit:
     code: int
     interrupted: bool = False
     timed_out: bool = False
+    reason: str | None = None  # how the provider saw it end, in words, where it knows more
 
 
 def _pump(src: IO[bytes], dest: IO[bytes], echo: IO[bytes] | None) -> None:

@@ -22,8 +22,8 @@ from stateset_backend.runs.quarantine import read as read_marker
 
 if TYPE_CHECKING:  # the run store's readers (`runs list`) load results without the rule kit
     from stateset_backend.engines.adapter import Collected
-    from stateset_backend.providers.local import Exit
     from stateset_backend.plan.launch_plan import LaunchPlan
+    from stateset_backend.providers.local import Exit
 
 RESULT_SCHEMA_ID = "stateset-backend/result/v1"
 Status = Literal["succeeded", "failed", "invalid", "interrupted", "quarantined"]
@@ -182,9 +182,10 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
     def add(name: str, ok: bool, detail: str) -> None:
         checks.append(Check(name=name, ok=ok, detail=detail))
 
+    said = f": {exit_.reason}" if exit_.reason else ""
     add("exit_code", exit_.code == 0 and not exit_.interrupted,
-        "interrupted" if exit_.interrupted else
-        ("timed out" if exit_.timed_out else f"engine exited {exit_.code}"
+        f"interrupted{said}" if exit_.interrupted else
+        (f"timed out{said}" if exit_.timed_out else f"engine exited {exit_.code}{said}"
          + (f": {why}" if exit_.code != 0 and (why := last_error(attempt_dir)) else "")))
     artifacts: list[ArtifactRecord] = []
     if collected is None:
