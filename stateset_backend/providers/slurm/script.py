@@ -19,6 +19,7 @@ and stops at the end of its current update (:data:`STOP_REQUEST`).
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Literal
 
@@ -30,6 +31,7 @@ SCRIPT_FILE = "slurm/job.sbatch"
 ARGV_FILE = "slurm/argv"  # the engine's argv, NUL-separated, placeholders filled
 ENV_FILE = "slurm/env"  # NAME=value items the plan sets, NUL-separated
 EXIT_STOPPED = 75  # the script's status when the engine stopped on the stop request
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 _PREAMBLE = r"""set -euo pipefail
 # The launch, as data: argv and environment from NUL-separated files (never shell text).
@@ -110,6 +112,8 @@ finish "$rc"  # Slurm ends the Ray steps when the script exits
 def render(settings: SlurmSettings, *, launch: ClusterLaunch, run_id: str, engine: str,
            nodes: int, gpus_per_node: int) -> str:
     """The batch script: ``#SBATCH`` lines from validated settings, then the engine's layout."""
+    if not (_NAME.fullmatch(run_id) and _NAME.fullmatch(engine)):
+        raise ValueError(f"{run_id!r} on {engine!r}: not a run id and an engine name")
     lines = ["#!/bin/bash",
              f"# stateset-backend run {run_id}: {engine} on Slurm ({launch}); the launch is read",
              "# from slurm/argv and slurm/env in the run directory (sbatch --chdir).",

@@ -1,0 +1,137 @@
+"""A real single-node Slurm for the provider's tests: munged, slurmctld and slurmd started from
+Debian's packages with a config written here (this host, its CPUs, no cgroups, no accounting
+daemon, a job-completion log that ``sacct -c`` reads), everything on loopback, and every daemon
+stopped again by its PID file at the end. Nothing outside the fixture's folder is changed:
+munged gets its own key, socket and PID file, and the clients find the config through
+``SLURM_CONF``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo")
+INSTALL = ("apt-get install slurmctld slurmd slurm-client munge (Debian's Slurm, run as root; "
+           ".ci/run installs it)")
+
+
+def missing() -> str | None:
+    """Why a real Slurm cannot start here, with what to do; None when it can."""
+    absent = [d for d in DAEMONS if shutil.which(d) is None and
+              not Path("/usr/sbin", d).exists()]
+    if absent:
+        return f"no Slurm here ({', '.join(absent)} missing): {INSTALL}"
+    if os.geteuid() != 0:
+        return f"a single-node Slurm runs its daemons as root: run the tests as root ({INSTALL})"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _daemon(name: str) -> str:
+    return shutil.which(name) or str(Path("/usr/sbin", name))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    folder: Path
+    conf: Path
+    env: dict[str, str]
+
+    def run(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), capture_output=True, text=True, env=self.env,
+                              check=False, timeout=60)
+
+
+def _config(folder: Path, munge_socket: Path) -> str:
+    host = socket.gethostname().split(".")[0]
+    return "\n".join([
+        "ClusterName=stateset-test", f"SlurmctldHost={host}(127.0.0.1)", "SlurmUser=root",
+        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge_socket}",
+        f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
+        "MpiDefault=none", "MailProg=/bin/true", "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/filetxt",
+        f"JobCompLoc={folder}/jobcomp.log", "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core", "SchedulerType=sched/backfill",
+        "SchedulerParameters=batch_sched_delay=0", "ReturnToService=2", "KillWait=5",
+        "MinJobAge=300", "InactiveLimit=0", f"StateSaveLocation={folder}/state",
+        f"SlurmdSpoolDir={folder}/spool", f"SlurmctldPidFile={folder}/slurmctld.pid",
+        f"SlurmdPidFile={folder}/slurmd.pid", f"SlurmctldLogFile={folder}/slurmctld.log",
+        f"SlurmdLogFile={folder}/slurmd.log",
+        f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory=2000 "
+        "State=UNKNOWN",
+        "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP", ""])
+
+
+def _stop(pid_files: list[Path]) -> None:
+    for path in reversed(pid_files):
+        try:
+            pid = int(path.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        for _ in range(50):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory) -> Iterator[Cluster]:
+    why = missing()
+    if why:
+        pytest.skip(why)
+    folder = tmp_path_factory.mktemp("slurm")
+    for sub in ("state", "spool", "munge"):
+        (folder / sub).mkdir()
+    munge = folder / "munge"
+    key, sock, munge_pid = munge / "munge.key", munge / "munge.socket", munge / "munged.pid"
+    subprocess.run([_daemon("mungekey"), "--create", f"--keyfile={key}"], check=True,
+                   capture_output=True)
+    key.chmod(0o600)
+    conf = folder / "slurm.conf"
+    conf.write_text(_config(folder, sock))
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    pid_files = [munge_pid, folder / "slurmctld.pid", folder / "slurmd.pid"]
+    try:
+        subprocess.run([_daemon("munged"), "--force", f"--key-file={key}", f"--socket={sock}",
+                        f"--pid-file={munge_pid}", f"--log-file={munge / 'munged.log'}",
+                        f"--seed-file={munge / 'munged.seed'}"], check=True,
+                       capture_output=True)
+        subprocess.run([_daemon("slurmctld"), "-i", "-f", str(conf)], check=True, env=env,
+                       capture_output=True)
+        subprocess.run([_daemon("slurmd"), "-f", str(conf)], check=True, env=env,
+                       capture_output=True)
+        cluster = Cluster(folder, conf, env)
+        deadline = time.monotonic() + 30
+        while cluster.run("sinfo", "-h", "-N", "-o", "%T").stdout.strip() != "idle":
+            if time.monotonic() > deadline:
+                logs = "\n".join((folder / f).read_text()[-800:] for f in
+                                 ("slurmctld.log", "slurmd.log") if (folder / f).exists())
+                raise RuntimeError(f"the test Slurm did not come up:\n{logs}")
+            time.sleep(0.25)
+        yield cluster
+    finally:
+        _stop(pid_files)

@@ -1,0 +1,178 @@
+"""The Slurm provider: its settings and batch script refuse what Slurm or the shell would
+misread, its end states map to the documented outcomes, and against a real single-node Slurm
+(tests/slurm_cluster.py) a job is submitted, followed, cancelled, stopped on Slurm's warning
+signal and timed out as the docs say."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from slurm_cluster import slurm  # noqa: F401  (the fixture)
+
+from stateset_backend.providers.base import STOP_REQUEST, PreparedLaunch
+from stateset_backend.providers.slurm.job import JobState, SlurmProvider, to_exit
+from stateset_backend.providers.slurm.script import EXIT_STOPPED, SCRIPT_FILE, render
+from stateset_backend.providers.slurm.settings import SlurmSettings
+
+RUN_ID = "20261205T000000Z-abcdef01"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("partition", "gpu\n#SBATCH --uid=0"), ("partition", "gpu --exclusive"),
+    ("account", "$(id)"), ("time_limit", "1:00:00 --mem=0"), ("time_limit", "forever"),
+    ("container_image", "img;rm -rf ~"), ("shared_root", "relative/path"),
+    ("shared_root", "/shared/../etc"), ("shared_root", "/shared\n#SBATCH"),
+])
+def test_a_setting_slurm_or_the_shell_would_misread_is_refused(field, value):
+    with pytest.raises(ValidationError):
+        SlurmSettings(**{"shared_root": "/shared", field: value})
+
+
+@pytest.mark.parametrize("launch", ["process", "torchrun", "ray"])
+def test_every_script_is_valid_bash_with_one_directive_per_setting(launch, tmp_path):
+    settings = SlurmSettings(shared_root="/shared dir/it's", partition="gpu", account="proj",
+                             container_image="nvcr.io/nvidia/pytorch:24.01-py3")
+    text = render(settings, launch=launch, run_id=RUN_ID, engine="verl", nodes=2,
+                  gpus_per_node=8)
+    path = tmp_path / "job.sbatch"
+    path.write_text(text)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --partition=gpu" in directives and "#SBATCH --gpus-per-node=8" in directives
+    assert "#SBATCH --signal=B:USR1@120" in directives and "#SBATCH --no-requeue" in directives
+    assert "'/shared dir/it'\"'\"'s:/shared dir/it'\"'\"'s'" in text  # quoted, one word
+
+
+def test_a_run_id_or_engine_name_that_is_not_a_name_never_reaches_the_script():
+    with pytest.raises(ValueError):
+        render(SlurmSettings(shared_root="/s"), launch="process", run_id=RUN_ID,
+               engine="x\nrm -rf /", nodes=1, gpus_per_node=0)
+
+
+@pytest.mark.parametrize("state, code, stop_file, expected", [
+    (JobState("COMPLETED", 0), 0, False, (0, False, False)),
+    (JobState("FAILED", 3, reason="NonZeroExitCode"), 3, False, (3, False, False)),
+    (JobState("TIMEOUT", 0, 15), 0, False, (1, False, True)),
+    (JobState("PREEMPTED", 0, 15), 0, False, (1, False, False)),
+    (JobState("NODE_FAIL", 0), 0, False, (1, False, False)),
+    (JobState("OUT_OF_MEMORY", 0, 9), 0, False, (1, False, False)),
+    (JobState("FAILED", EXIT_STOPPED), EXIT_STOPPED, True, (EXIT_STOPPED, True, False)),
+    (JobState("TIMEOUT", EXIT_STOPPED), EXIT_STOPPED, True, (EXIT_STOPPED, True, False)),
+])
+def test_each_end_state_maps_to_its_outcome(state, code, stop_file, expected, tmp_path):
+    if stop_file:
+        (tmp_path / STOP_REQUEST).touch()
+    exit_ = to_exit(state, tmp_path, [])
+    assert (exit_.code, exit_.interrupted, exit_.timed_out) == expected
+    if state.state not in ("COMPLETED",):
+        assert exit_.reason  # the result says what Slurm said
+
+
+def test_a_cancel_by_the_user_or_the_timeout_is_named(tmp_path):
+    assert to_exit(None, tmp_path, ["SIGINT"]).interrupted
+    timed = to_exit(None, tmp_path, ["timeout"])
+    assert timed.timed_out and not timed.interrupted and "timeout" in timed.reason
+
+
+def _prepared(run_dir: Path, code: str, launch: str = "process",
+              set_env: dict[str, str] | None = None, **settings: object) -> PreparedLaunch:
+    (run_dir / "slurm").mkdir(parents=True)
+    (run_dir / SCRIPT_FILE).write_text(render(
+        SlurmSettings(shared_root=str(run_dir.anchor), **settings), launch=launch,
+        run_id=RUN_ID, engine="probe", nodes=1, gpus_per_node=0))
+    return PreparedLaunch([sys.executable, "-c", code], run_dir, dict(os.environ),
+                          set_env or {}, "probe", False)
+
+
+@pytest.fixture
+def on_slurm(slurm, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    return slurm
+
+
+@pytest.mark.slow
+def test_a_job_runs_with_the_launch_as_data(on_slurm, tmp_path):
+    hostile = "it's $(touch pwned) `id` \"q\"\n; echo no"
+    prepared = _prepared(tmp_path / "run", "import os, sys; print(os.environ['HOSTILE'], "
+                         "sys.argv[1:], sep='|'); print('to stderr', file=sys.stderr)",
+                         set_env={"HOSTILE": hostile})
+    prepared.argv.append(hostile)
+    exit_ = SlurmProvider().launch(prepared, timeout=60)
+    assert exit_.code == 0 and not exit_.interrupted
+    out = prepared.stdout_path.read_text()
+    assert out == f"{hostile}|{[hostile]!r}\n"
+    assert "to stderr" in prepared.stderr_path.read_text()
+    assert not (prepared.run_dir / "pwned").exists()
+
+
+@pytest.mark.slow
+def test_a_failing_job_keeps_its_exit_code(on_slurm, tmp_path):
+    exit_ = SlurmProvider().launch(_prepared(tmp_path / "run", "raise SystemExit(3)"), 60)
+    assert (exit_.code, exit_.interrupted) == (3, False) and "FAILED" in exit_.reason
+
+
+@pytest.mark.slow
+def test_the_runs_timeout_cancels_the_job_and_waits_for_its_end(on_slurm, tmp_path):
+    prepared = _prepared(tmp_path / "run", "import time; time.sleep(300)")
+    t0 = time.monotonic()
+    exit_ = SlurmProvider().launch(prepared, timeout=2)
+    assert exit_.timed_out and time.monotonic() - t0 < 30
+    job = (prepared.run_dir / "slurm" / "job_id").read_text().strip()
+    state = on_slurm.run("scontrol", "show", "job", "-o", job).stdout
+    assert "JobState=CANCELLED" in state
+
+
+@pytest.mark.slow
+def test_slurms_warning_signal_stops_an_engine_that_honours_it(on_slurm, tmp_path):
+    code = ("import pathlib, sys, time\n"
+            "for i in range(600):\n"
+            f"    if pathlib.Path({STOP_REQUEST!r}).exists(): sys.exit({EXIT_STOPPED})\n"
+            "    time.sleep(0.1)\n")
+    prepared = _prepared(tmp_path / "run", code)
+
+    def warn() -> None:  # what --signal=B:USR1@N does before the limit, now
+        job_file = prepared.run_dir / "slurm" / "job_id"
+        while not job_file.exists():
+            time.sleep(0.1)
+        time.sleep(1.5)
+        on_slurm.run("scancel", "--batch", "--signal=USR1", job_file.read_text().strip())
+
+    threading.Thread(target=warn, daemon=True).start()
+    exit_ = SlurmProvider().launch(prepared, timeout=120)
+    assert (exit_.code, exit_.interrupted) == (EXIT_STOPPED, True)
+    assert "warning signal" in exit_.reason
+
+
+@pytest.mark.slow
+def test_a_ray_launch_runs_head_and_driver_on_the_node(on_slurm, tmp_path):
+    pytest.importorskip("ray", reason="Ray is missing: pip install -e '.[ray]'")
+    driver = ("import os, ray\n"
+              "ray.init(_node_ip_address=os.environ['STATESET_HEAD_IP'], log_to_driver=False)\n"
+              "@ray.remote(num_cpus=0.25)\n"
+              "def square(x):\n    return x * x\n"
+              "print(ray.get([square.remote(i) for i in range(8)]))\n"
+              "print(sum(n['Alive'] for n in ray.nodes()), os.environ['RAY_ADDRESS'])\n")
+    # Ray rewrites 127.0.0.1 to the host's interface address; 127.0.0.2 keeps it on loopback
+    prepared = _prepared(tmp_path / "run", driver, launch="ray",
+                         set_env={"STATESET_RAY_IP": "127.0.0.2"})
+    exit_ = SlurmProvider().launch(prepared, timeout=240)
+    out = prepared.stdout_path.read_text()
+    assert exit_.code == 0, prepared.stderr_path.read_text()[-2000:]
+    assert "[0, 1, 4, 9, 16, 25, 36, 49]" in out and "1 127.0.0.2:6379" in out
+
+
+@pytest.mark.slow
+def test_a_job_past_its_time_limit_ends_as_a_documented_failure(on_slurm, tmp_path):
+    """Slurm enforces limits in whole minutes, checked every 30-60 s: this takes 1-2 min."""
+    prepared = _prepared(tmp_path / "run", "import time; time.sleep(600)", time_limit="1",
+                         checkpoint_warning_s=0)
+    exit_ = SlurmProvider().launch(prepared, timeout=300)
+    assert exit_.timed_out and not exit_.interrupted
+    assert exit_.reason == "Slurm ended the job at its time limit"
