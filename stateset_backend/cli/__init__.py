@@ -1,0 +1,101 @@
+"""The ``stateset-backend`` command line.
+
+Every failure is one line on stderr and a documented exit code (0 ok, 2 invalid input,
+3 unsupported, 4 engine failed, 5 result invalid, 6 resume impossible, 130 interrupted);
+``--json`` adds the detail as JSON on stdout and ``--debug`` shows the traceback. Imports are
+deferred into each command so ``--help``, ``validate`` and ``digest`` start fast and never
+load an engine or torch. One module per command group, in the order of the pipeline, each
+adding its own subcommands; the parser here only assembles them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+
+from stateset_backend import __version__
+from stateset_backend.cli import (
+    conformance,
+    engines,
+    experiment,
+    publish,
+    run,
+    runs,
+    spec,
+)
+from stateset_backend.cli.shared import PROG, Commands, Parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # The flags work before or after the subcommand. A subcommand's copy leaves the
+    # namespace alone unless given (SUPPRESS), so it never resets what the top level read.
+    top = Parser(add_help=False)
+    top.add_argument("--json", action="store_true", help="print data as JSON")
+    top.add_argument("--debug", action="store_true", help="show tracebacks")
+    common = Parser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print data as JSON")
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks")
+
+    parser = Parser(prog=PROG, parents=[top],
+                    description="Run one backend-neutral RL post-training experiment on any "
+                                "engine, and keep its identity.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = Commands(parser.add_subparsers(dest="command", required=True,
+                                              parser_class=Parser), common)
+    # the order here is the order `--help` lists the commands in
+    for group in (spec, engines, experiment, run, runs, publish, conformance):
+        group.add_parsers(commands)
+    return parser
+
+
+# C0 and C1 controls (U+0085 is a line break to splitlines() and terminals; U+009B starts a
+# terminal escape) and the Unicode line and paragraph separators
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(message: str) -> str:
+    """An error is one line whatever the user's strings in it hold: a newline or other
+    control character in a path or name is shown escaped, as Python writes it."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from stateset_backend.common.errors import StatesetError
+
+    raw = list(sys.argv[1:] if argv is None else argv)
+    debug, as_json = "--debug" in raw, "--json" in raw
+    try:
+        args = build_parser().parse_args(raw)
+        code = int(args.func(args))
+    except StatesetError as exc:
+        if debug:
+            raise
+        if as_json:
+            print(json.dumps({"error": exc.to_json()}, indent=2))
+        print(f"{PROG}: error: {one_line(exc.message)}", file=sys.stderr)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        code = 130
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`): a normal way to stop, not an error. Point
+        # stdout at /dev/null so the interpreter's final flush cannot raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 0
+    except Exception as exc:
+        if debug:
+            raise
+        print(f"{PROG}: internal error: {type(exc).__name__}: {one_line(str(exc))} "
+              "(rerun with --debug)",
+              file=sys.stderr)
+        code = 1
+    if argv is None:
+        sys.exit(code)
+    return code

@@ -1,0 +1,111 @@
+"""What ``explain`` prints for a person, kept apart from what it computes so that ``--json``
+and the tables read the same columns: prose outcomes side by side where the terminal is wide
+enough, and the effective table, which fits 80 columns with any number of engines."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stateset_backend.cli.shared import rich_console
+
+
+def print_side_by_side(engines: list[dict[str, Any]]) -> None:
+    """Side by side where the terminal is wide enough to read prose in every column (about
+    30 characters each), else one table per engine; --effective compares at any width."""
+    from rich.table import Table
+
+    console = rich_console()
+    groups = [engines] if console.width >= 30 * (2 + len(engines)) else \
+        [[e] for e in engines]
+    if len(groups) > 1:
+        console.print("one table per engine at this width (--effective compares them "
+                      "in one)", markup=False)
+    for group in groups:
+        t = Table(title=", ".join(f"{e['engine']} {e['engine_version']}" for e in group))
+        t.add_column("field", overflow="fold")
+        t.add_column("value", overflow="fold")
+        for e in group:
+            t.add_column(f"{e['engine']} {e['engine_version']}", overflow="fold")
+        for i, row in enumerate(group[0]["fields"]):
+            t.add_row(row["field"], json.dumps(row["value"]),
+                      *(_outcome_text(e["fields"][i]) for e in group))
+        console.print(t)
+
+
+def _outcome_text(row: dict[str, Any]) -> str:
+    state = row["state"]
+    if state == "pinned" and row.get("native"):
+        text = ", ".join(f"{k} = {json.dumps(v)}" for k, v in row["native"].items())
+        return text + (f" ({row['reason']})" if row.get("reason") else "")
+    if state == "declared":
+        return f"declared {row['deviation']}: {json.dumps(row['effective'])}: {row['reason']}"
+    return f"{state.replace('_', ' ')}: {row.get('reason', '')}".rstrip(": ")
+
+
+_CELL = {"same": "same", "pinned": "pinned", "declared": "DECL", "refused": "REFUSED",
+         "inert": "-", "not_applicable": "-"}
+# what each state means, under every effective table: a reader should never have to guess
+_LEGEND = ("same: the engine's default already is the spec's value; pinned: the launch sets "
+           "it; DECL n: the engine does something else, named and quantified in note n; "
+           "REFUSED n: the engine cannot, nothing launches (note n); -: inert, the spec makes "
+           "the setting moot (for example validation decoding when nothing validates)")
+
+
+def _ascii_head() -> Any:
+    """The rule under a table's header in ASCII: as many bytes as columns in a log or pipe."""
+    from rich import box
+
+    return box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
+
+
+def print_effective(table: dict[str, Any], differs: bool) -> None:
+    """At most 80 columns: one short state per engine, settings grouped under their section
+    with the spec's value beside them; the values and reasons of declared and refused cells
+    go in numbered notes under the table."""
+    from rich.table import Table
+
+    engines = [e["engine"] for e in table["engines"]]
+    width = max(7, *(len(name) for name in engines))
+    t = Table(box=_ascii_head(), pad_edge=False, collapse_padding=True, title=", ".join(
+        f"{e['engine']} {e['engine_version']}" for e in table["engines"]))
+    t.add_column("setting = spec value", overflow="fold", ratio=1)
+    for name in engines:
+        t.add_column(name, overflow="fold", min_width=width, max_width=width, no_wrap=True)
+    notes: list[str] = []
+    section = None
+    for row in table["rows"]:
+        if differs and row["same_everywhere"]:
+            continue
+        head, _, rest = row["field"].partition(".")
+        if rest and head != section:
+            t.add_row(f"[bold]{head}[/]", *([""] * len(engines)))
+        section = head if rest else None
+        cells = []
+        for name in engines:
+            cell = row["cells"][name]
+            text = _CELL[cell["state"]]
+            if cell["state"] in ("declared", "refused"):
+                notes.append(f"{row['field']} on {name}: " + (
+                    f"{json.dumps(cell['effective'])} ({cell['reason']})"
+                    if cell["state"] == "declared" else cell["reason"]))
+                text = f"{text[:width - 4]} {len(notes)}"
+            cells.append(text)
+        label = f"  {rest}" if rest else head
+        t.add_row(f"{label} = {json.dumps(row['value'])}", *cells)
+    console = rich_console()
+    console.print(t)
+    for i, note in enumerate(notes, 1):
+        console.print(f"{i}. {note}", markup=False)
+    for name in engines:
+        tally = table["counts"][name]
+        console.print(f"{name}: " + ", ".join(
+            f"{tally.get(state, 0)} {state}" for state in
+            ("same", "pinned", "declared", "refused", "inert")), markup=False)
+    shown = sum(1 for r in table["rows"] if not (differs and r["same_everywhere"]))
+    if differs:
+        total = sum(table["counts"][engines[0]].values())
+        console.print(f"{shown} of {total} settings differ between engines (a "
+                      "declared deviation or a refusal); the others run as the spec says "
+                      "everywhere", markup=False)
+    console.print(_LEGEND, markup=False)

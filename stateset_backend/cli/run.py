@@ -1,0 +1,196 @@
+"""``run`` is the command that trains, so it is the one that guards against training twice:
+a plan whose run already has attempts is trained again only when asked (``--resume`` or
+``--retry``), and every refusal names the command for each choice."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from stateset_backend.cli.shared import RUNS_DIR_HELP, Commands, emit, load_registry, read_spec
+from stateset_backend.cli.target import engine_options, plan_for
+
+
+def add_parsers(commands: Commands) -> None:
+    p = commands.add("run", cmd_run, "run a plan, or plan and run a spec with --engine")
+    engine_options(p, required=False)
+    p.add_argument("--provider", choices=["local", "ray"], default="local")
+    p.add_argument("--runs-dir", help=RUNS_DIR_HELP)
+    p.add_argument("--timeout", type=float, help="seconds before the engine is stopped")
+    p.add_argument("--quiet", action="store_true", help="do not echo the engine's stderr")
+    p.add_argument("--ray-address", help="Ray dashboard address for --provider ray (default "
+                                         "$RAY_ADDRESS), e.g. http://127.0.0.1:8265")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the plan's run from its newest complete checkpoint")
+    p.add_argument("--retry", action="store_true",
+                   help="train the plan's run again from scratch as a new attempt, although "
+                        "earlier attempts exist (without it, a run that has attempts is "
+                        "never trained again unasked)")
+    p.add_argument("--allow-runtime-change", action="store_true",
+                   help="with --resume: continue although torch, transformers or "
+                        "stateset-backend changed version since the checkpoint (recorded as "
+                        "a warning in the result); a world-size change is always refused")
+    p.add_argument("document", metavar="PLAN|SPEC")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.runs.runner import (
+        completed,
+        newest_checkpoint,
+        raise_for_status,
+        run_plan,
+    )
+    from stateset_backend.runs.store import RunStore, runs_dir_from
+
+    if not args.quiet and not args.json and sys.stderr.isatty():
+        # a person watching sees something before the plugins and the spec load; a pipe
+        # keeps bad input to its one line
+        target = f"{args.document} on {args.engine}" if args.engine else args.document
+        print(f"stateset-backend: checking {target}", file=sys.stderr, flush=True)
+    registry = load_registry()
+    store = RunStore(runs_dir_from(args.runs_dir))
+    if args.resume and args.engine is not None:
+        raise InvalidInput(_resume_needs_plan(args.document, args.engine, store))
+    if args.engine is not None:
+        args.spec = args.document
+        plan = plan_for(args, registry)
+    elif args.engine_version is not None:
+        raise InvalidInput("--engine-version needs --engine (a plan already fixes the version)")
+    else:
+        plan = _load_run_document(args.document)
+    if args.retry and (args.resume or args.engine is not None):
+        raise InvalidInput("--retry runs a plan's run again from scratch: give the plan, "
+                           "without --resume" + (" (with --engine every run is a new run)"
+                                                 if args.engine is not None else ""))
+    if args.engine is None and not args.resume and not args.retry:
+        earlier = _earlier_attempts(plan, store, args.document)
+        if earlier is not None:
+            code, doc, line = earlier
+            if code:
+                raise InvalidInput(line)
+            emit(args, doc, line)
+            return 0
+    done = completed(plan, store) if args.resume else None
+    if done is not None:
+        result, path = done
+        emit(args, {**result.to_json(), "already_complete": True},
+             f"run {result.run_id} is already complete ({result.committed_updates}/"
+             f"{result.planned_updates} updates, attempt {result.attempt}); nothing to resume "
+             f"(result: {path})")
+        return 0
+    if args.allow_runtime_change and not args.resume:
+        raise InvalidInput("--allow-runtime-change applies to --resume only")
+    result, path = run_plan(plan, registry, store, python=args.python, timeout=args.timeout,
+                            echo_stderr=not args.quiet, resume=args.resume,
+                            live_progress=not args.json,
+                            engine_home=args.engine_home, ray_address=args.ray_address,
+                            allow_runtime_change=args.allow_runtime_change)
+    if result.status != "succeeded":
+        newest = newest_checkpoint(registry.get(plan.engine).adapter, store, plan.run_id)
+        raise_for_status(result, path, None if newest is None else newest[1].update)
+    emit(args, result.to_json(), _run_summary(result, path, args.runs_dir))
+    return 0
+
+
+def _earlier_attempts(plan: Any, store: Any,
+                      document: str) -> tuple[int, dict[str, Any], str] | None:
+    """A plan whose run already has attempts is never trained again without being asked:
+    (0, result, message) when it finished, (2, {}, message) when it did not; each message
+    says what exists and the command for each choice. None when the run has no attempt."""
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.runs.results import Result
+    from stateset_backend.runs.runner import attempt_dirs, completed
+
+    folders = attempt_dirs(store, plan.run_id)  # newest first
+    if not folders:
+        return None
+    # a command to copy: the plan's path quoted as a shell would need it
+    run, newest = plan.run_id, int(folders[0].name)
+    cmd = f"stateset-backend run {shlex.quote(document)}"
+    done = completed(plan, store)
+    if done is not None:
+        result, path = done
+        return 0, {**result.to_json(), "already_complete": True}, (
+            f"run {run} is already complete (attempt {result.attempt}: "
+            f"{result.committed_updates}/{result.planned_updates} updates, {path}); nothing "
+            f"was run. See it: stateset-backend runs show {run}; train it again from scratch "
+            f"as attempt {newest + 1}: {cmd} --retry")
+    ended = "ended without a result (interrupted)"
+    result_path = folders[0] / "result.json"
+    if result_path.is_file():
+        try:
+            last = Result.load(result_path)
+            ended = f"ended {last.status} after {last.committed_updates}/" \
+                    f"{last.planned_updates} updates"
+        except InvalidInput:  # an unreadable result: say so, the choices stay the same
+            ended = "left a result that cannot be read"
+    count = f"{len(folders)} attempt" + ("s" if len(folders) > 1 else "")
+    return 2, {}, (f"run {run} already has {count}; attempt {newest} {ended}. Continue it "
+                   f"from its newest checkpoint: {cmd} --resume; or train it again from "
+                   f"scratch as attempt {newest + 1}: {cmd} --retry")
+
+
+def _load_run_document(path: str) -> Any:
+    """A plan; a spec given without ``--engine`` is named as such, not as a broken plan."""
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.common.jsonio import read_json
+    from stateset_backend.plan.launch_plan import load_plan
+
+    try:
+        return load_plan(path)
+    except InvalidInput:
+        doc = read_json(path, what="plan")
+        if isinstance(doc, dict) and "schema" not in doc and "run_id" not in doc and \
+                {"model", "data", "algorithm", "reward"} & set(doc):
+            raise InvalidInput(f"{path}: a spec, not a plan: run it with --engine ENGINE "
+                               f"(`run --engine native {path}`), or run a plan made by "
+                               "`plan`") from None
+        raise
+
+
+def _resume_needs_plan(spec_path: str, engine: str, store: Any) -> str:
+    """--resume continues one run, which a spec cannot name: point at the plan of the newest
+    run of this spec on this engine in the run store, or say that there is none."""
+    from stateset_backend.spec.digest import experiment_digest
+
+    digest = experiment_digest(read_spec(spec_path))
+    rows = store.query(digest=digest, engine=engine)
+    head = "--resume continues an earlier run: pass its PLAN, not --engine SPEC"
+    if not rows:
+        return (f"{head}; {store.root} holds no run of this spec on {engine} (`runs list` "
+                "shows the runs there, --runs-dir picks another store)")
+    plan = store.run_dir(rows[0]["run_id"]) / "plan.json"
+    return (f"{head}: the newest run of this spec on {engine} is {rows[0]['run_id']} "
+            f"({rows[0]['status']}): stateset-backend run {shlex.quote(str(plan))} --resume"
+            f" --runs-dir {shlex.quote(str(store.root))}")
+
+
+def _run_summary(result: Any, path: Path, runs_dir: str | None = None) -> str:
+    """The few numbers a user looks at first, where the run is, and what to do next."""
+    from stateset_backend.common.display import metric_text
+
+    lines = [f"run {result.run_id} attempt {result.attempt} succeeded: "
+             f"{result.committed_updates}/{result.planned_updates} updates committed in "
+             f"{result.duration_s:.1f}s"]
+    summary, initial = result.metrics.summary, result.metrics.initial
+    for name in ("reward/mean", "val/reward/mean", "loss/policy", "kl", "loss/sft", "val/loss"):
+        if summary.get(name) is not None:
+            start = initial.get(name)
+            was = f"{metric_text(start)} -> " if start is not None and start != summary[name] \
+                else ""
+            lines.append(f"  {name:16} {was}{metric_text(summary[name])}")
+    lines.extend(f"  warning: {w}" for w in result.warnings)
+    lines.append(f"  result: {path}")
+    run = result.run_id + (f" --runs-dir {shlex.quote(runs_dir)}" if runs_dir else "")
+    lines += ["next:",
+              f"  stateset-backend runs show {run}",
+              "      its attempts, checkpoints and the recommended checkpoint",
+              f"  stateset-backend evaluate --split test {run}",
+              "      the recommended checkpoint scored on the held-out test split",
+              f"  stateset-backend report {run}",
+              "      an HTML report with the curves (pip install 'stateset-backend[report]')"]
+    return "\n".join(lines)

@@ -1,0 +1,126 @@
+"""How the run store reads at a terminal: run ids and digests are what people copy from it, so
+they are never wrapped or cut; ``--json`` has everything the tables leave out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stateset_backend.cli.shared import rich_console
+
+
+def runs_table(rows: list[dict[str, Any]]) -> None:
+    """Run ids and digests are copied whole, so they never wrap; the digest shows its first
+    12 hex digits, which every command taking a digest accepts as a prefix."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=f"{len(rows)} runs", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    t.add_column("run", no_wrap=True)
+    t.add_column("engine", overflow="fold")
+    t.add_column("status", overflow="fold")
+    t.add_column("updates", no_wrap=True)
+    t.add_column("digest", no_wrap=True)
+    for r in rows:
+        t.add_row(r["run_id"], f"{r['engine']} {r['engine_version']}",
+                  f"{r['status']} #{r['attempt']}",
+                  f"{r['committed_updates']}/{r['planned_updates']}",
+                  r["experiment_digest"][7:19] or "?")
+    rich_console().print(t)
+
+
+def show_run(doc: dict[str, Any]) -> None:
+    console = rich_console()
+    # each digest on a line of its own: 71 characters fit 80 columns whole, so a terminal
+    # never breaks one mid-hex and it is copied in one piece
+    console.print(f"run {doc['run_id']}: {doc['engine']} {doc['engine_version']}, seed "
+                  f"{doc['seed']}\n  experiment\n    {doc['experiment_digest']}\n  binding\n"
+                  f"    {doc['binding_digest']}\n  plan checksum\n    {doc['plan_checksum']}",
+                  markup=False, soft_wrap=True)
+    for d in doc["deviations"]:
+        console.print(f"  declared {d['setting']}: {d['description']}", markup=False)
+    for a in doc["attempts"]:
+        line = f"attempt {a['attempt']}: {a['status']}"
+        if "committed_updates" in a:
+            line += f", {a['committed_updates']}/{a['planned_updates']} updates"
+        link = a.get("resumed_from")
+        if link:
+            line += f", resumed from attempt {link['attempt']} at update {link['update']}"
+        console.print(line + (f" ({a['reason']})" if a.get("reason") else ""), markup=False)
+        sel = a.get("selection")
+        if sel and sel.get("update") is None:
+            console.print(f"  nothing recommended by {sel['select_by']}"
+                          + (f": {sel['reason']}" if sel.get("reason") else ""), markup=False)
+        elif sel:
+            console.print(f"  recommended by {sel['select_by']}: update {sel['update']}"
+                          + (f" = {sel['value']:.4f}" if "value" in sel else
+                             f" ({sel.get('reason')})")
+                          + (f", attempts/{sel['attempt']}/{sel['checkpoint']}"
+                             if sel.get("checkpoint") and isinstance(sel.get("attempt"), int)
+                             else ""), markup=False)
+        for ckpt in a.get("checkpoints", []):
+            console.print(f"  {ckpt['path']}  sha256:{ckpt['sha256'][:16]}", markup=False)
+    for e in doc.get("evaluations", []):
+        console.print(f"evaluated {e['split']} on attempt {e['attempt']} update {e['update']} "
+                      f"({e['checkpoint']}): " + ", ".join(
+                          f"{k} = {v:.4f}" for k, v in sorted(e["metrics"].items())),
+                      markup=False)
+    mark = doc.get("quarantine")
+    if mark is not None:
+        from stateset_backend.runs.quarantine import describe
+
+        state = "QUARANTINED" if mark.get("quarantined", True) else \
+            f"quarantine cleared {mark.get('cleared_at')} by `runs verify`, was"
+        console.print(f"{state}: {describe(mark)}", markup=False)
+
+
+def compare_table(doc: dict[str, Any]) -> None:
+    """One row per attempt, two lines each (run and engine; status and updates), so that the
+    full run id, which users copy, fits an 80-column terminal beside the numbers; declared
+    deviations, which can be long, are listed under the table."""
+    from rich import box
+    from rich.table import Table
+
+    same = "one experiment" if doc["same_experiment"] else "DIFFERENT experiments"
+    t = Table(title=f"{same}: {', '.join(d[7:19] for d in doc['experiment_digests'])}",
+              box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    t.add_column("run / engine", no_wrap=True)
+    t.add_column("status", no_wrap=True)
+    for col in ("reward", "val", "rec.", "test", "dev."):
+        t.add_column(col, no_wrap=True, min_width=len(col))
+
+    def num(value: Any) -> str:
+        return f"{value:.3f}" if isinstance(value, int | float) else "-"
+
+    def headline(e: dict[str, Any]) -> str:
+        metrics = e["metrics"]
+        name = next((k for k in ("test/reward/mean", "val/reward/mean", "test/loss", "val/loss")
+                     if k in metrics), min(metrics, default=None))
+        return f"{num(metrics.get(name)) if name else '-'}\n@{e['update']}"
+
+    notes: list[str] = []
+    for r in doc["attempts"]:
+        final, rec = r.get("final", {}), r.get("recommended") or {}
+        deviations = [d for d in r.get("deviations", []) if d]
+        held_out = r.get("test", [])
+        notes += [f"{r['run_id']}#{r['attempt']} {e['split']}@{e['update']} "
+                  f"({e['checkpoint']}): " + ", ".join(f"{k} {num(v)}" for k, v in
+                                                       sorted(e["metrics"].items()))
+                  for e in held_out]
+        notes += [f"{r['run_id']}#{r['attempt']} declares {d}" for d in deviations]
+        t.add_row(f"{r['run_id']}#{r['attempt']}\n"
+                  f"{r.get('engine', '?')} {r.get('engine_version', '')}",
+                  f"{r['status']}\n{r.get('committed_updates', '-')}/"
+                  f"{r.get('planned_updates', '-')}",
+                  num(final.get("reward/mean")), num(final.get("val/reward/mean")),
+                  f"{num(rec.get('value'))}\n@{rec['update']}"
+                  if isinstance(rec.get("update"), int) else "-",
+                  headline(held_out[-1]) if held_out else "-",
+                  str(len(deviations)))
+    console = rich_console()
+    console.print(t)
+    console.print("status: committed/planned updates; reward, val: final training and "
+                  "validation reward; rec.: the value of evaluation.select_by at the update "
+                  "it recommends; test: the newest held-out evaluation (all listed below); "
+                  "dev.: declared deviations", markup=False)
+    for note in notes:
+        console.print(note, markup=False)
