@@ -16,9 +16,9 @@ import pytest
 from pydantic import ValidationError
 from slurm_cluster import slurm  # noqa: F401  (the fixture)
 
-from stateset_backend.providers.base import STOP_REQUEST, PreparedLaunch
+from stateset_backend.providers.base import EXIT_STOPPED, STOP_REQUEST, PreparedLaunch
 from stateset_backend.providers.slurm.job import JobState, SlurmProvider, to_exit
-from stateset_backend.providers.slurm.script import EXIT_STOPPED, SCRIPT_FILE, render
+from stateset_backend.providers.slurm.script import SCRIPT_FILE, render
 from stateset_backend.providers.slurm.settings import SlurmSettings
 
 RUN_ID = "20261205T000000Z-abcdef01"

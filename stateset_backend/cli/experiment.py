@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from stateset_backend.cli.explain_tables import print_effective, print_side_by_side
 from stateset_backend.cli.shared import Commands, emit, load_registry, read_spec
-from stateset_backend.cli.target import engine_options, engine_target, engine_version, plan_for
+from stateset_backend.cli.target import (
+    engine_options,
+    engine_target,
+    engine_version,
+    plan_for,
+    provider_options,
+)
 
 if TYPE_CHECKING:
     from stateset_backend.engines.registry import AdapterEntry
@@ -37,7 +43,7 @@ def add_parsers(commands: Commands) -> None:
     p.add_argument("spec")
     p = commands.add("plan", cmd_plan, "make a reviewable launch plan")
     engine_options(p)
-    p.add_argument("--provider", choices=["local", "ray"], default="local")
+    provider_options(p)
     p.add_argument("-o", "--output", help="plan file to write (default: print it)")
     p.add_argument("spec")
 

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from stateset_backend.cli.shared import RUNS_DIR_HELP, Commands, emit, load_registry, read_spec
-from stateset_backend.cli.target import engine_options, plan_for
+from stateset_backend.cli.target import engine_options, plan_for, provider_options
 
 
 def add_parsers(commands: Commands) -> None:
     p = commands.add("run", cmd_run, "run a plan, or plan and run a spec with --engine")
     engine_options(p, required=False)
-    p.add_argument("--provider", choices=["local", "ray"], default="local")
+    provider_options(p)
     p.add_argument("--runs-dir", help=RUNS_DIR_HELP)
     p.add_argument("--timeout", type=float, help="seconds before the engine is stopped")
     p.add_argument("--quiet", action="store_true", help="do not echo the engine's stderr")
@@ -43,6 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         newest_checkpoint,
         raise_for_status,
         run_plan,
+        stopped_by_cluster,
     )
     from stateset_backend.runs.store import RunStore, runs_dir_from
 
@@ -84,11 +85,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     if args.allow_runtime_change and not args.resume:
         raise InvalidInput("--allow-runtime-change applies to --resume only")
-    result, path = run_plan(plan, registry, store, python=args.python, timeout=args.timeout,
-                            echo_stderr=not args.quiet, resume=args.resume,
-                            live_progress=not args.json,
-                            engine_home=args.engine_home, ray_address=args.ray_address,
-                            allow_runtime_change=args.allow_runtime_change)
+    resume, requeues = args.resume, int(plan.provider_settings.get("requeue", 0))
+    while True:
+        result, path = run_plan(plan, registry, store, python=args.python,
+                                timeout=args.timeout, echo_stderr=not args.quiet,
+                                resume=resume, live_progress=not args.json,
+                                engine_home=args.engine_home, ray_address=args.ray_address,
+                                allow_runtime_change=args.allow_runtime_change)
+        if not (requeues and stopped_by_cluster(result)):
+            break
+        requeues, resume = requeues - 1, True
+        if not args.quiet:  # the cluster's requeue, done by the hub: a new attempt, same run
+            print(f"stateset-backend: the cluster stopped attempt {result.attempt} after a "
+                  f"checkpoint; resuming it ({requeues} more resume(s) allowed)",
+                  file=sys.stderr, flush=True)
     if result.status != "succeeded":
         newest = newest_checkpoint(registry.get(plan.engine).adapter, store, plan.run_id)
         raise_for_status(result, path, None if newest is None else newest[1].update)

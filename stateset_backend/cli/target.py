@@ -23,6 +23,47 @@ def engine_options(p: argparse.ArgumentParser, required: bool = True) -> None:
                                          "one, e.g. NeMo RL)")
 
 
+# --slurm-* flag -> the Slurm setting it sets (providers/slurm/settings.py says what each means)
+SLURM_FLAGS = {
+    "shared-root": ("shared_root", str, "the shared filesystem, mounted at the same path on "
+                                        "this machine and every node (required)"),
+    "partition": ("partition", str, "sbatch --partition"),
+    "account": ("account", str, "sbatch --account"),
+    "qos": ("qos", str, "sbatch --qos"),
+    "time": ("time_limit", str, "sbatch --time, e.g. 04:00:00 (default 01:00:00)"),
+    "cpus-per-task": ("cpus_per_task", int, "sbatch --cpus-per-task"),
+    "container-image": ("container_image", str, "run every step in this image (pyxis)"),
+    "checkpoint-warning": ("checkpoint_warning_s", int,
+                           "seconds before the time limit or a pre-emption at which the "
+                           "engine is asked to checkpoint and stop (default 120)"),
+    "requeue": ("requeue", int, "times `run` resumes the run after the cluster stopped it "
+                                "(default 0)"),
+}
+
+
+def provider_options(p: argparse.ArgumentParser) -> None:
+    """Where the plan runs: ``plan`` and ``run --engine`` take the same options."""
+    p.add_argument("--provider", choices=["local", "ray", "slurm"], default="local")
+    slurm = p.add_argument_group("with --provider slurm (docs/providers/slurm.md)")
+    for flag, (_, kind, text) in SLURM_FLAGS.items():
+        slurm.add_argument(f"--slurm-{flag}", type=kind, help=text,
+                           dest=f"slurm_{flag.replace('-', '_')}")
+
+
+def provider_settings(args: argparse.Namespace) -> dict[str, Any]:
+    from stateset_backend.common.errors import InvalidInput
+
+    given = {setting: value for flag, (setting, _, _) in SLURM_FLAGS.items()
+             if (value := getattr(args, f"slurm_{flag.replace('-', '_')}", None)) is not None}
+    provider = getattr(args, "provider", "local")
+    if given and provider != "slurm":
+        raise InvalidInput(f"--slurm-* options need --provider slurm (not {provider})")
+    if provider == "slurm" and "shared_root" not in given:
+        raise InvalidInput("--provider slurm needs --slurm-shared-root: the shared filesystem "
+                           "the nodes read the spec's files from and write the run to")
+    return given
+
+
 def engine_version(entry: AdapterEntry, requested: str | None, python: str | None,
                    home: str | None = None, running: bool = False) -> str:
     from stateset_backend.common.errors import Unsupported
@@ -75,5 +116,6 @@ def plan_for(args: argparse.Namespace, registry: Registry,
 
     spec, entry, version = target or engine_target(args, registry)
     return make_plan(spec, entry, version, provider=getattr(args, "provider", "local"),
-                     base_dir=Path(args.spec).resolve().parent)
+                     base_dir=Path(args.spec).resolve().parent,
+                     provider_settings=provider_settings(args))
 

@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -220,6 +220,10 @@ class EngineAdapter(abc.ABC):
     contract_package: ClassVar[str] = "stateset_backend.contracts"
     contract_file: ClassVar[str | None] = None
     dialect_keys: ClassVar[type[DialectKeys] | None] = None
+    # How the engine spreads over a cluster's nodes, for a cluster provider's job script:
+    # "process" (one process, one node), "torchrun" (one torchrun agent per node, meeting at a
+    # rendezvous) or "ray" (a Ray cluster on the nodes, the launch as its driver).
+    cluster_launch: ClassVar[Literal["process", "torchrun", "ray"]] = "process"
 
     @property
     def contract(self) -> Contract:

@@ -15,8 +15,6 @@ import os
 import sys
 from pathlib import Path
 
-EXIT_STOPPED = 75  # stopped on the provider's request after a checkpoint (EX_TEMPFAIL)
-
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="stateset_backend.native")
@@ -49,6 +47,8 @@ def main() -> int:
         if world.is_main:
             print(f"native engine: {stopped}; `run PLAN --resume` continues from it",
                   file=sys.stderr)
+        from stateset_backend.providers.base import EXIT_STOPPED
+
         return EXIT_STOPPED
     except Exception as exc:  # the process boundary: one line, non-zero exit
         rank = f" (rank {world.rank})" if world.parallel else ""

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from stateset_backend.common.errors import InvalidInput, Unsupported
+from stateset_backend.common.errors import AdapterBug, InvalidInput, Unsupported
 from stateset_backend.common.jsonio import atomic_write_json, read_json, utc_now
 from stateset_backend.contracts.capabilities import required_capabilities
 from stateset_backend.contracts.loader import Dialect, check, parse_version
@@ -29,7 +29,7 @@ from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.translate.rules import Translation, option_conflict, translate
 
 PLAN_SCHEMA_ID = "stateset-backend/plan/v2"
-Provider = Literal["local", "ray"]
+Provider = Literal["local", "ray", "slurm"]
 
 
 class AdapterInfo(BaseModel):
@@ -54,6 +54,9 @@ class LaunchPlan(BaseModel):
     adapter: AdapterInfo
     contract_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     provider: Provider = "local"
+    provider_settings: dict[str, Any] = Field(
+        default_factory=dict, description="what the provider asks of the cluster (Slurm: "
+                                          "partition, time limit, shared filesystem ...)")
     base_dir: str = Field(description="the spec's folder: where its relative paths point")
     required_capabilities: list[str]
     spec: dict[str, Any] = Field(description="the validated spec, defaults filled")
@@ -89,7 +92,8 @@ def new_run_id() -> str:
 
 
 def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
-              provider: Provider = "local", base_dir: Path | None = None) -> LaunchPlan:
+              provider: Provider = "local", base_dir: Path | None = None,
+              provider_settings: dict[str, Any] | None = None) -> LaunchPlan:
     """Contract check, translation and identity; raises before anything could launch."""
     adapter = entry.adapter
     contract = adapter.contract
@@ -120,6 +124,8 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
             bare = adapter.render(own, spec, ctx)
         guard_engine_options(adapter.name, options,
                              bare.native if bare.native is not None else own.native)
+    settings, provider_files = _provider_files(provider, provider_settings or {}, adapter,
+                                               run_id, spec, Path(base))
     resources = spec.resources.model_dump(mode="json")
     engine_options = spec.engine_options.get(adapter.name, {})
     doc: dict[str, Any] = {
@@ -137,6 +143,7 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
         "adapter": {"distribution": entry.distribution, "version": entry.version},
         "contract_digest": contract.digest,
         "provider": provider,
+        "provider_settings": settings,
         "base_dir": base,
         "required_capabilities": sorted(required),
         "spec": spec.model_dump(mode="json"),
@@ -146,8 +153,28 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
         **launch.to_json(),
         "checksum": "",
     }
+    taken = sorted(set(provider_files) & set(doc["files"]))
+    if taken:
+        raise AdapterBug(f"{adapter.name}'s launch writes {taken[0]}, a file the {provider} "
+                         "provider writes")
+    doc["files"] = {**doc["files"], **provider_files}
     doc["checksum"] = plan_checksum(doc)
     return LaunchPlan.model_validate(doc)
+
+
+def _provider_files(provider: Provider, settings: dict[str, Any], adapter: Any, run_id: str,
+                    spec: ExperimentSpec, base_dir: Path) -> tuple[dict[str, Any],
+                                                                   dict[str, str]]:
+    """What the provider adds to the plan: its checked settings and its files."""
+    if provider != "slurm":
+        if settings:
+            raise InvalidInput(f"provider settings apply to --provider slurm, not {provider}")
+        return {}, {}
+    from stateset_backend.providers.slurm.planning import plan_files
+
+    return plan_files(settings, run_id=run_id, engine=adapter.name,
+                      launch=adapter.cluster_launch, nodes=spec.resources.nodes,
+                      gpus_per_node=spec.resources.gpus_per_node, base_dir=base_dir)
 
 
 def _refuse_inexact_integers(engine: str, doc: Any, path: str = "") -> None:

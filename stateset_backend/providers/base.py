@@ -17,6 +17,7 @@ from stateset_backend.providers.local import STDERR_LOG, STDOUT_LOG, Exit, run_l
 # update (the warning before a time limit or a pre-emption): this file, created in the run
 # directory. An engine that honours it exits with the run resumable from that checkpoint.
 STOP_REQUEST = "stop-requested"
+EXIT_STOPPED = 75  # the engine's status after it stopped on that request (EX_TEMPFAIL)
 
 
 @dataclass(frozen=True)

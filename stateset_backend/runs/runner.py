@@ -25,7 +25,7 @@ from stateset_backend.spec.inputs import verify_inputs
 from stateset_backend.common.jsonio import atomic_write_bytes, utc_now
 from stateset_backend.providers.local import Exit
 from stateset_backend.plan.launch_plan import LaunchPlan, verify_engine_version
-from stateset_backend.providers.base import LocalProvider, PreparedLaunch, Provider, RayProvider
+from stateset_backend.providers.base import EXIT_STOPPED, LocalProvider, PreparedLaunch, Provider, RayProvider
 from stateset_backend.engines.registry import Registry
 from stateset_backend.runs.results import (
     Check,
@@ -134,7 +134,11 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
     verify_engine_version(plan, adapter.installed_version(python, engine_home))
 
     spec = plan.validated_spec()
-    if plan.provider == "local":
+    if plan.provider == "slurm":  # the login node sees the shared filesystem the nodes read
+        from stateset_backend.providers.slurm.planning import check_runs_dir
+
+        check_runs_dir(plan.provider_settings, store.root)
+    if plan.provider in ("local", "slurm"):
         verify_inputs(spec, Path(plan.base_dir))
     if engine_home is None and any(ENGINE_HOME in a for a in plan.argv):
         raise InvalidInput("this plan runs an engine from its source checkout: pass "
@@ -203,14 +207,23 @@ def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, atte
     prepared = prepare_attempt(plan, adapter, attempt, resume_from, python=python,
                                engine_home=engine_home, echo_stderr=echo_stderr,
                                live_progress=live_progress)
-    provider: Provider = RayProvider(ray_address or os.environ.get("RAY_ADDRESS")) \
-        if plan.provider == "ray" else LocalProvider()
+    provider = _provider(plan, ray_address)
     started, t0 = utc_now(), time.monotonic()
     exit_ = provider.launch(prepared, timeout)
     duration = time.monotonic() - t0
     result = collect_and_validate(plan, adapter, attempt, spec, exit_, resume_from,
                                   started=started, duration=duration, warnings=warnings)
     return result, store.finish(attempt, result)
+
+
+def _provider(plan: LaunchPlan, ray_address: str | None) -> Provider:
+    if plan.provider == "ray":
+        return RayProvider(ray_address or os.environ.get("RAY_ADDRESS"))
+    if plan.provider == "slurm":
+        from stateset_backend.providers.slurm.job import SlurmProvider
+
+        return SlurmProvider()
+    return LocalProvider()
 
 
 def prepare_attempt(plan: LaunchPlan, adapter: EngineAdapter, attempt: Attempt,
@@ -288,6 +301,12 @@ def collect_and_validate(plan: LaunchPlan, adapter: EngineAdapter, attempt: Atte
         selection=select_checkpoint(spec.evaluation.select_by, rows, saved),
         deviations=plan.deviations, artifacts=artifacts, checks=checks,
         warnings=warnings or [])
+
+
+def stopped_by_cluster(result: Result) -> bool:
+    """The engine checkpointed and stopped because its provider asked (a cluster's warning
+    before its time limit or a pre-emption): resumable, and not the user's doing."""
+    return result.status == "interrupted" and result.exit_code == EXIT_STOPPED
 
 
 def raise_for_status(result: Result, path: Path, resume_from: int | None = None) -> None:

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from stateset_backend.common.errors import EngineFailed, Unsupported
-from stateset_backend.providers.base import STOP_REQUEST, PreparedLaunch
+from stateset_backend.providers.base import EXIT_STOPPED, STOP_REQUEST, PreparedLaunch
 from stateset_backend.providers.local import Exit, forward_interrupts
-from stateset_backend.providers.slurm.script import ARGV_FILE, ENV_FILE, EXIT_STOPPED, SCRIPT_FILE
+from stateset_backend.providers.slurm.script import ARGV_FILE, ENV_FILE, SCRIPT_FILE
 
 POLL_SECONDS = 0.5
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",

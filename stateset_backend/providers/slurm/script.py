@@ -23,14 +23,13 @@ import re
 import shlex
 from typing import Literal
 
-from stateset_backend.providers.base import STOP_REQUEST
+from stateset_backend.providers.base import EXIT_STOPPED, STOP_REQUEST
 from stateset_backend.providers.slurm.settings import SlurmSettings
 
 ClusterLaunch = Literal["process", "torchrun", "ray"]
 SCRIPT_FILE = "slurm/job.sbatch"
 ARGV_FILE = "slurm/argv"  # the engine's argv, NUL-separated, placeholders filled
 ENV_FILE = "slurm/env"  # NAME=value items the plan sets, NUL-separated
-EXIT_STOPPED = 75  # the script's status when the engine stopped on the stop request
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 _PREAMBLE = r"""set -euo pipefail

@@ -1,0 +1,53 @@
+"""What a Slurm plan adds to a launch: its checked settings and the batch script.
+
+Called while the plan is made, so that a setting Slurm would reject, a spec folder the nodes
+cannot see, or a multi-node spec an engine cannot spread over nodes is refused before anything
+is written, with the option to change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from stateset_backend.common.errors import InvalidInput, Unsupported
+from stateset_backend.providers.slurm.script import SCRIPT_FILE, ClusterLaunch, render
+from stateset_backend.providers.slurm.settings import SlurmSettings
+
+
+def settings_of(doc: dict[str, Any]) -> SlurmSettings:
+    try:
+        return SlurmSettings.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "settings"
+        flag = "--slurm-" + where.replace("_", "-")
+        raise InvalidInput(f"slurm {where} ({flag}): {first['msg']}") from None
+
+
+def plan_files(doc: dict[str, Any], *, run_id: str, engine: str, launch: ClusterLaunch,
+               nodes: int, gpus_per_node: int, base_dir: Path) -> tuple[dict[str, Any],
+                                                                         dict[str, str]]:
+    """The settings as the plan records them, and the files the plan adds (the script)."""
+    settings = settings_of(doc)
+    if not settings.holds(str(base_dir)):
+        raise InvalidInput(f"the spec's folder {base_dir} is not on the shared filesystem "
+                           f"{settings.shared_root} (--slurm-shared-root): the nodes could not "
+                           "read its data; plan from a folder under it")
+    if nodes > 1 and launch == "process":
+        raise Unsupported(f"{engine} runs as one process here and cannot spread over "
+                          f"{nodes} nodes; set resources.nodes to 1")
+    script = render(settings, launch=launch, run_id=run_id, engine=engine, nodes=nodes,
+                    gpus_per_node=gpus_per_node)
+    return settings.model_dump(mode="json"), {SCRIPT_FILE: script}
+
+
+def check_runs_dir(doc: dict[str, Any], runs_dir: Path) -> None:
+    """The run store must be where the nodes write: on the shared filesystem."""
+    settings = settings_of(doc)
+    if not settings.holds(str(runs_dir.resolve())):
+        raise InvalidInput(f"runs directory {runs_dir.resolve()} is not on the shared "
+                           f"filesystem {settings.shared_root} of this Slurm plan: the job could "
+                           "not write its outputs there; pass --runs-dir under it")

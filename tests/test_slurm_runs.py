@@ -1,0 +1,146 @@
+"""The native engine's main job through ``--provider slurm`` on a real single-node Slurm
+(tests/slurm_cluster.py), end to end through the CLI: the same identity and metrics as the
+local provider, Ctrl-C cancels the job, and Slurm's warning signal leads to a checkpoint from
+which the run resumes as a new attempt of the same run, ending with the uninterrupted weights."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from slurm_cluster import slurm  # noqa: F401  (the fixture)
+
+from stateset_backend.cli import main
+
+pytestmark = pytest.mark.slow
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory) -> Path:
+    """The README's job, shortened: 40 updates, a checkpoint and a validation every 10."""
+    folder = tmp_path_factory.mktemp("spec")
+    shutil.copytree(EXAMPLES / "support-routing", folder / "support-routing")
+    doc = json.loads((EXAMPLES / "support-routing.json").read_text())
+    doc["budget"]["total_updates"] = 40
+    doc["checkpoint"] = {"every": 10, "keep": 4}
+    doc["evaluation"]["every"] = 10
+    path = folder / "spec.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.fixture
+def on_slurm(slurm, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    return slurm
+
+
+def _plan(spec: Path, out: Path, *slurm_args: str) -> dict:
+    provider = ["--provider", "slurm", "--slurm-shared-root", "/", *slurm_args]
+    assert main(["plan", "--engine", "native", str(spec), "-o", str(out), *provider]) == 0
+    return json.loads(out.read_text())
+
+
+def _series(run_dir: Path) -> list[dict]:
+    attempt = max((run_dir / "attempts").iterdir(), key=lambda p: int(p.name))
+    rows = [json.loads(line) for line in
+            (attempt / "canonical_metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "tokens_per_second"))}
+            for r in rows]
+
+
+def _weights(run_dir: Path, attempt: int) -> str:
+    final = run_dir / "attempts" / str(attempt) / "final" / "model.safetensors"
+    return hashlib.sha256(final.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def local_run(spec, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("local")
+    plan = tmp / "plan.json"
+    assert main(["plan", "--engine", "native", str(spec), "-o", str(plan)]) == 0
+    assert main(["run", "--runs-dir", str(tmp / "runs"), "--quiet", str(plan)]) == 0
+    doc = json.loads(plan.read_text())
+    return doc, tmp / "runs" / doc["run_id"]
+
+
+def test_the_main_job_on_slurm_is_the_local_run(on_slurm, spec, local_run, tmp_path, capsys):
+    plan = _plan(spec, tmp_path / "plan.json", "--slurm-time", "00:10:00")
+    assert plan["provider"] == "slurm" and "slurm/job.sbatch" in plan["files"]
+    capsys.readouterr()
+    assert main(["--json", "run", "--runs-dir", str(tmp_path / "runs"), "--quiet",
+                 str(tmp_path / "plan.json")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    local, local_dir = local_run
+    assert result["status"] == "succeeded" and result["provider"] == "slurm"
+    assert result["experiment_digest"] == local["experiment_digest"]
+    run_dir = tmp_path / "runs" / plan["run_id"]
+    assert (run_dir / "attempts" / "1" / "slurm" / "job_id").read_text().strip().isdigit()
+    assert _series(run_dir) == _series(local_dir)
+    assert _weights(run_dir, 1) == _weights(local_dir, 1)
+
+
+def _start(plan: Path, runs: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "stateset_backend", "run", "--runs-dir",
+                             str(runs), str(plan)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+
+
+def _wait_for(path_of, limit_s: float = 120.0) -> Path:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        found = path_of()
+        if found is not None:
+            return found
+        time.sleep(0.2)
+    raise AssertionError("timed out waiting for the run")
+
+
+def test_ctrl_c_cancels_the_job(on_slurm, spec, tmp_path):
+    doc = _plan(spec, tmp_path / "plan.json")
+    attempt = tmp_path / "runs" / doc["run_id"] / "attempts" / "1"
+    proc = _start(tmp_path / "plan.json", tmp_path / "runs")
+    _wait_for(lambda: attempt / "metrics.jsonl" if (attempt / "metrics.jsonl").exists()
+              else None)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    job = (attempt / "slurm" / "job_id").read_text().strip()
+    assert "JobState=CANCELLED" in on_slurm.run("scontrol", "show", "job", "-o", job).stdout
+    result = json.loads((attempt / "result.json").read_text())
+    assert result["status"] == "interrupted"
+
+
+def test_the_warning_signal_checkpoints_and_the_run_resumes_to_the_same_weights(
+        on_slurm, spec, local_run, tmp_path):
+    doc = _plan(spec, tmp_path / "plan.json", "--slurm-requeue", "1")
+    run_dir = tmp_path / "runs" / doc["run_id"]
+    first = run_dir / "attempts" / "1"
+    proc = _start(tmp_path / "plan.json", tmp_path / "runs")
+    # after the first periodic checkpoint, as Slurm's --signal=B:USR1@N would before the limit
+    _wait_for(lambda: first / "checkpoints" / "update-000010"
+              if (first / "checkpoints" / "update-000010").is_dir() else None)
+    job = (first / "slurm" / "job_id").read_text().strip()
+    assert on_slurm.run("scancel", "--batch", "--signal=USR1", job).returncode == 0
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    stopped = json.loads((first / "result.json").read_text())
+    assert stopped["status"] == "interrupted" and stopped["exit_code"] == 75
+    assert stopped["committed_updates"] < 40
+    # the checkpoint the request asked for, at the update the engine stopped at
+    assert (first / "checkpoints" / f"update-{stopped['committed_updates']:06d}").is_dir()
+    resumed = json.loads((run_dir / "attempts" / "2" / "result.json").read_text())
+    assert resumed["status"] == "succeeded" and resumed["run_id"] == doc["run_id"]
+    assert resumed["resumed_from"]["update"] == stopped["committed_updates"]
+    assert "resuming it" in err
+    _, local_dir = local_run
+    assert _weights(run_dir, 2) == _weights(local_dir, 1)
