@@ -46,18 +46,19 @@ A capability or case the adapter declares in ``unsupported`` (or a case its writ
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
+from stateset_backend.common.errors import InvalidInput
 from stateset_backend.common.jsonio import flatten
 from stateset_backend.conformance import checks, launch_run, readers, stubs, writers
 from stateset_backend.conformance.checks import COLLECTION_CASES, CheckFailed, Writer
-from stateset_backend.conformance.samples import SAMPLED, SampleFiles, write_sample_files
+from stateset_backend.conformance.fixtures import KitFixtures, reported, unsupported, unverified
+from stateset_backend.conformance.samples import SAMPLED, SampleFiles
 from stateset_backend.conformance.specs import SAMPLES
 from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import CannotWrite, EngineAdapter
@@ -71,149 +72,10 @@ __all__ = ["COLLECTION_CASES", "SAMPLED", "SAMPLES", "AdapterConformance", "Cann
 #: under the engine's own tag (``names``), as the engine's SummaryWriter would
 write_tensorboard = writers.tensorboard
 
-_BUILTIN_WRITER: object = object()  # the kit writes this engine's outputs itself, per launch
-UNSUPPORTED = "unsupported: "  # prefix of a skip reason that reports a declared gap
-UNVERIFIED = "unverified: "  # prefix of a skip reason: the kit could not see what the engine reads
 
-
-def unsupported(reason: str) -> None:
-    """Report the running check as ``unsupported`` (a declared gap), with its reason."""
-    pytest.skip(UNSUPPORTED + reason)
-
-
-def unverified(reason: str) -> None:
-    """Report the running check as ``unverified``: nothing was checked, so it cannot pass."""
-    pytest.skip(UNVERIFIED + reason)
-
-
-@contextmanager
-def _reported() -> Iterator[None]:
-    """A CheckFailed inside becomes the test's failure, as one line without a traceback."""
-    try:
-        yield
-    except CheckFailed as exc:
-        failure = str(exc)
-    else:
-        return
-    pytest.fail(failure, pytrace=False)
-
-
-class AdapterConformance:
-    """Mix into a ``Test*`` class; see the module docstring for what to provide."""
-
-    #: versions to check: the first and last release of every dialect of the contract
-    engine_versions: ClassVar[Iterable[str]] = ()
-    #: capabilities (or collection case names, or "resume") the adapter does not honour,
-    #: optionally limited to versions by a PEP 440 specifier after a space; a mapping gives
-    #: each entry its reason
-    unsupported: ClassVar[Iterable[str] | Mapping[str, str]] = frozenset()
-    #: the data file format the engine reads: "jsonl" or "parquet"
-    data_format: ClassVar[str] = "jsonl"
-    #: merged into every sample spec (a model path the engine can load, a prompt policy),
-    #: over ``kit_support().base``
-    base: ClassVar[dict[str, Any]] = {}
-    #: the versions were picked by hand (``conformance --engine-version``), not meant to
-    #: cover every dialect: the coverage check is reported skipped instead of failed
-    chosen_versions: ClassVar[bool] = False
-
-    # -- what the adapter's class provides -----------------------------------------------------
-    @pytest.fixture
-    def adapter(self) -> EngineAdapter:
-        raise NotImplementedError("provide an `adapter` fixture returning the adapter")
-
-    @pytest.fixture
-    def write_outputs(self, adapter: EngineAdapter) -> Writer | None:
-        """``write(attempt_dir, ctx, *, metrics, identity, artifacts, checkpoint_step)``:
-        the engine's native output files for canonical metric rows, from the adapter's
-        ``kit_support()`` (the kit writes the built-in engines' itself, per launch). Without
-        one, collection and resume are reported unsupported."""
-        writer: Writer | None = adapter.kit_support().write_outputs
-        if writer is None and adapter.name in writers.BUILTIN:
-            return _BUILTIN_WRITER  # type: ignore[return-value]
-        return writer
-
-    def _writer(self, adapter: EngineAdapter, plan: LaunchPlan, declared: Writer | None,
-                read: Callable[[LaunchPlan], dict[str, Any]] | None) -> Writer:
-        if declared is not _BUILTIN_WRITER:
-            assert declared is not None
-            return declared
-        assert read is not None
-        made = writers.writer_for(adapter.name, plan, lambda p: flatten(read(p)), None)
-        assert made is not None
-        return made
-
-    @pytest.fixture
-    def parse_launch(self, adapter: EngineAdapter) -> Callable[[LaunchPlan],
-                                                                dict[str, Any]] | None:
-        """What the engine reads from a plan's launch: the kit's own reader for a built-in
-        engine, else ``kit_support().parse_launch``. Without one, the checks that need it are
-        reported ``unverified``."""
-        return readers.reader_for(adapter.name, adapter.kit_support().parse_launch)
-
-    def option_key(self, adapter: EngineAdapter, plan: LaunchPlan) -> str:
-        """A free-text ``engine_options`` key no spec field maps to, for the hostile-value
-        check: ``kit_support().option_key`` names one the engine's parser accepts."""
-        named = adapter.kit_support().option_key
-        if named is not None:
-            return str(named(plan))
-        flags = any(key.startswith("-") for key in plan.native)
-        return "--stateset-conformance-probe" if flags else "stateset_conformance_probe"
-
-    # -- generation ---------------------------------------------------------------------------
-    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        versions = list(type(self).engine_versions) or ["<set engine_versions>"]
-        if "engine_version" in metafunc.fixturenames:
-            metafunc.parametrize("engine_version", versions)
-        if "capability" in metafunc.fixturenames:
-            metafunc.parametrize("capability", SAMPLED)
-        if "case" in metafunc.fixturenames:
-            metafunc.parametrize("case", sorted(COLLECTION_CASES))
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def sample_files(cls, tmp_path_factory: pytest.TempPathFactory) -> SampleFiles:
-        return write_sample_files(tmp_path_factory.mktemp("conformance-samples"),
-                                  cls.data_format)
-
-    def _overrides(self, adapter: EngineAdapter) -> dict[str, Any]:
-        """``kit_support().base`` with the class's ``base`` merged over it: the CLI (which has
-        no class of the author's) and the author's test class plan the same samples."""
-        from stateset_backend.conformance.samples import deep_merge
-
-        return deep_merge(dict(adapter.kit_support().base), type(self).base)
-
-    def _gap(self, adapter: EngineAdapter, name: str, version: str) -> str | None:
-        """A gap declared by the adapter's ``kit_support()`` or by this class."""
-        declared = {**checks.reasons_of(adapter.kit_support().unsupported),
-                    **checks.reasons_of(type(self).unsupported)}
-        return checks.declared_unsupported(declared, name, version)
-
-    @staticmethod
-    def _version(adapter: EngineAdapter, version: str) -> None:
-        if version.startswith("<"):
-            pytest.fail("set engine_versions on the test class: the first and last release "
-                        "of every dialect", pytrace=False)
-        if not adapter.contract.supports(parse_version(version)):
-            pytest.fail(f"{version} is outside {adapter.name}'s supported range "
-                        f"{adapter.contract.supported}", pytrace=False)
-
-    def _claimed(self, adapter: EngineAdapter, version: str,
-                 files: SampleFiles) -> list[tuple[Any, LaunchPlan]]:
-        """One planned sample per claimed capability that is not a declared gap; the check
-        fails once, with the reasons, when none plans."""
-        with _reported():
-            samples = checks.claimed_plans(adapter, version, files, self._overrides(adapter),
-                                           lambda c: self._gap(adapter, c, version) is not None)
-        if not samples:
-            pytest.fail(f"no claimed capability of {adapter.name} {version} plans: nothing "
-                        "is translated", pytrace=False)
-        return samples
-
-    def _base(self, adapter: EngineAdapter, version: str, files: SampleFiles,
-              **extra: Any) -> tuple[dict[str, Any], LaunchPlan]:
-        with _reported():
-            return checks.base_plan(adapter, version, files, self._overrides(adapter), **extra)
-        raise AssertionError("unreachable")
+class AdapterConformance(KitFixtures):
+    """Mix into a ``Test*`` class; see the module docstring for what to provide. The class
+    attributes to set and the fixtures the checks take come from :class:`KitFixtures`."""
 
     # -- the contract -------------------------------------------------------------------------
     def test_contract_matches_the_shipped_schema(self, adapter: EngineAdapter) -> None:
@@ -245,7 +107,7 @@ class AdapterConformance:
         gap = self._gap(adapter, capability, engine_version)
         if claimed and gap is not None:
             unsupported(f"{capability}: {gap}")
-        with _reported():
+        with reported():
             checks.check_capability(adapter, engine_version, capability, sample_files,
                                     self._overrides(adapter))
 
@@ -254,7 +116,7 @@ class AdapterConformance:
                                                    sample_files: SampleFiles) -> None:
         self._version(adapter, engine_version)
         samples = self._claimed(adapter, engine_version, sample_files)
-        with _reported():
+        with reported():
             for sample, _ in samples:
                 checks.check_deterministic_and_pure(adapter, engine_version, sample,
                                                     sample_files)
@@ -275,7 +137,7 @@ class AdapterConformance:
 
         leaves = set(all_leaf_paths(ExperimentSpec)) if adapter.name == "native" else set()
         base, _ = self._base(adapter, engine_version, sample_files)
-        with _reported():
+        with reported():
             varied = checks.check_sensitivity(
                 adapter, engine_version, base, sample_files, parse_launch,
                 also_read=leaves.__contains__,
@@ -292,7 +154,7 @@ class AdapterConformance:
         ``PYTHONHASHSEED``: byte-identical plans."""
         self._version(adapter, engine_version)
         (sample, _), *_ = self._claimed(adapter, engine_version, sample_files)
-        with _reported():
+        with reported():
             reason = checks.check_plans_agree_across_processes(adapter, engine_version,
                                                                sample, sample_files)
         if reason is not None:
@@ -318,7 +180,7 @@ class AdapterConformance:
             doc = checks.hostile_doc(base, values, key, engine, lora)
             try:
                 return checks.plan_doc(adapter, engine_version, doc, sample_files)
-            except checks.InvalidInput:
+            except InvalidInput:
                 return None  # refused as a value the engine cannot carry: exit 2, fine
 
         clean = plan(checks.BENIGN)
@@ -335,7 +197,7 @@ class AdapterConformance:
 
         clean_read = read(clean) if parse_launch is not None else None
         refused = 0
-        with _reported():
+        with reported():
             for values in checks.rotations():
                 hostile = plan(values)
                 if hostile is None:
@@ -367,7 +229,7 @@ class AdapterConformance:
         leaves = set(all_leaf_paths(ExperimentSpec)) if adapter.name == "native" else set()
         samples = self._claimed(adapter, engine_version, sample_files)
         known = surface(adapter.name, engine_version) or adapter.kit_support().surface
-        with _reported():
+        with reported():
             for sample, plan in samples:
                 try:
                     read = flatten(parse_launch(plan))
@@ -403,7 +265,7 @@ class AdapterConformance:
 
         _, plan = self._base(adapter, engine_version, sample_files)
         known = surface(adapter.name, engine_version) or adapter.kit_support().surface
-        with _reported():
+        with reported():
             compared = launch_run.check_launch_runs(plan, dict(stub), parse_launch(plan),
                                                     tmp_path, known, adapter)
         assert compared, "the stub received nothing the kit could compare"
@@ -423,14 +285,14 @@ class AdapterConformance:
         samples = self._claimed(adapter, engine_version, sample_files)
         _, base = self._base(adapter, engine_version, sample_files)
         known = surface(adapter.name, engine_version) or adapter.kit_support().surface
-        with _reported():
+        with reported():
             reached = checks.check_deviations_run(adapter, engine_version, base,
                                                   [plan for _, plan in samples], sample_files)
         if parse_launch is None:
             unverified("no launch reader: the deviations' launches cannot be read back "
                        "(give KitSupport.parse_launch, docs/plugins.md)")
         assert parse_launch is not None
-        with _reported():
+        with reported():
             for name, plan in reached.items():
                 try:
                     read = flatten(parse_launch(plan))
@@ -445,7 +307,7 @@ class AdapterConformance:
         self._version(adapter, engine_version)
         base, plan = self._base(adapter, engine_version, sample_files)
         tried = 0
-        with _reported():
+        with reported():
             tried = checks.check_option_keys(adapter, engine_version, base, plan, sample_files,
                                              self.option_key(adapter, plan))
         assert tried, "the launch sets no key, so nothing could be guarded"
@@ -465,7 +327,7 @@ class AdapterConformance:
         assert write_outputs is not None
         _, plan = self._base(adapter, engine_version, sample_files)
         cannot = None
-        with _reported():
+        with reported():
             try:
                 checks.check_collection(adapter, plan, COLLECTION_CASES[case],
                                         self._writer(adapter, plan, write_outputs,
@@ -492,7 +354,7 @@ class AdapterConformance:
         provided = adapter.contract.provided(parse_version(engine_version))
         extra = {"checkpoint": {"every": 1}} if "checkpoint" in provided else {}
         _, plan = self._base(adapter, engine_version, sample_files, **extra)
-        with _reported():
+        with reported():
             checks.check_resume(adapter, plan,
                                 self._writer(adapter, plan, write_outputs, parse_launch),
                                 tmp_path)

@@ -1,0 +1,114 @@
+"""The kit's checks as plain functions: the pytest classes and the compatibility matrix call
+the same code, so what the matrix shows is what the suite proves.
+
+Each check raises :class:`CheckFailed` with the reason, or returns what it found. The modules
+follow a sample through the pipeline, each holding the checks that prove one thing:
+
+- ``planning``: the samples plan; a claimed capability plans with nothing dropped, an
+  unclaimed one is refused; the gaps an adapter declares;
+- ``determinism``: a plan depends on its spec and release alone;
+- ``injection``: user strings are data; ``engine_options`` cannot reach a key the launch sets;
+- ``engine_reads``: the launch as the engine reads it, held to the launch, the release and
+  the spec; each setting reaches exactly the keys it claims;
+- ``outputs``: collecting the engine's outputs, and resuming from a checkpoint.
+
+Every check and constant is importable from here, as from the module that holds it.
+"""
+
+from __future__ import annotations
+
+from stateset_backend.conformance.checks.determinism import (
+    check_deterministic_and_pure,
+    check_launchers_compile,
+    check_plans_agree_across_processes,
+    normalized,
+)
+from stateset_backend.conformance.checks.engine_reads import (
+    DISTINCT_LEAVES,
+    OBJECTIVE_CLASSES,
+    check_deviations_run,
+    check_distinct_launches,
+    check_expected,
+    check_reads_as_declared,
+    check_sensitivity,
+    normalize_values,
+    same_value,
+)
+from stateset_backend.conformance.checks.injection import (
+    BENIGN,
+    HOSTILE,
+    PROBE_SECRET,
+    STRING_FIELDS,
+    check_argv_structure,
+    check_option_keys,
+    check_read_back,
+    hostile_doc,
+    owned_keys,
+    rotations,
+    spellings,
+)
+from stateset_backend.conformance.checks.outputs import (
+    COLLECTION_CASES,
+    HEALTHY,
+    Case,
+    Writer,
+    check_collection,
+    check_resume,
+)
+from stateset_backend.conformance.checks.planning import (
+    CheckFailed,
+    base_plan,
+    check_capability,
+    check_no_silent_drop,
+    claimed_plans,
+    declared_unsupported,
+    entry_for,
+    fitted_base,
+    plan_doc,
+    plannable_sample,
+    reasons_of,
+)
+
+__all__ = [
+    "BENIGN",
+    "COLLECTION_CASES",
+    "DISTINCT_LEAVES",
+    "HEALTHY",
+    "HOSTILE",
+    "OBJECTIVE_CLASSES",
+    "PROBE_SECRET",
+    "STRING_FIELDS",
+    "Case",
+    "CheckFailed",
+    "Writer",
+    "base_plan",
+    "check_argv_structure",
+    "check_capability",
+    "check_collection",
+    "check_deterministic_and_pure",
+    "check_deviations_run",
+    "check_distinct_launches",
+    "check_expected",
+    "check_launchers_compile",
+    "check_no_silent_drop",
+    "check_option_keys",
+    "check_plans_agree_across_processes",
+    "check_read_back",
+    "check_reads_as_declared",
+    "check_resume",
+    "check_sensitivity",
+    "claimed_plans",
+    "declared_unsupported",
+    "entry_for",
+    "fitted_base",
+    "hostile_doc",
+    "normalize_values",
+    "normalized",
+    "owned_keys",
+    "plan_doc",
+    "plannable_sample",
+    "reasons_of",
+    "rotations",
+    "same_value",
+    "spellings",
+]

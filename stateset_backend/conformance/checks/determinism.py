@@ -1,0 +1,140 @@
+"""A plan depends on its spec and release alone: two plans of one spec are the same (up to
+run id and time), in this process and in fresh interpreters under other hash seeds; planning
+changes neither the spec nor the spec's folder; the launchers a plan writes compile.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+from stateset_backend.conformance.checks.planning import CheckFailed, entry_for
+from stateset_backend.conformance.samples import Sample, SampleFiles
+from stateset_backend.contracts.loader import parse_version
+from stateset_backend.engines.adapter import EngineAdapter, LaunchContext
+from stateset_backend.plan.launch_plan import LaunchPlan, make_plan
+from stateset_backend.spec.files import parse_spec
+from stateset_backend.translate.rules import translate
+
+
+def normalized(plan: LaunchPlan) -> str:
+    """The plan as text with what differs between two plans of one spec taken out: its run
+    id and creation time (and the digests and checksum that cover them)."""
+    doc = plan.to_json()
+    for key in ("created_at", "checksum", "binding_digest", "run_id"):
+        doc.pop(key, None)
+    return json.dumps(doc, sort_keys=True).replace(plan.run_id, "<run-id>")
+
+
+def tree(root: Path) -> dict[str, str]:
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = "link:" + str(path.readlink())
+        elif path.is_file():
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            out[rel] = "dir"
+    return out
+
+
+def check_deterministic_and_pure(adapter: EngineAdapter, version: str, sample: Sample,
+                                 files: SampleFiles) -> None:
+    spec = parse_spec(sample.doc)
+    before_spec = copy.deepcopy(spec.model_dump(mode="json"))
+    before_files = tree(files.root)
+    entry = entry_for(adapter)
+    dialect = adapter.contract.dialect(parse_version(version))
+    first = make_plan(spec, entry, version, base_dir=files.root)
+    second = make_plan(spec, entry, version, base_dir=files.root)
+    if normalized(first) != normalized(second):
+        a, b = normalized(first), normalized(second)
+        at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                  min(len(a), len(b)))
+        raise CheckFailed(f"{sample.capability}: two plans of the same spec differ beyond run "
+                          f"id and time: ...{a[max(0, at - 80):at + 80]}... vs "
+                          f"...{b[max(0, at - 80):at + 80]}...")
+    t1 = translate(spec, adapter.rules(dialect), dialect, adapter.name, version)
+    t2 = translate(spec, adapter.rules(dialect), dialect, adapter.name, version)
+    if t1.native != t2.native:
+        raise CheckFailed(f"{sample.capability}: translation differs between two calls")
+    ctx = LaunchContext("20260101T000000Z-00000000", "sha256:" + "0" * 64, version, dialect,
+                        str(files.root))
+    if adapter.render(t1, spec, ctx) != adapter.render(t2, spec, ctx):
+        raise CheckFailed(f"{sample.capability}: render differs between two calls")
+    if spec.model_dump(mode="json") != before_spec:
+        raise CheckFailed(f"{sample.capability}: planning changed the spec object")
+    if tree(files.root) != before_files:
+        raise CheckFailed(f"{sample.capability}: planning wrote into the spec's folder")
+    check_launchers_compile(first, sample.capability)
+
+
+def check_launchers_compile(plan: LaunchPlan, where: str) -> None:
+    """Every Python file the launch writes is a program Python can compile."""
+    for name, text in plan.files.items():
+        if name.endswith(".py"):
+            try:
+                compile(text, name, "exec")
+            except SyntaxError as exc:
+                raise CheckFailed(f"{where}: the launch writes {name}, which is not valid "
+                                  f"Python (line {exc.lineno}: {exc.msg})") from None
+
+
+_CHILD = """
+import importlib, json, sys
+from pathlib import Path
+from stateset_backend.conformance import checks
+from stateset_backend.conformance.samples import SampleFiles
+job = json.loads(sys.stdin.read())
+module, _, qualname = job["adapter"].partition(":")
+cls = importlib.import_module(module)
+for part in qualname.split("."):
+    cls = getattr(cls, part)
+files = SampleFiles(Path(job["root"]), job["data_format"], job["sha256"])
+plan = checks.plan_doc(cls(), job["version"], job["doc"], files)
+sys.stdout.write(checks.normalized(plan))
+"""
+
+
+def check_plans_agree_across_processes(adapter: EngineAdapter, version: str, sample: Sample,
+                                       files: SampleFiles) -> str | None:
+    """The sample planned in two fresh interpreters with different ``PYTHONHASHSEED`` gives
+    byte-identical plans (up to run id and time): nothing depends on set or dict order, ids
+    or the process. None when it agrees; a reason when the adapter cannot be imported by
+    name in a fresh interpreter (then nothing was checked)."""
+    import os
+    import subprocess
+    import sys
+
+    cls = type(adapter)
+    if "<locals>" in cls.__qualname__:
+        return f"{cls.__qualname__} is defined inside a function: a fresh interpreter " \
+               "cannot import it"
+    job = json.dumps({"adapter": f"{cls.__module__}:{cls.__qualname__}", "version": version,
+                      "doc": sample.doc, "root": str(files.root),
+                      "data_format": files.data_format, "sha256": files.sha256})
+    outputs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed,
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        proc = subprocess.run([sys.executable, "-c", _CHILD], input=job, capture_output=True,
+                              text=True, env=env, timeout=300)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            if "ModuleNotFoundError" in last or "AttributeError" in last:
+                return f"{cls.__module__}:{cls.__qualname__} cannot be imported in a fresh " \
+                       f"interpreter ({last})"
+            raise CheckFailed(f"{sample.capability}: planning in a fresh interpreter failed: "
+                              f"{last}")
+        outputs.append(proc.stdout)
+    if outputs[0] != outputs[1]:
+        a, b = outputs
+        at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                  min(len(a), len(b)))
+        raise CheckFailed(f"{sample.capability}: plans made under PYTHONHASHSEED 1 and 2 "
+                          f"differ: ...{a[max(0, at - 80):at + 80]}... vs "
+                          f"...{b[max(0, at - 80):at + 80]}...; sort what you iterate")
+    return None

@@ -1,0 +1,333 @@
+"""The launch as the engine reads it (the kit's own reader for a built-in engine, a plugin's
+``parse_launch``), held to the launch, the release and the spec.
+
+The engine reads what the launch declares, key for key, every key exists in the release's
+surface and every default the contract records is the release's own; it reads the values the
+kit knows, from the engine itself, it must read for the spec (``expectations``). Each numeric
+setting reaches exactly the keys its rule claims; settings of different math launch
+differently; every deviation the dialect declares is run by some sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from stateset_backend.common.errors import InvalidInput
+from stateset_backend.common.jsonio import flatten
+from stateset_backend.conformance.checks.planning import CheckFailed, plan_doc, plan_or_none
+from stateset_backend.conformance.reach import leaf, reach_deviations, with_leaf
+from stateset_backend.conformance.samples import SampleFiles
+from stateset_backend.contracts.loader import parse_version
+from stateset_backend.engines.adapter import EngineAdapter
+from stateset_backend.plan.launch_plan import LaunchPlan
+from stateset_backend.spec.files import parse_spec
+from stateset_backend.translate.rules import explain_rows
+
+
+# -- what the engine reads, against what the launch claims and what the release has ------------
+def same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return float(a) == float(b)
+    if isinstance(a, str) and isinstance(b, float) and not math.isfinite(b):
+        return a == ("nan" if b != b else "inf" if b > 0 else "-inf")
+    if isinstance(b, str) and isinstance(a, float):
+        return same_value(b, a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def normalize_values(node: Any, plan: LaunchPlan) -> Any:
+    """Parsed values with the plan's own run id and digest replaced, so two plans compare."""
+    digest = plan.experiment_digest.removeprefix("sha256:")
+    if isinstance(node, str):
+        return node.replace(plan.run_id, "<run-id>").replace(digest, "<digest>")
+    if isinstance(node, list):
+        return [normalize_values(v, plan) for v in node]
+    if isinstance(node, dict):
+        return {k: normalize_values(v, plan) for k, v in node.items()}
+    return node
+
+
+def _flat_native(plan: LaunchPlan) -> tuple[dict[str, Any], set[str]]:
+    """The launch's declared native keys, dotted, without Hydra's ``+``; and the keys it
+    adds with ``+`` (not in the release's base config: read with ``.get()``)."""
+    out: dict[str, Any] = {}
+    added: set[str] = set()
+    for key, value in plan.native.items():
+        bare = key.lstrip("+")
+        flat = flatten(value, bare) if isinstance(value, dict) and value else {bare: value}
+        out.update(flat)
+        if key.startswith("+"):
+            added.update(flat)
+    return out, added
+
+
+def _closest(key: str, known: Iterable[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.8)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_reads_as_declared(adapter: EngineAdapter, plan: LaunchPlan, read: dict[str, Any],
+                            surface: dict[str, Any] | None,
+                            also_read: Callable[[str], bool] = lambda key: False) -> None:
+    """What the engine reads from the launch is what the launch declares, key for key; every
+    key it reads exists in the release's surface; every default the contract records is the
+    release's own."""
+    engine, version = adapter.name, plan.engine_version
+    where = f"{engine} {version}"
+    declared, added = _flat_native(plan)
+    options: dict[str, Any] = surface["options"] if surface is not None else {}
+    for key, value in declared.items():
+        if key not in read:
+            default = options.get(key, {}).get("default", object())
+            if (value is False or value is None) and (not options or
+                                                      same_value(default, value)):
+                continue  # an omitted switch or value: the release's default is the value
+            raise CheckFailed(f"{key}: the launch lists it as set to {value!r}, but {where} "
+                              "reads nothing for it from the launch (dropped from the argv, "
+                              "or set under another spelling); put it in the launch")
+        if not same_value(read[key], value):
+            raise CheckFailed(f"{key}: {where} reads {read[key]!r} from the launch, which "
+                              f"declares {value!r}; render what the translation says")
+    for key in read:
+        if key not in declared and not also_read(key):
+            raise CheckFailed(f"{key}: {where} reads it from the launch, but the launch does "
+                              "not list it among its native keys; declare every key it sets")
+    if surface is None:
+        return
+    def in_surface(key: str) -> bool:
+        """The key, or a mapping above it the release reads whole (a default of null or
+        {}: the engine takes whatever mapping the launch gives, e.g. an optimizer's extra
+        keyword arguments)."""
+        parts = key.split(".")
+        return key in options or any(
+            options.get(".".join(parts[:i]), {}).get("default", 0) in (None, {})
+            for i in range(1, len(parts)))
+
+    for key in read:
+        if not in_surface(key) and key not in added:
+            raise CheckFailed(f"{key}: {where} has no such key, so the setting is ignored or "
+                              f"refused (a typo, or another release's spelling?)"
+                              f"{_closest(key, options)}")
+    dialect = plan.resolved_dialect()
+    for key, recorded in dialect.defaults.items():
+        bare = key.lstrip("+")
+        if bare not in options:
+            if key.startswith("+") or bare in added:
+                continue  # read with .get(): not in the release's config to compare
+            raise CheckFailed(f"the {dialect.name} dialect records a default for {bare}, which "
+                              f"{where} does not have{_closest(bare, options)}")
+        real = options[bare]
+        if not (same_value(real.get("default"), recorded) or
+                same_value(real.get("written"), recorded)):
+            raise CheckFailed(f"the {dialect.name} dialect records {bare} = {recorded!r}, but "
+                              f"{where}'s default is {real.get('default')!r}; record the "
+                              "release's own default")
+
+
+# -- sensitivity: a setting reaches exactly the keys its rule claims -----------------------------
+def _variants(value: Any) -> list[Any]:
+    """Two values distinct from each other and from ``value``, of its type, small moves that
+    specs usually accept (tried in order; those the spec or the engine refuses are skipped)."""
+    if isinstance(value, bool) or value is None:
+        return []
+    tries: list[Any]
+    if isinstance(value, int):
+        tries = [value + 1, value + 2, value * 2, value + 3, value * 4, value - 1]
+    elif isinstance(value, float):
+        tries = [value * 0.5, value * 0.75, value * 1.25, value + 0.05, value + 0.1] \
+            if value else [0.01, 0.02, 0.05]
+    else:
+        return []
+    return [v for v in dict.fromkeys(tries) if v != value]
+
+
+def _claimed(adapter: EngineAdapter, plan: LaunchPlan, path: str) -> set[str]:
+    """The native keys the plan's translation says ``path`` sets (dotted, without '+')."""
+    dialect = plan.resolved_dialect()
+    rows = explain_rows(plan.validated_spec(), adapter.rules(dialect), dialect, adapter.name)
+    out: set[str] = set()
+    for row in rows:
+        if row.path == path:
+            for key, value in row.native.items():
+                bare = key.lstrip("+")
+                out |= set(flatten(value, bare)) if isinstance(value, dict) and value \
+                    else {bare}
+    return out
+
+
+def _moot(path: str, spec: Any) -> bool:
+    """Settings the spec's own meaning makes moot in this sample, whatever the engine (the
+    kit's knowledge of the spec, not of any adapter): a launch may pin them at anything."""
+    return path == "optim.min_lr_ratio" and spec.optim.schedule == "constant"
+
+
+def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any],
+                      files: SampleFiles, read: Callable[[LaunchPlan], dict[str, Any]],
+                      also_read: Callable[[str], bool] = lambda key: False,
+                      surface: dict[str, Any] | None = None) -> int:
+    """For every numeric leaf the translation pins onto engine keys: the sample planned at
+    two more values (distinct from each other and the base) and read back as the engine reads
+    it. At least one claimed key must read differently (the setting reaches the engine), and
+    every key that reads differently must be one the translation says changed (no setting
+    leaks into keys it does not claim). Returns how many leaves were varied."""
+    dialect = adapter.contract.dialect(parse_version(version))
+    origin = plan_doc(adapter, version, base, files)
+    spec = origin.validated_spec()
+    rows = explain_rows(spec, adapter.rules(dialect), dialect, adapter.name)
+    full = spec.model_dump(mode="json")
+    varied = 0
+    for row in rows:
+        if row.state != "pinned" or not row.native or row.path.split(".")[0] in (
+                "resources", "seed", "engine_options"):
+            continue
+        plans = []
+        for value in _variants(row.value):
+            plan = plan_or_none(adapter, version, with_leaf(full, row.path, value), files)
+            if plan is not None:
+                plans.append((value, plan))
+            if len(plans) == 2:
+                break
+        if len(plans) < 2:
+            continue
+        (a_value, a), (b_value, b) = plans
+        read_a = flatten(normalize_values(read(a), a))
+        read_b = flatten(normalize_values(read(b), b))
+        for plan, got in ((a, read_a), (b, read_b)):
+            try:
+                check_expected(adapter.name, plan, got, surface)
+            except CheckFailed as exc:
+                raise CheckFailed(f"{row.path} = {leaf(plan.spec, row.path)!r}: {exc}") from None
+        changed = {k for k in set(read_a) | set(read_b)
+                   if not same_value(read_a.get(k), read_b.get(k))}
+        claimed = _claimed(adapter, a, row.path) | _claimed(adapter, b, row.path)
+        declared_a, _ = _flat_native(a)
+        declared_b, _ = _flat_native(b)
+        moved = {k for k in set(declared_a) | set(declared_b)
+                 if not same_value(declared_a.get(k), declared_b.get(k))}
+        if not changed & claimed and not _moot(row.path, spec):
+            raise CheckFailed(f"{row.path}: planned at {a_value!r} and {b_value!r}, the "
+                              f"engine reads the same value for every key the translation "
+                              f"claims for it ({sorted(claimed)[:4]}): the setting never "
+                              "reaches the engine")
+        stray = sorted(k for k in changed - claimed - moved if not also_read(k))
+        if stray:
+            raise CheckFailed(f"{row.path}: changing it changes {stray[:4]} as the engine "
+                              "reads the launch, which its translation does not set")
+        varied += 1
+    return varied
+
+
+# Objectives whose math differs whatever the other settings are: two of different classes
+# must never launch alike (an adapter that claims rloo and launches grpo fails here).
+OBJECTIVE_CLASSES = {"grpo": "group", "dr_grpo": "group", "dapo": "group", "gspo": "gspo",
+                     "cispo": "cispo", "rloo": "rloo", "reinforce_pp": "reinforce_pp",
+                     "ppo": "ppo"}
+DISTINCT_LEAVES = {"algorithm.kl.estimator": ("k1", "k2", "k3"),
+                   "algorithm.loss_aggregation": ("token_mean", "seq_mean_token_mean",
+                                                  "seq_mean_token_sum",
+                                                  "seq_mean_token_sum_norm")}
+
+
+def check_distinct_launches(adapter: EngineAdapter, version: str, base: dict[str, Any],
+                            files: SampleFiles,
+                            read: Callable[[LaunchPlan], dict[str, Any]]) -> int:
+    """Different estimators, aggregations and objectives (with every other setting held)
+    launch differently, as the engine reads them. Returns how many pairs were compared."""
+    origin = plan_doc(adapter, version, base, files)
+    full = origin.validated_spec().model_dump(mode="json")
+    compared = 0
+
+    def launches(doc: dict[str, Any]) -> dict[str, Any] | None:
+        plan = plan_or_none(adapter, version, doc, files)
+        if plan is None:
+            return None
+        out = flatten(normalize_values(read(plan), plan))
+        return {k: v for k, v in out.items() if "<run-id>" not in str(v)}
+
+    for path, values in DISTINCT_LEAVES.items():
+        if path.startswith("algorithm.kl.") and full["algorithm"].get("kl") is None:
+            held = with_leaf(full, "algorithm.kl", {"coef": 0.01, "estimator": "k1",
+                                               "placement": "loss"})
+        else:
+            held = full
+        seen: dict[str, Any] = {}
+        for value in values:
+            got = launches(with_leaf(held, path, value))
+            if got is None:
+                continue
+            for other, launched in seen.items():
+                compared += 1
+                if launched == got:
+                    raise CheckFailed(f"{path}: {other!r} and {value!r} launch alike as the "
+                                      "engine reads them; one of them is not what it claims")
+            seen[value] = got
+    for first in OBJECTIVE_CLASSES:
+        for second in OBJECTIVE_CLASSES:
+            if first >= second or OBJECTIVE_CLASSES[first] == OBJECTIVE_CLASSES[second]:
+                continue
+            for recipe in (first, second):  # every other setting held at one recipe's
+                try:
+                    filled = parse_spec(with_leaf(base, "algorithm.objective", recipe)) \
+                        .model_dump(mode="json")
+                except InvalidInput:
+                    continue
+                a = launches(with_leaf(filled, "algorithm.objective", first))
+                b = launches(with_leaf(filled, "algorithm.objective", second))
+                if a is None or b is None:
+                    continue
+                compared += 1
+                if a == b:
+                    raise CheckFailed(f"algorithm.objective: {first!r} and {second!r} launch "
+                                      "alike as the engine reads them (other settings held "
+                                      f"at {recipe}'s); one of them is not what it claims")
+                break
+    return compared
+
+
+def check_deviations_run(adapter: EngineAdapter, version: str, base: LaunchPlan,
+                         plans: list[LaunchPlan], files: SampleFiles) -> dict[str, LaunchPlan]:
+    """A plan running each deviation the release's dialect declares, found among ``plans`` or
+    by moving the sample specs (``reach``); the deviations none runs fail, with what was
+    tried."""
+    dialect = adapter.contract.dialect(parse_version(version))
+    declared = {name: d.setting for name, d in dialect.deviations.items()}
+    docs = [p.validated_spec().model_dump(mode="json") for p in (base, *plans)]
+    reach = reach_deviations(declared, plans, docs,
+                             lambda doc: plan_or_none(adapter, version, doc, files))
+    missing = reach.missing(declared)
+    if missing:
+        shown = "; ".join(f"{name!r} on {declared[name]} (tried {', '.join(reach.tried[name])})"
+                          for name in missing)
+        raise CheckFailed(
+            f"{adapter.name} {dialect.name} declares deviations that no sample runs: {shown}. "
+            "When the spec asks for another value than the engine hard-codes, the rule for "
+            "that setting must return hardcoded(engine_value, name); a deviation that never "
+            "applies does not belong in the contract")
+    return reach.plans
+
+
+def check_expected(engine: str, plan: LaunchPlan, read: dict[str, Any],
+                   surface: dict[str, Any] | None) -> None:
+    """The values the kit knows, from the engine itself, that the engine must read for this
+    spec (``expectations``), are the ones it reads."""
+    from stateset_backend.conformance.expectations import OneOf, expected
+
+    for key, want in expected(engine, plan.validated_spec(), surface).items():
+        got = read.get(key, _MISSING)
+        ok = any(same_value(got, w) for w in want) if isinstance(want, OneOf) else \
+            same_value(got, want)
+        if not ok:
+            shown = "missing" if got is _MISSING else repr(got)
+            raise CheckFailed(f"{key}: {engine} {plan.engine_version} reads {shown}, but for "
+                              f"this spec it must read {want!r}")
+
+
+_MISSING = object()

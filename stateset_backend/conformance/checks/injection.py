@@ -1,0 +1,178 @@
+"""User strings are data. Hostile values in every string field of a spec and in an
+``engine_options`` value keep the launch's shape and read back, through the engine's own
+parser, as those values verbatim (never an interpolation resolved, never a new key); an
+``engine_options`` entry can never reach a key the launch sets, in any spelling.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from stateset_backend.common.errors import InvalidInput
+from stateset_backend.common.jsonio import flatten
+from stateset_backend.conformance.checks.planning import CheckFailed, describe, plan_doc
+from stateset_backend.conformance.samples import SampleFiles
+from stateset_backend.engines.adapter import EngineAdapter
+from stateset_backend.plan.launch_plan import LaunchPlan
+
+# -- user strings are data -------------------------------------------------------------------------
+HOSTILE = ("${oc.env:STATESET_PROBE}", "a'b", "--help", "x,y", "k=v", "a b", "\\", "[1]",
+           "{a:1}", "ünï", "--lr=1", "+x=1", "~trainer")
+STRING_FIELDS = ("name", "model", "prompt", "answer", "lora", "label", "option")
+BENIGN = {"name": "benign", "model": "/models/benign", "prompt": "prompt", "answer": "answer",
+          "lora": "q_proj", "label": "benign", "option": "benign"}
+
+
+def hostile_doc(base: dict[str, Any], values: Mapping[str, str], option_key: str,
+                engine: str, lora: bool) -> dict[str, Any]:
+    doc = copy.deepcopy(base)
+    doc["name"] = values["name"]
+    doc["labels"] = {"team": values["label"]}
+    doc["model"] = {**doc["model"], "path": values["model"]}
+    doc["model"].pop("revision", None)
+    if lora:
+        doc["model"]["lora"] = {"rank": 8, "alpha": 16, "target_modules": [values["lora"]]}
+    for split in ("train", "validation"):
+        if split in doc["data"]:
+            doc["data"][split] = {**doc["data"][split], "prompt_field": values["prompt"],
+                                  "answer_field": values["answer"]}
+    doc["engine_options"] = {engine: {option_key: values["option"]}}
+    return doc
+
+
+def rotations() -> list[dict[str, str]]:
+    """Each string field gets every hostile value once over the rotations."""
+    return [{f: HOSTILE[(i + j) % len(HOSTILE)] for i, f in enumerate(STRING_FIELDS)}
+            for j in range(len(HOSTILE))]
+
+
+def _argv(plan: LaunchPlan) -> list[str]:
+    digest = plan.experiment_digest.removeprefix("sha256:")
+    return [a.replace(plan.run_id, "<run-id>").replace(digest, "<digest>") for a in plan.argv]
+
+
+_KEY = re.compile(r"^[+~]*-{0,2}[A-Za-z_][\w.\-/@]*$")
+
+
+def _key_of(element: str) -> str | None:
+    """The key an argv element sets (``--flag=value`` or a Hydra ``key=value``), or None."""
+    key = element.split("=", 1)[0]
+    return key if "=" in element and _KEY.match(key) else None
+
+
+def check_argv_structure(clean: LaunchPlan, hostile: LaunchPlan,
+                         values: Mapping[str, str]) -> None:
+    """The hostile launch has the clean launch's shape: as many elements, the same flags and
+    keys in the same places, no hostile option as an element of its own, and every ``${`` in
+    a Hydra-style value escaped."""
+    a, b = _argv(clean), _argv(hostile)
+    if len(a) != len(b):
+        raise CheckFailed(f"hostile values changed the number of argv elements ({len(a)} -> "
+                          f"{len(b)}): {sorted(set(b) - set(a))[:5]}")
+    for x, y in zip(a, b, strict=True):
+        if x == y:
+            continue
+        kx = _key_of(x)
+        if kx is not None:
+            if y.split("=", 1)[0] != kx:
+                raise CheckFailed(f"argv element {x!r} became {y!r}: a key changed")
+        elif x.startswith("-"):
+            raise CheckFailed(f"the flag {x!r} became {y!r}")
+    dashed = {v for v in values.values() if v.startswith("-")}
+    for y in b:
+        if y in dashed:
+            raise CheckFailed(f"a hostile value is an argv element of its own: {y!r}")
+        if "=" in y and not y.startswith("-"):
+            value = y.split("=", 1)[1]
+            if re.search(r"(?<!\\)\$\{", value):
+                raise CheckFailed(f"an unescaped interpolation reaches a Hydra override: {y!r}")
+    if set(clean.native) != set(hostile.native):
+        raise CheckFailed("hostile values changed which native keys the launch sets: "
+                          f"{sorted(set(clean.native) ^ set(hostile.native))[:5]}")
+
+
+def check_read_back(clean: dict[str, Any], hostile: dict[str, Any],
+                    values: Mapping[str, str]) -> None:
+    """What the engine's parser reads from the hostile launch differs from the clean one only
+    in values that are, verbatim, hostile values."""
+    a, b = flatten(clean), flatten(hostile)
+    if a.keys() != b.keys():
+        raise CheckFailed(f"the engine's parser reads other keys from the hostile launch: "
+                          f"{sorted(a.keys() ^ b.keys())[:5]}")
+    allowed = set(values.values())
+    for key, got in b.items():
+        if PROBE_SECRET in json.dumps(got):
+            raise CheckFailed(f"{key}: the engine reads the value of STATESET_PROBE: an "
+                              "interpolation in a user string resolved, copying an "
+                              "environment variable into the run")
+        if got == a[key]:
+            continue
+        items = got if isinstance(got, list) else [got]
+        if not items or not all(isinstance(i, str) and (i in allowed or _safe_name(i))
+                                for i in items):
+            raise CheckFailed(f"{key}: the engine reads {got!r} (clean launch: {a[key]!r}), "
+                              "which is neither a hostile value verbatim nor a name made "
+                              "safe (letters, digits, '.', '_', '-')")
+
+
+# The value the kit gives STATESET_PROBE while it reads launches back: nothing a launch sets
+# may ever hold it. Not a safe name itself, so it can never pass as one.
+PROBE_SECRET = "kit probe: secret/../value"
+
+
+def _safe_name(text: str) -> bool:
+    """A user's text turned into one path component by the adapter: the engine may use it
+    as a folder name (verl's project name) without it choosing a location."""
+    return re.fullmatch(r"[A-Za-z0-9._-]+", text) is not None and text not in (".", "..")
+
+
+# -- engine_options keys ---------------------------------------------------------------------------
+def owned_keys(plan: LaunchPlan, option_key: str) -> list[str]:
+    """Every key the launch sets: the plan's native keys and the keys of its ``key=value``
+    argv elements (an adapter may set a key without listing it)."""
+    keys = {k for k in plan.native if k != option_key}
+    for element in plan.argv:
+        key = _key_of(element)
+        if key is not None and key.lstrip("+~") != option_key.lstrip("+~"):
+            keys.add(key)
+    return sorted(keys)
+
+
+def spellings(key: str) -> list[tuple[str, Any]]:
+    """Every way an ``engine_options`` entry could reach ``key``."""
+    bare = key.lstrip("+~")
+    if bare.startswith("-"):
+        out: list[tuple[str, Any]] = [(bare, 1), (f"{bare}=x", 1)]
+        if len(bare.lstrip("-")) > 3:
+            out.append((bare[:-1], 1))  # argparse takes an unambiguous prefix
+        return out
+    out = [(bare, 1), (f"~{bare}", None), (f"+{bare}", 1), (f"++{bare}", 1), (f"{bare}=x", 1)]
+    if "." in bare:
+        out.append((bare.rsplit(".", 1)[0], {"x": 1}))
+    return out
+
+
+def check_option_keys(adapter: EngineAdapter, version: str, base: dict[str, Any],
+                      plan: LaunchPlan, files: SampleFiles, option_key: str) -> int:
+    """Every key the launch sets, in every spelling, as an ``engine_options`` entry: each
+    must be refused with exit 2 at plan time. Returns how many entries were refused."""
+    tried = 0
+    for key in owned_keys(plan, option_key):
+        for spelled, value in spellings(key):
+            doc = copy.deepcopy(base)
+            doc["engine_options"] = {adapter.name: {spelled: value}}
+            try:
+                plan_doc(adapter, version, doc, files)
+            except InvalidInput:
+                tried += 1
+                continue
+            except Exception as exc:
+                raise CheckFailed(f"engine_options {spelled!r} (reaches {key}): expected "
+                                  f"exit 2, got {describe(exc)}") from None
+            raise CheckFailed(f"engine_options {spelled!r} reaches {key}, which the launch "
+                              "sets, and the plan was made")
+    return tried

@@ -1,0 +1,165 @@
+"""The end of a run, as the adapter reads it: collecting the engine's outputs and resuming
+from a checkpoint.
+
+A :class:`Writer` lays down the engine's native output files for canonical metric rows (the
+adapter's ``kit_support().write_outputs``, or the kit's own for a built-in engine). Healthy
+outputs collect as ``succeeded``; NaN, infinite or string metrics, missing or escaping
+artifacts, a missing identity, no committed update or a run stopped early are ``invalid``.
+A checkpoint is found, accepted and continued from without touching the earlier attempt.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from stateset_backend.conformance.checks.determinism import tree
+from stateset_backend.conformance.checks.planning import CheckFailed, describe
+from stateset_backend.engines.adapter import RUN_DIR, EngineAdapter, LaunchContext
+from stateset_backend.plan.launch_plan import LaunchPlan
+from stateset_backend.providers.local import Exit
+from stateset_backend.runs.results import evaluate
+
+
+class Writer(Protocol):
+    def __call__(self, attempt_dir: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
+                 identity: bool, artifacts: bool, checkpoint_step: int | None) -> None: ...
+
+
+# -- collection ------------------------------------------------------------------------------------
+# the base sample's budget: 4 updates (samples.base_doc)
+HEALTHY = [{"step": s, "reward/mean": 0.2 * s, "loss/policy": 0.5 / s, "kl": 0.01}
+           for s in (1, 2, 3, 4)]
+
+
+def _with(rows: list[dict[str, Any]], step: int, name: str, value: Any) -> list[dict[str, Any]]:
+    return [dict(r, **{name: value}) if r["step"] == step else dict(r) for r in rows]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    expect: str  # succeeded | invalid
+    metrics: list[dict[str, Any]]
+    identity: bool = True
+    artifacts: bool = True
+    checkpoint_step: int | None = 3
+    after: str | None = None  # remove_artifacts | symlink_artifacts
+
+
+COLLECTION_CASES: dict[str, Case] = {c.name: c for c in (
+    Case("healthy", "succeeded", HEALTHY),
+    # the bad value goes into the reward, the one metric every engine reports
+    Case("nan_metric", "invalid", _with(HEALTHY, 2, "reward/mean", math.nan)),
+    Case("infinite_metric", "invalid", _with(HEALTHY, 2, "reward/mean", math.inf)),
+    Case("string_metric", "invalid", _with(HEALTHY, 2, "reward/mean", "NaN")),
+    Case("no_artifacts", "invalid", HEALTHY, artifacts=False),
+    Case("missing_artifact", "invalid", HEALTHY, after="remove_artifacts"),
+    Case("artifact_symlink_outside", "invalid", HEALTHY, after="symlink_artifacts"),
+    Case("missing_identity", "invalid", HEALTHY, identity=False),
+    Case("no_committed_update", "invalid", [], checkpoint_step=None),
+    # the engine exited 0 after 3 of the 4 planned updates: not the experiment that was asked
+    Case("stopped_early", "invalid", HEALTHY[:3]),
+    # a second row logged at the last update (validation metrics beside training ones): still
+    # three updates, not four
+    Case("two_rows_at_one_update", "succeeded",
+         [*HEALTHY, {"step": 4, "reward/mean": 0.7}]),
+)}
+
+
+def _collect(adapter: EngineAdapter, attempt: Path, ctx: LaunchContext) -> Any:
+    try:
+        return adapter.collect(attempt, ctx), None
+    except Exception as exc:
+        return None, describe(exc)
+
+
+def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, writer: Writer,
+                     tmp: Path) -> str:
+    attempt = tmp / "attempt"
+    attempt.mkdir(parents=True)
+    planned = plan.validated_spec().budget.total_updates
+    if planned != len(HEALTHY):
+        raise CheckFailed(f"the collection cases are written for the base sample's "
+                          f"{len(HEALTHY)} updates, but its budget is {planned}: a `base` "
+                          "must not change budget.total_updates")
+    ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,
+                        plan.resolved_dialect(), plan.base_dir)
+    writer(attempt, ctx, metrics=copy.deepcopy(case.metrics), identity=case.identity,
+           artifacts=case.artifacts, checkpoint_step=case.checkpoint_step)
+    collected, error = _collect(adapter, attempt, ctx)
+    if case.after is not None:
+        if collected is None or not collected.artifacts:
+            raise CheckFailed(f"{case.name}: the healthy outputs list no artifact "
+                              f"({error or 'collect found none'})")
+        outside = tmp / "outside"
+        for art in collected.artifacts:
+            path = attempt / art.path
+            if not path.is_file():
+                continue
+            if case.after == "remove_artifacts":
+                path.unlink()
+            else:
+                target = outside / art.path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                path.replace(target)
+                path.symlink_to(target)
+        collected, error = _collect(adapter, attempt, ctx)
+    status, checks, _ = evaluate(plan, Exit(0), collected, attempt, collect_error=error)
+    failed = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
+    if case.expect == "succeeded" and collected is not None:
+        shown = max((int(r["step"]) for r in case.metrics), default=0)
+        if collected.committed_updates != shown:
+            raise CheckFailed(f"{case.name}: committed_updates is "
+                              f"{collected.committed_updates}, but the outputs show {shown} "
+                              f"updates (logged up to update {shown}, a checkpoint at "
+                              f"{case.checkpoint_step}); count updates, not log rows, and "
+                              "take them from the engine's outputs, not from the launch")
+    if status != case.expect:
+        raise CheckFailed(f"{case.name}: the result is {status}, expected {case.expect}"
+                          + (f" ({'; '.join(failed)})" if failed else ""))
+    return f"{status}" + (f" ({failed[0]})" if failed else "")
+
+
+# -- resume ----------------------------------------------------------------------------------------
+def check_resume(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, tmp: Path) -> str:
+    earlier, new = tmp / "attempts" / "1", tmp / "attempts" / "2"
+    earlier.mkdir(parents=True)
+    new.mkdir(parents=True)
+    ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,
+                        plan.resolved_dialect(), plan.base_dir)
+    writer(earlier, ctx, metrics=copy.deepcopy(HEALTHY), identity=True, artifacts=True,
+           checkpoint_step=3)
+    found = adapter.latest_checkpoint(earlier)
+    if found is None:
+        raise CheckFailed("resume:exact is claimed, but latest_checkpoint finds no checkpoint "
+                          "in an attempt the writer gave one (update 3)")
+    if found.update != 3:
+        raise CheckFailed(f"latest_checkpoint reports update {found.update}, the writer wrote 3")
+    problem = adapter.checkpoint_problem(found, plan.experiment_digest)
+    if problem is not None:
+        raise CheckFailed(f"a whole checkpoint of this experiment is refused: {problem}")
+    before = tree(earlier)
+    argv = [a.replace(RUN_DIR, str(new)) for a in plan.argv]
+    resumed = adapter.resume_argv(found, list(argv), new)
+    if tree(earlier) != before:
+        raise CheckFailed("resume_argv changed the earlier attempt's directory")
+    if not all(isinstance(a, str) for a in resumed):
+        raise CheckFailed("resume_argv returns an argv with non-string elements")
+    staged = adapter.latest_checkpoint(new)
+    if resumed == argv and (staged is None or staged.update != found.update):
+        raise CheckFailed("resume_argv neither changes the launch nor stages the checkpoint "
+                          "in the new attempt: the engine would start from scratch")
+    lost = [a for a in argv if str(new) in a and a not in resumed]
+    if lost:
+        raise CheckFailed(f"the resumed launch no longer writes into the new attempt: {lost[0]!r}"
+                          " is gone")
+    into_old = [a for a in resumed if a not in argv and str(earlier) in a and
+                str(found.path) not in a]
+    if into_old:
+        raise CheckFailed(f"the resumed launch points into the earlier attempt beyond its "
+                          f"checkpoint: {into_old[0]!r}")
+    return f"continues from update {found.update}"

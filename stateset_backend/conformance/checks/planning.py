@@ -1,0 +1,239 @@
+"""Planning the kit's samples on an adapter, and what planning alone proves.
+
+Every other check starts here: :class:`CheckFailed`, a sample planned through the adapter
+(``plan_doc``), the base sample fitted to what the release hard-codes (``fitted_base``,
+``base_plan``) and the gaps an adapter or its test class declares. The checks: a claimed
+capability has a sample that plans with nothing silently dropped; an unclaimed one is refused
+with exit 3 before anything could launch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+
+from stateset_backend.common.errors import AdapterBug, InvalidInput, Unsupported
+from stateset_backend.conformance.samples import (
+    Sample,
+    SampleFiles,
+    base_doc,
+    deep_merge,
+    samples_for,
+)
+from stateset_backend.contracts.loader import parse_version
+from stateset_backend.engines.adapter import EngineAdapter, unpinned_defaults
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import LaunchPlan, make_plan
+from stateset_backend.spec.files import parse_spec
+from stateset_backend.translate.rules import explain_rows
+
+
+class CheckFailed(AssertionError):
+    """The adapter does not conform; the message says where and why."""
+
+
+def entry_for(adapter: EngineAdapter) -> AdapterEntry:
+    dist = adapter.contract.distribution or adapter.name
+    return AdapterEntry(adapter, "conformance", dist, "0")
+
+
+# -- declared gaps ---------------------------------------------------------------------------------
+def reasons_of(entries: Iterable[str] | Mapping[str, str]) -> dict[str, str]:
+    """Declared gaps as {entry: reason}: a plain list of entries gives each no reason."""
+    return dict(entries) if isinstance(entries, Mapping) else dict.fromkeys(entries, "")
+
+
+def declared_unsupported(unsupported: Iterable[str] | Mapping[str, str], capability: str,
+                         version: str) -> str | None:
+    """The reason a capability is declared unsupported at ``version``, or None. Entries are
+    capability names, optionally followed by a PEP 440 specifier that limits them
+    (``"objective:gspo <0.11.2"``); a mapping gives each entry its reason."""
+    for entry, reason in reasons_of(unsupported).items():
+        name, _, where = entry.partition(" ")
+        if name != capability:
+            continue
+        try:
+            if where.strip() and not SpecifierSet(where.strip()).contains(
+                    Version(version), prereleases=True):
+                continue
+        except InvalidSpecifier:
+            raise CheckFailed(f"unsupported entry {entry!r}: {where!r} is not a PEP 440 "
+                              "specifier") from None
+        return reason or "declared unsupported by the adapter"
+    return None
+
+
+# -- planning samples ------------------------------------------------------------------------------
+def plan_doc(adapter: EngineAdapter, version: str, doc: dict[str, Any],
+             files: SampleFiles) -> LaunchPlan:
+    return make_plan(parse_spec(doc), entry_for(adapter), version, base_dir=files.root)
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def plan_or_none(adapter: EngineAdapter, version: str, doc: dict[str, Any],
+                 files: SampleFiles) -> LaunchPlan | None:
+    try:
+        return plan_doc(adapter, version, doc, files)
+    except (InvalidInput, Unsupported):
+        return None
+
+
+def plannable_sample(adapter: EngineAdapter, version: str, capability: str, files: SampleFiles,
+                     overrides: dict[str, Any] | None = None) -> tuple[Sample, LaunchPlan]:
+    """The first sample needing a claimed ``capability`` that plans, or CheckFailed naming why
+    each sample was refused."""
+    samples = samples_for(adapter.contract, version, capability, files, overrides,
+                          fitted_base(adapter, version, files, overrides))
+    if not samples:
+        raise CheckFailed(f"{capability}: no sample needing it can be built from what "
+                          f"{adapter.name} {version} claims")
+    errors = []
+    for sample in samples:
+        try:
+            return sample, plan_doc(adapter, version, sample.doc, files)
+        except Exception as exc:
+            errors.append(describe(exc))
+    # an adapter's own bug first: it is the root cause whatever else a sample runs into
+    errors.sort(key=lambda e: not e.startswith("AdapterBug"))
+    raise CheckFailed(f"{adapter.name} {version} claims {capability}, but no sample needing it "
+                      f"plans: " + " | ".join(dict.fromkeys(errors)))
+
+
+def check_no_silent_drop(adapter: EngineAdapter, version: str, plan: LaunchPlan) -> None:
+    """Every leaf is pinned, refused or declared with a stated native key or reason, and every
+    default the dialect records is set by the launch."""
+    dialect = adapter.contract.dialect(parse_version(version))
+    spec = plan.validated_spec()
+    for row in explain_rows(spec, adapter.rules(dialect), dialect, adapter.name):
+        if row.state in ("refused", "declared", "inert", "not_applicable") and \
+                not row.reason.strip():
+            raise CheckFailed(f"{row.path}: {row.state} with no reason")
+        if row.state == "pinned" and not row.native and not row.reason.strip():
+            raise CheckFailed(f"{row.path}: pinned onto no native key and no stated carrier")
+    missing = unpinned_defaults(dialect, plan.native)
+    if missing:
+        raise CheckFailed(f"the launch leaves {', '.join(missing)} at the release default")
+
+
+def check_capability(adapter: EngineAdapter, version: str, capability: str,
+                     files: SampleFiles, overrides: dict[str, Any] | None = None) -> str:
+    """A claimed capability plans with nothing dropped; an unclaimed one is refused with exit 3
+    (Unsupported, naming it) before anything could launch. Returns what was proved."""
+    claimed = capability in adapter.contract.provided(parse_version(version))
+    if claimed:
+        sample, plan = plannable_sample(adapter, version, capability, files, overrides)
+        check_no_silent_drop(adapter, version, plan)
+        return f"claimed; a sample needing it plans ({len(plan.argv)} argv elements)"
+    samples = samples_for(adapter.contract, version, capability, files, overrides,
+                          fitted_base(adapter, version, files, overrides))
+    if not samples:
+        raise CheckFailed(f"{capability}: no sample needing it can be built")
+    for sample in samples:
+        try:
+            plan_doc(adapter, version, sample.doc, files)
+        except AdapterBug as exc:
+            raise CheckFailed(f"not claimed, but refused as an adapter bug: {exc}") from None
+        except Unsupported as exc:
+            missing = {m.get("capability") for m in (exc.details or {}).get("missing", [])} \
+                if isinstance(exc.details, dict) else set()
+            if capability not in missing:
+                raise CheckFailed(f"not claimed; refused, but the refusal does not name it: "
+                                  f"{exc}") from None
+            if exc.exit_code != 3:
+                raise CheckFailed(f"not claimed; refused with exit {exc.exit_code}, not 3") \
+                    from None
+            continue
+        except Exception as exc:
+            raise CheckFailed(f"not claimed; expected exit 3 (unsupported), got "
+                              f"{describe(exc)}") from None
+        raise CheckFailed(f"not claimed by {adapter.name} {version}, yet a spec needing it "
+                          "planned")
+    return "not claimed; refused with exit 3 before launch"
+
+
+def claimed_plans(adapter: EngineAdapter, version: str, files: SampleFiles,
+                  overrides: dict[str, Any] | None,
+                  skip: Callable[[str], bool]) -> list[tuple[Sample, LaunchPlan]]:
+    """One plannable sample per claimed capability (those ``skip`` says are not declared gaps);
+    capabilities with no plannable sample are left to the capability check. When none plans,
+    the failure is one, with the reasons the samples were refused."""
+    from stateset_backend.conformance.samples import SAMPLED
+
+    out, errors = [], []
+    provided = adapter.contract.provided(parse_version(version))
+    for capability in SAMPLED:
+        if capability not in provided or skip(capability):
+            continue
+        try:
+            out.append(plannable_sample(adapter, version, capability, files, overrides))
+        except CheckFailed as exc:
+            errors.append(str(exc).split(": ", 1)[-1])
+    if not out and errors:
+        raise CheckFailed(f"no claimed capability of {adapter.name} {version} plans; the "
+                          f"samples are refused with: {' | '.join(dict.fromkeys(errors))[:1500]}")
+    return out
+
+
+# -- the base sample -------------------------------------------------------------------------------
+def fitted_base(adapter: EngineAdapter, version: str, files: SampleFiles,
+                overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The base, with every setting the release hard-codes (and refuses otherwise) moved to
+    the release's value, so the base plans without per-engine hand-written specs."""
+    from stateset_backend.translate.rules import Hardcoded, rule_for
+
+    doc = base_doc(adapter.contract, version, files, overrides)
+    dialect = adapter.contract.dialect(parse_version(version))
+    try:
+        spec = parse_spec(doc)
+        rows = explain_rows(spec, adapter.rules(dialect), dialect, adapter.name)
+    except Exception:
+        return doc
+    for row in rows:
+        if row.state != "refused" or (overrides and _has(overrides, row.path)):
+            continue
+        rule = rule_for(adapter.rules(dialect), row.path)
+        outcome = rule(row.value, spec) if rule is not None else None
+        if isinstance(outcome, Hardcoded):
+            candidate = deep_merge(doc, _nested(row.path, outcome.engine_value))
+            try:
+                parse_spec(candidate)
+            except Exception:
+                continue
+            doc = candidate
+    return doc
+
+
+def _nested(path: str, value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    node = out
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return out
+
+
+def _has(doc: dict[str, Any], path: str) -> bool:
+    node: Any = doc
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def base_plan(adapter: EngineAdapter, version: str, files: SampleFiles,
+              overrides: dict[str, Any] | None, **extra: Any) -> tuple[dict[str, Any],
+                                                                       LaunchPlan]:
+    doc = deep_merge(fitted_base(adapter, version, files, overrides), extra)
+    try:
+        return doc, plan_doc(adapter, version, doc, files)
+    except Exception as exc:
+        raise CheckFailed(f"the base sample does not plan on {adapter.name} {version}: "
+                          f"{describe(exc)}") from None

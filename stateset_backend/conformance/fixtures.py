@@ -1,0 +1,172 @@
+"""What :class:`~stateset_backend.conformance.AdapterConformance`'s checks stand on, kept apart
+so the public class reads as its list of checks.
+
+The class attributes an author sets and the fixtures the checks take: the adapter, the output
+writer and launch reader its ``kit_support()`` supplies, the sample files; the parametrization
+over versions, capabilities and collection cases; the planned samples and declared gaps every
+check starts from; and how a check reports its outcome: failed (one line, no traceback),
+``unsupported`` (a declared gap) or ``unverified`` (nothing could be checked). Both of the
+last are never passed: the kit's pytest plugin reads them from the skip reason's prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import pytest
+
+from stateset_backend.common.jsonio import flatten
+from stateset_backend.conformance import checks, readers, writers
+from stateset_backend.conformance.checks import COLLECTION_CASES, CheckFailed, Writer
+from stateset_backend.conformance.samples import SAMPLED, SampleFiles, write_sample_files
+from stateset_backend.contracts.loader import parse_version
+from stateset_backend.engines.adapter import EngineAdapter
+from stateset_backend.plan.launch_plan import LaunchPlan
+
+_BUILTIN_WRITER: object = object()  # the kit writes this engine's outputs itself, per launch
+UNSUPPORTED = "unsupported: "  # prefix of a skip reason that reports a declared gap
+UNVERIFIED = "unverified: "  # prefix of a skip reason: the kit could not see what the engine reads
+
+
+def unsupported(reason: str) -> None:
+    """Report the running check as ``unsupported`` (a declared gap), with its reason."""
+    pytest.skip(UNSUPPORTED + reason)
+
+
+def unverified(reason: str) -> None:
+    """Report the running check as ``unverified``: nothing was checked, so it cannot pass."""
+    pytest.skip(UNVERIFIED + reason)
+
+
+@contextmanager
+def reported() -> Iterator[None]:
+    """A CheckFailed inside becomes the test's failure, as one line without a traceback."""
+    try:
+        yield
+    except CheckFailed as exc:
+        failure = str(exc)
+    else:
+        return
+    pytest.fail(failure, pytrace=False)
+
+
+
+class KitFixtures:
+    """The attributes, fixtures and helpers of :class:`AdapterConformance`; see the package
+    docstring for what to provide."""
+
+    #: versions to check: the first and last release of every dialect of the contract
+    engine_versions: ClassVar[Iterable[str]] = ()
+    #: capabilities (or collection case names, or "resume") the adapter does not honour,
+    #: optionally limited to versions by a PEP 440 specifier after a space; a mapping gives
+    #: each entry its reason
+    unsupported: ClassVar[Iterable[str] | Mapping[str, str]] = frozenset()
+    #: the data file format the engine reads: "jsonl" or "parquet"
+    data_format: ClassVar[str] = "jsonl"
+    #: merged into every sample spec (a model path the engine can load, a prompt policy),
+    #: over ``kit_support().base``
+    base: ClassVar[dict[str, Any]] = {}
+    #: the versions were picked by hand (``conformance --engine-version``), not meant to
+    #: cover every dialect: the coverage check is reported skipped instead of failed
+    chosen_versions: ClassVar[bool] = False
+
+    # -- what the adapter's class provides -----------------------------------------------------
+    @pytest.fixture
+    def adapter(self) -> EngineAdapter:
+        raise NotImplementedError("provide an `adapter` fixture returning the adapter")
+
+    @pytest.fixture
+    def write_outputs(self, adapter: EngineAdapter) -> Writer | None:
+        """``write(attempt_dir, ctx, *, metrics, identity, artifacts, checkpoint_step)``:
+        the engine's native output files for canonical metric rows, from the adapter's
+        ``kit_support()`` (the kit writes the built-in engines' itself, per launch). Without
+        one, collection and resume are reported unsupported."""
+        writer: Writer | None = adapter.kit_support().write_outputs
+        if writer is None and adapter.name in writers.BUILTIN:
+            return _BUILTIN_WRITER  # type: ignore[return-value]
+        return writer
+
+    def _writer(self, adapter: EngineAdapter, plan: LaunchPlan, declared: Writer | None,
+                read: Callable[[LaunchPlan], dict[str, Any]] | None) -> Writer:
+        if declared is not _BUILTIN_WRITER:
+            assert declared is not None
+            return declared
+        assert read is not None
+        made = writers.writer_for(adapter.name, plan, lambda p: flatten(read(p)), None)
+        assert made is not None
+        return made
+
+    @pytest.fixture
+    def parse_launch(self, adapter: EngineAdapter) -> Callable[[LaunchPlan],
+                                                                dict[str, Any]] | None:
+        """What the engine reads from a plan's launch: the kit's own reader for a built-in
+        engine, else ``kit_support().parse_launch``. Without one, the checks that need it are
+        reported ``unverified``."""
+        return readers.reader_for(adapter.name, adapter.kit_support().parse_launch)
+
+    def option_key(self, adapter: EngineAdapter, plan: LaunchPlan) -> str:
+        """A free-text ``engine_options`` key no spec field maps to, for the hostile-value
+        check: ``kit_support().option_key`` names one the engine's parser accepts."""
+        named = adapter.kit_support().option_key
+        if named is not None:
+            return str(named(plan))
+        flags = any(key.startswith("-") for key in plan.native)
+        return "--stateset-conformance-probe" if flags else "stateset_conformance_probe"
+
+    # -- generation ---------------------------------------------------------------------------
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        versions = list(type(self).engine_versions) or ["<set engine_versions>"]
+        if "engine_version" in metafunc.fixturenames:
+            metafunc.parametrize("engine_version", versions)
+        if "capability" in metafunc.fixturenames:
+            metafunc.parametrize("capability", SAMPLED)
+        if "case" in metafunc.fixturenames:
+            metafunc.parametrize("case", sorted(COLLECTION_CASES))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def sample_files(cls, tmp_path_factory: pytest.TempPathFactory) -> SampleFiles:
+        return write_sample_files(tmp_path_factory.mktemp("conformance-samples"),
+                                  cls.data_format)
+
+    def _overrides(self, adapter: EngineAdapter) -> dict[str, Any]:
+        """``kit_support().base`` with the class's ``base`` merged over it: the CLI (which has
+        no class of the author's) and the author's test class plan the same samples."""
+        from stateset_backend.conformance.samples import deep_merge
+
+        return deep_merge(dict(adapter.kit_support().base), type(self).base)
+
+    def _gap(self, adapter: EngineAdapter, name: str, version: str) -> str | None:
+        """A gap declared by the adapter's ``kit_support()`` or by this class."""
+        declared = {**checks.reasons_of(adapter.kit_support().unsupported),
+                    **checks.reasons_of(type(self).unsupported)}
+        return checks.declared_unsupported(declared, name, version)
+
+    @staticmethod
+    def _version(adapter: EngineAdapter, version: str) -> None:
+        if version.startswith("<"):
+            pytest.fail("set engine_versions on the test class: the first and last release "
+                        "of every dialect", pytrace=False)
+        if not adapter.contract.supports(parse_version(version)):
+            pytest.fail(f"{version} is outside {adapter.name}'s supported range "
+                        f"{adapter.contract.supported}", pytrace=False)
+
+    def _claimed(self, adapter: EngineAdapter, version: str,
+                 files: SampleFiles) -> list[tuple[Any, LaunchPlan]]:
+        """One planned sample per claimed capability that is not a declared gap; the check
+        fails once, with the reasons, when none plans."""
+        with reported():
+            samples = checks.claimed_plans(adapter, version, files, self._overrides(adapter),
+                                           lambda c: self._gap(adapter, c, version) is not None)
+        if not samples:
+            pytest.fail(f"no claimed capability of {adapter.name} {version} plans: nothing "
+                        "is translated", pytrace=False)
+        return samples
+
+    def _base(self, adapter: EngineAdapter, version: str, files: SampleFiles,
+              **extra: Any) -> tuple[dict[str, Any], LaunchPlan]:
+        with reported():
+            return checks.base_plan(adapter, version, files, self._overrides(adapter), **extra)
+        raise AssertionError("unreachable")
