@@ -96,6 +96,7 @@ from .core.shared_rules import (
 from .core.spec import LOWER_IS_BETTER, ExperimentSpec
 from .core.surfaces import check_options
 from .core.tensorboard import canonical_rows, read_hparams, read_scalars
+from .native.layout import MANIFEST, RUNTIME_FILE, manifest_problem, read_runtime, runtime_identity
 from .native.tiny_model import BUILTIN_PREFIX, builtin_dir
 
 __all__ = [
@@ -104,8 +105,10 @@ __all__ = [
     "CORE_HANDLED",
     "ENGINE_HOME",
     "LOWER_IS_BETTER",
+    "MANIFEST",
     "PYTHON",
     "REWARD_SHIM_FILE",
+    "RUNTIME_FILE",
     "RUN_DIR",
     "VERIFIED",
     "AdapterBug",
@@ -156,11 +159,13 @@ __all__ = [
     "leaves",
     "local_path",
     "local_splits",
+    "manifest_problem",
     "na",
     "only",
     "overrides",
     "pinned_model_path",
     "read_hparams",
+    "read_runtime",
     "read_scalars",
     "refuse",
     "refuse_selection",
@@ -170,6 +175,7 @@ __all__ = [
     "reward_function",
     "reward_shim",
     "rl_objective",
+    "runtime_identity",
     "sha256_file",
     "split_rows",
     "stage_checkpoint",
