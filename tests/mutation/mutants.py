@@ -234,4 +234,7 @@ MUTANTS: list[Mutant] = [
       (TRL, "out.committed_updates = max(trained, default=out.resumed_from or 0)",
        "out.committed_updates = max(trained, default=out.resumed_from or 0) + 1"),
       kind="collection"),
+    m("trl: resume forgets the checkpoint", "trl", "1.16.0",
+      (TRL, 'return [*argv, "--resume-from", str(checkpoint.path)]', "return list(argv)"),
+      kind="resume"),
 ]
