@@ -45,6 +45,13 @@ from stateset_backend.engines.adapter import (
     stage_checkpoint,
 )
 from stateset_backend.engines.hookspecs import hookimpl
+from stateset_backend.native.layout import (
+    MANIFEST,
+    RUNTIME_FILE,
+    manifest_problem,
+    read_runtime,
+    runtime_identity,
+)
 from stateset_backend.native.tiny_model import BUILTIN_PREFIX, builtin_dir
 from stateset_backend.runs.tensorboard import canonical_rows, read_hparams, read_scalars
 from stateset_backend.spec.content import directory_digest, sha256_file
@@ -104,8 +111,10 @@ __all__ = [
     "CORE_HANDLED",
     "ENGINE_HOME",
     "LOWER_IS_BETTER",
+    "MANIFEST",
     "PYTHON",
     "REWARD_SHIM_FILE",
+    "RUNTIME_FILE",
     "RUN_DIR",
     "VERIFIED",
     "AdapterBug",
@@ -156,11 +165,13 @@ __all__ = [
     "leaves",
     "local_path",
     "local_splits",
+    "manifest_problem",
     "na",
     "only",
     "overrides",
     "pinned_model_path",
     "read_hparams",
+    "read_runtime",
     "read_scalars",
     "refuse",
     "refuse_selection",
@@ -170,6 +181,7 @@ __all__ = [
     "reward_function",
     "reward_shim",
     "rl_objective",
+    "runtime_identity",
     "sha256_file",
     "split_rows",
     "stage_checkpoint",

@@ -1,7 +1,9 @@
 """Where the native engine writes inside an attempt directory.
 
 Torch-free on purpose: the adapter reads these paths (to collect results and find
-checkpoints) without importing the engine.
+checkpoints) without importing the engine. The checkpoint manifest and runtime record are
+also public (``stateset_backend.plugin``), for plugins whose launch seals its engine's
+checkpoints the same way.
 """
 
 from __future__ import annotations

@@ -231,6 +231,10 @@ MUTANTS: list[Mutant] = [
     m("trl: reward shim scores against the prompt", "trl", "1.16.0",
       (TRL, "score(p, text(c), a)", "score(p, text(c), p)"), kind="launcher"),
     m("trl: committed updates off by one", "trl", "1.16.0",
-      (TRL, "out.committed_updates = max(trained, default=0)",
-       "out.committed_updates = max(trained, default=0) + 1"), kind="collection"),
+      (TRL, "out.committed_updates = max(trained, default=out.resumed_from or 0)",
+       "out.committed_updates = max(trained, default=out.resumed_from or 0) + 1"),
+      kind="collection"),
+    m("trl: resume forgets the checkpoint", "trl", "1.16.0",
+      (TRL, 'return [*argv, "--resume-from", str(checkpoint.path)]', "return list(argv)"),
+      kind="resume"),
 ]

@@ -33,7 +33,9 @@ class GRPOTrainer:
         if sorted(columns) != ["prompt", "stateset_answer", "stateset_prompt"]:
             raise SystemExit(f"unexpected dataset columns {sorted(columns)}")
 
-    def train(self):
+    def train(self, resume_from_checkpoint=None):
+        if resume_from_checkpoint is not None:  # the kit runs the launch as planned, fresh
+            raise SystemExit("the kit's launch run resumes nothing")
         k = self.args.logging_steps  # TRL logs every logging_steps optimizer steps
         for cb in self.callbacks:
             cb.on_train_begin(self.args, self.state, None, model=None)

@@ -2,13 +2,93 @@
 # The fixed part of the generated launch (stateset-trl-engine prepends SETTINGS): build the
 # spec's model, data and reward, run GRPOTrainer for exactly max_steps optimizer steps, and
 # leave the identity, one metrics line per update, checkpoints and the final model in the run
-# folder. Every value comes from SETTINGS; nothing here is formatted from user text.
+# folder. Every value comes from SETTINGS; nothing here is formatted from user text. With
+# `--resume-from CHECKPOINT` (an earlier attempt's) it continues that run exactly: TRL and
+# transformers reload weights, optimizer, scheduler, RNG and global step from it, and the
+# launch replays the data order up to it.
+import hashlib
 import math
 import os
 import sys
 from pathlib import Path
 
 RUN = Path(__file__).resolve().parent
+
+
+def resume_point():
+    """The checkpoint folder named by ``--resume-from``, or None for a fresh start."""
+    argv = sys.argv[1:]
+    if not argv:
+        return None
+    if len(argv) != 2 or argv[0] != "--resume-from":
+        raise SystemExit(f"usage: {sys.argv[0]} [--resume-from CHECKPOINT]")
+    return Path(argv[1]).resolve()
+
+
+def sha256_synced(path):
+    """The file's sha256, after flushing it to disk (TRL does not fsync what it saves)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+        os.fsync(fh.fileno())
+    return digest.hexdigest()
+
+
+def write_synced(path, doc):
+    """``doc`` as JSON at ``path``, complete or not at all."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=2, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(partial, path)
+
+
+def runtime_identity():
+    """What a checkpoint records of how it was computed, for the hub to compare on resume:
+    world size and model from the plan, the version of each package that computes the run."""
+    from importlib import metadata
+
+    doc = json.loads(json.dumps(SETTINGS["runtime"]))
+    for name in doc["versions"]:
+        try:
+            doc["versions"][name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            doc["versions"][name] = None
+    return doc
+
+
+def seal(folder, update, best):
+    """Make a checkpoint TRL has just written complete for the hub: the runtime it was
+    computed under, the retention state (``best``), and last the manifest with every file's
+    sha256 and the experiment digest. A folder without the manifest is not a checkpoint."""
+    files = SETTINGS["files"]
+    write_synced(folder / files["runtime"], runtime_identity())
+    write_synced(folder / files["checkpoint_state"], {"update": update, "best": best})
+    listed = {p.relative_to(folder).as_posix(): sha256_synced(p)
+              for p in sorted(folder.rglob("*")) if p.is_file() and p.name != files["manifest"]}
+    write_synced(folder / files["manifest"], {
+        "experiment_digest": SETTINGS["experiment_digest"], "update": update, "files": listed})
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def resumed_state(checkpoint):
+    """The sealed state of the checkpoint a resume continues from: its update and the best
+    validated checkpoint retention had kept up to it."""
+    files = SETTINGS["files"]
+    manifest = checkpoint / files["manifest"]
+    if not manifest.is_file():
+        raise SystemExit(f"--resume-from {checkpoint}: no {files['manifest']}, not a complete "
+                         "checkpoint")
+    if json.loads(manifest.read_text(encoding="utf-8")).get("experiment_digest") != \
+            SETTINGS["experiment_digest"]:
+        raise SystemExit(f"--resume-from {checkpoint}: a checkpoint of another experiment")
+    return json.loads((checkpoint / files["checkpoint_state"]).read_text(encoding="utf-8"))
 
 
 def read_rows(path):
@@ -123,11 +203,14 @@ def validation_reward(model, tokenizer, launch, rows, score):
     return sum(rewards) / len(rewards)
 
 
-def retention_callback(launch, validated):
-    """checkpoint.keep as the hub means it: the newest ``keep`` checkpoints and the best so far
-    by evaluation.select_by (highest, lowest for a loss or a failure share, the earlier update
-    on a tie), the one the hub will recommend; TRL's save_total_limit would delete the oldest
-    whatever their validation. ``validated`` maps an optimizer step to its validation row."""
+def retention_callback(launch, validated, k, best=None):
+    """Seals each checkpoint TRL saves (``seal``), then applies checkpoint.keep as the hub
+    means it: the newest ``keep`` checkpoints and the best so far by evaluation.select_by
+    (highest, lowest for a loss or a failure share, the earlier update on a tie), the one the
+    hub will recommend; TRL's save_total_limit would delete the oldest whatever their
+    validation. ``validated`` maps an optimizer step to its validation row; ``best`` is the
+    (value, step) a resumed run's earlier attempts kept (in their own folders, which this
+    attempt never touches)."""
     import shutil
 
     from transformers import TrainerCallback
@@ -136,20 +219,22 @@ def retention_callback(launch, validated):
     lower = launch.get("lower_is_better", False)
 
     class Retention(TrainerCallback):
-        best = None  # (value, step) of the best validated checkpoint so far
+        def __init__(self):
+            self.best = best  # (value, step) of the best validated checkpoint so far
 
         def on_save(self, args, state, control, **kwargs):
             folder = Path(args.output_dir)
-            saved = sorted((int(p.name.removeprefix("checkpoint-")), p)
-                           for p in folder.glob("checkpoint-*") if p.is_dir())
             value = validated.get(state.global_step, {}).get(select_by)
             if select_by is not None and value is not None and math.isfinite(value):
                 better = self.best is None or (value < self.best[0] if lower
                                                else value > self.best[0])
                 if better:  # a tie keeps the earlier update
-                    self.best = (value, state.global_step)
+                    self.best = [value, state.global_step]
+            seal(folder / f"checkpoint-{state.global_step}", state.global_step // k, self.best)
             if keep is None:
                 return
+            saved = sorted((int(p.name.removeprefix("checkpoint-")), p)
+                           for p in folder.glob("checkpoint-*") if p.is_dir())
             kept = {step for step, _ in saved[-keep:]}
             if self.best is not None:
                 kept.add(self.best[1])
@@ -158,6 +243,31 @@ def retention_callback(launch, validated):
                     shutil.rmtree(path, ignore_errors=True)
 
     return Retention()
+
+
+def replayable(trainer_class):
+    """GRPOTrainer whose prompt order a resume replays exactly. TRL's sampler draws each pass
+    over the data from one generator seeded once, so a run resumed in a later pass would draw
+    the first pass's order again; here the sampler's generator is set, at the start of every
+    pass, to the state that many earlier passes leave it in: an uninterrupted run draws the
+    same orders as before, and a resumed one draws the orders it would have."""
+
+    class Trainer(trainer_class):
+        def _get_train_sampler(self, dataset=None):
+            sampler = super()._get_train_sampler(dataset)
+            if not getattr(sampler, "shuffle", False) or getattr(sampler, "seed", None) is None:
+                return sampler
+            import torch
+
+            def set_epoch(epoch):
+                sampler.generator.manual_seed(sampler.seed)
+                for _ in range(epoch):
+                    torch.randperm(sampler.num_samples, generator=sampler.generator)
+
+            sampler.set_epoch = set_epoch
+            return sampler
+
+    return Trainer
 
 
 def main():
@@ -172,8 +282,11 @@ def main():
     config = dict(SETTINGS["config"])
     config["output_dir"] = str(RUN / config["output_dir"])
     args = GRPOConfig(**config)
+    resume = resume_point()
+    resumed = resumed_state(resume) if resume is not None else None
     # the identity as TRL carries it (its run name), written before anything can fail
-    identity = {"run_name": args.run_name, "steps_per_update": k}
+    identity = {"run_name": args.run_name, "steps_per_update": k,
+                "resumed_from": resumed["update"] if resumed is not None else None}
     (RUN / files["identity"]).write_text(json.dumps(identity) + "\n", encoding="utf-8")
 
     tokenizer = load_tokenizer(launch)
@@ -216,16 +329,17 @@ def main():
             if state.global_step % (k * self.every) == 0:
                 self.run(model, state.global_step // k)
 
-    callbacks = [UpdateMetrics(), retention_callback(launch, validated)]
+    callbacks = [UpdateMetrics(), retention_callback(
+        launch, validated, k, resumed["best"] if resumed is not None else None)]
     validation = launch.get("validation")
     if validation is not None:
         callbacks.append(Validation(fitting_rows(
             launch, tokenizer, validation["uri"], validation["prompt_field"],
             validation["answer_field"], "validation")))
-    trainer = GRPOTrainer(model=model, reward_funcs=[stateset_reward.trl_reward], args=args,
-                          train_dataset=dataset, processing_class=tokenizer,
-                          callbacks=callbacks)
-    trainer.train()
+    trainer = replayable(GRPOTrainer)(
+        model=model, reward_funcs=[stateset_reward.trl_reward], args=args,
+        train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
+    trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     metrics.close()
     if trainer.state.global_step != args.max_steps:
         raise SystemExit(f"TRL stopped after {trainer.state.global_step} of {args.max_steps} "

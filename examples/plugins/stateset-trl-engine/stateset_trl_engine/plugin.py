@@ -18,10 +18,13 @@ from typing import Any
 
 from stateset_backend.plugin import (
     LOWER_IS_BETTER,
+    MANIFEST,
     PYTHON,
     REWARD_SHIM_FILE,
     RUN_DIR,
+    RUNTIME_FILE,
     Artifact,
+    Checkpoint,
     Collected,
     Dialect,
     DialectKeys,
@@ -38,15 +41,19 @@ from stateset_backend.plugin import (
     RuleSet,
     Translation,
     carried,
+    distribution_version,
     even_split,
     external_rules,
     hookimpl,
     local_path,
+    manifest_problem,
     only,
     pinned_model_path,
+    read_runtime,
     refuse,
     reward_shim,
     rl_objective,
+    runtime_identity,
     to,
     with_owned_keys,
 )
@@ -55,6 +62,10 @@ LAUNCH_FILE = "stateset_trl_launch.py"
 METRICS_FILE = "trl_metrics.jsonl"
 IDENTITY_FILE = "trl_identity.json"
 CHECKPOINTS = "checkpoints"
+CHECKPOINT_PREFIX = "checkpoint-"  # TRL's checkpoint-<optimizer step> folders
+CHECKPOINT_STATE = "stateset_checkpoint.json"  # the update and retention state, per checkpoint
+# the packages whose versions each checkpoint records: a resume under others is refused
+RUNTIME_PACKAGES = ("torch", "transformers", "trl", "accelerate")
 FINAL = "final"
 BUILTIN_PREFIX = "builtin:"
 STD_EPSILON = 1e-4  # GRPOTrainer: advantages / (std_rewards + 1e-4)
@@ -489,9 +500,16 @@ def write_outputs(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, 
                 out.write(json.dumps({"update": row["step"], "validation": validation})
                           + "\n")
     if artifacts and checkpoint_step is not None:
-        step_dir = attempt / CHECKPOINTS / f"checkpoint-{checkpoint_step}"
+        step_dir = attempt / CHECKPOINTS / f"{CHECKPOINT_PREFIX}{checkpoint_step}"
         step_dir.mkdir(parents=True)
         (step_dir / "model.safetensors").write_bytes(b"weights")
+        (step_dir / CHECKPOINT_STATE).write_text(json.dumps({"update": checkpoint_step,
+                                                             "best": None}))
+        files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                 for p in sorted(step_dir.iterdir())}
+        (step_dir / MANIFEST).write_text(json.dumps({
+            "experiment_digest": ctx.experiment_digest, "update": checkpoint_step,
+            "files": files}))
         (attempt / FINAL).mkdir()
         (attempt / FINAL / "model.safetensors").write_bytes(b"final")
 
@@ -568,8 +586,12 @@ class TRLAdapter(EngineAdapter):
         settings = {"run_id": ctx.run_id, "experiment_digest": ctx.experiment_digest,
                     "steps_per_update": steps_per_update(spec), "seed": spec.seed,
                     "launch": launch, "config": config,
+                    # each checkpoint's runtime: the launch fills in the package versions
+                    "runtime": runtime_identity(spec, 1, dict.fromkeys(RUNTIME_PACKAGES)),
                     "files": {"metrics": METRICS_FILE, "identity": IDENTITY_FILE,
-                              "final": FINAL, "reward": REWARD_SHIM_FILE}}
+                              "final": FINAL, "reward": REWARD_SHIM_FILE,
+                              "manifest": MANIFEST, "runtime": RUNTIME_FILE,
+                              "checkpoint_state": CHECKPOINT_STATE}}
         return NativeLaunch(
             argv=[PYTHON, f"{RUN_DIR}/{LAUNCH_FILE}"],
             files={LAUNCH_FILE: launch_script(settings),
@@ -577,6 +599,33 @@ class TRLAdapter(EngineAdapter):
             set_env={"TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false"},
             env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE"],
             native=native)
+
+    # -- resume: each checkpoint TRL saves is sealed by the launch (a manifest of every file's
+    # sha256 and the experiment digest, written last, and the runtime it was computed under);
+    # a resume hands TRL the earlier attempt's folder, which it only reads
+    def checkpoints(self, attempt_dir: Path) -> list[Checkpoint]:
+        k = _steps_per_update(attempt_dir)
+        return [Checkpoint(p, int(p.name.removeprefix(CHECKPOINT_PREFIX)) // k)
+                for p in _checkpoint_dirs(attempt_dir) if (p / MANIFEST).is_file()]
+
+    def latest_checkpoint(self, attempt_dir: Path) -> Checkpoint | None:
+        found = self.checkpoints(attempt_dir)
+        return found[-1] if found else None
+
+    def checkpoint_problem(self, checkpoint: Checkpoint, experiment_digest: str) -> str | None:
+        return manifest_problem(checkpoint.path, experiment_digest)
+
+    def checkpoint_runtime(self, checkpoint: Checkpoint) -> dict[str, Any] | None:
+        return read_runtime(checkpoint.path)
+
+    def current_runtime(self, spec: ExperimentSpec, python: str | None = None) -> \
+            dict[str, Any] | None:
+        return runtime_identity(spec, 1, {name: distribution_version(name, python)
+                                          for name in RUNTIME_PACKAGES})
+
+    def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
+                    attempt_dir: Path) -> list[str]:
+        return [*argv, "--resume-from", str(checkpoint.path)]
 
     @staticmethod
     def _validation(native: dict[str, Any], spec: ExperimentSpec,
@@ -617,12 +666,14 @@ class TRLAdapter(EngineAdapter):
                 canonical.update({name: row["logs"][raw] for name, raw in METRICS.items()
                                   if raw in row["logs"]})
         out.metrics = [rows[step] for step in sorted(rows)]
-        out.committed_updates = max(trained, default=0)
+        resumed = _identity(attempt_dir).get("resumed_from")
+        out.resumed_from = resumed if isinstance(resumed, int) else None
+        # a resumed attempt trains from its checkpoint's update on
+        out.committed_updates = max(trained, default=out.resumed_from or 0)
         out.notes.append("loss/policy is TRL's logged loss: the policy term plus beta * KL")
         k = _steps_per_update(attempt_dir)
-        for step_dir in sorted((attempt_dir / CHECKPOINTS).glob("checkpoint-*"),
-                               key=lambda p: int(p.name.removeprefix("checkpoint-"))):
-            update = int(step_dir.name.removeprefix("checkpoint-")) // k
+        for step_dir in _checkpoint_dirs(attempt_dir):
+            update = int(step_dir.name.removeprefix(CHECKPOINT_PREFIX)) // k
             out.artifacts += [Artifact(str(p.relative_to(attempt_dir)), "checkpoint", update)
                               for p in sorted(step_dir.rglob("*")) if p.is_file()]
         final = attempt_dir / FINAL
@@ -633,12 +684,28 @@ class TRLAdapter(EngineAdapter):
         return out
 
 
-def _steps_per_update(attempt_dir: Path) -> int:
+def _identity(attempt_dir: Path) -> dict[str, Any]:
+    """The identity file the launch writes first (run name, steps per update, the update a
+    resumed attempt continued from); empty when there is none."""
     ident = attempt_dir / IDENTITY_FILE
-    if ident.is_file():
-        return max(1, int(json.loads(ident.read_text(encoding="utf-8")).get(
-            "steps_per_update", 1)))
-    return 1
+    if not ident.is_file():
+        return {}
+    doc = json.loads(ident.read_text(encoding="utf-8"))
+    return doc if isinstance(doc, dict) else {}
+
+
+def _steps_per_update(attempt_dir: Path) -> int:
+    return max(1, int(_identity(attempt_dir).get("steps_per_update", 1)))
+
+
+def _checkpoint_dirs(attempt_dir: Path) -> list[Path]:
+    """TRL's ``checkpoint-<step>`` folders of an attempt, oldest first."""
+    root = attempt_dir / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)
+             and p.name.removeprefix(CHECKPOINT_PREFIX).isdigit()]
+    return sorted(found, key=lambda p: int(p.name.removeprefix(CHECKPOINT_PREFIX)))
 
 
 def launch_script(settings: dict[str, Any]) -> str:
