@@ -46,6 +46,7 @@ from stateset_backend.engines.adapter import (
 )
 from stateset_backend.engines.hookspecs import hookimpl
 from stateset_backend.native.tiny_model import BUILTIN_PREFIX, builtin_dir
+from stateset_backend.providers.base import PROVIDERS_ACROSS_NODES
 from stateset_backend.runs.tensorboard import canonical_rows, read_hparams, read_scalars
 from stateset_backend.spec.content import directory_digest, sha256_file
 from stateset_backend.spec.inputs import (
@@ -104,6 +105,7 @@ __all__ = [
     "CORE_HANDLED",
     "ENGINE_HOME",
     "LOWER_IS_BETTER",
+    "PROVIDERS_ACROSS_NODES",
     "PYTHON",
     "REWARD_SHIM_FILE",
     "RUN_DIR",
