@@ -53,6 +53,7 @@ from stateset_backend.native.layout import (
     runtime_identity,
 )
 from stateset_backend.native.tiny_model import BUILTIN_PREFIX, builtin_dir
+from stateset_backend.providers.base import PROVIDERS_ACROSS_NODES
 from stateset_backend.runs.tensorboard import canonical_rows, read_hparams, read_scalars
 from stateset_backend.spec.content import directory_digest, sha256_file
 from stateset_backend.spec.inputs import (
@@ -112,6 +113,7 @@ __all__ = [
     "ENGINE_HOME",
     "LOWER_IS_BETTER",
     "MANIFEST",
+    "PROVIDERS_ACROSS_NODES",
     "PYTHON",
     "REWARD_SHIM_FILE",
     "RUNTIME_FILE",

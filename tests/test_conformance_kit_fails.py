@@ -420,7 +420,7 @@ def test_an_unclaimed_capability_that_plans_fails_the_kit(tmp_path, monkeypatch)
     files = write_sample_files(tmp_path)
     monkeypatch.setattr(plan_module, "check", lambda *a: _Passing())
     with pytest.raises(checks.CheckFailed, match="not claimed"):
-        checks.check_capability(NativeAdapter(), "0.1.0", "multi_node", files,
+        checks.check_capability(NativeAdapter(), "0.1.0", "rollout:vllm", files,
                                 {"model": {"path": "builtin:tiny-llama-support"},
                                  "data": {"chat_template": False}})
 

@@ -5,7 +5,8 @@ Release ranges are the segments between every version boundary a contract names,
 column has one dialect and one capability set. A cell says what the kit found at the first
 version of the range: the claimed capability plans (``✓``), is claimed but no sample plans
 (``✗``), is not claimed and refused with exit 3 (``-``), or is not claimed yet not refused
-(``!``).
+(``!``). A claimed capability the adapter's ``kit_support()`` declares a gap is ``○``, with the
+adapter's reason under the table, as the kit reports it ``unsupported``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from stateset_backend.conformance.checks import CheckFailed, check_capability
+from stateset_backend.conformance.checks import (
+    CheckFailed,
+    check_capability,
+    declared_unsupported,
+)
 from stateset_backend.conformance.runner import data_format_for
 from stateset_backend.conformance.samples import NOT_A_SPEC_SETTING, write_sample_files
 from stateset_backend.contracts.capabilities import VOCABULARY
@@ -24,8 +29,10 @@ from stateset_backend.engines.registry import AdapterEntry
 
 LEGEND = ("✓ claimed, a sample needing it plans · ✗ claimed, but no sample needing it plans "
           "(the kit fails) · - not claimed: refused with exit 3 before launch · ! not claimed, "
-          "yet not refused (the kit fails) · resume:exact is checked by the adapter's own "
-          "test class, which can write the engine's checkpoints: ✓ there means claimed")
+          "yet not refused (the kit fails) · ○ claimed, a gap the adapter declares for the "
+          "kit (its reason under the table; the kit reports it unsupported) · resume:exact is "
+          "checked by the adapter's own test class, which can write the engine's checkpoints: "
+          "✓ there means claimed")
 
 
 def segments(contract: Contract) -> list[tuple[str, str]]:
@@ -47,11 +54,17 @@ def engine_table(entry: AdapterEntry) -> str:
         root = Path(tmp)
         fmt = data_format_for(entry, columns[0][1], root / "probe")
         files = write_sample_files(root / "samples", fmt)
-        rows = []
+        rows, gaps = [], dict[str, str]()
+        declared = adapter.kit_support().unsupported
         for capability in sorted(VOCABULARY):
             cells = []
             for _, version in columns:
                 claimed = capability in contract.provided(Version(version))
+                gap = declared_unsupported(declared, capability, version) if claimed else None
+                if gap is not None:
+                    cells.append("○")
+                    gaps.setdefault(capability, gap)
+                    continue
                 if capability in NOT_A_SPEC_SETTING:
                     cells.append("✓" if claimed else "-")
                     continue
@@ -64,9 +77,10 @@ def engine_table(entry: AdapterEntry) -> str:
     dialects = ", ".join(f"{d.name} `{d.versions}`" for d in contract.dialects)
     head = "| capability | " + " | ".join(f"`{label}`" for label, _ in columns) + " |"
     rule = "|---|" + "---|" * len(columns)
+    notes = [f"- `{capability}`: {reason}" for capability, reason in gaps.items()]
     return "\n".join([f"## {adapter.name}", "",
                       f"Supported: `{contract.supported}`. Dialects: {dialects}.", "",
-                      head, rule, *rows, ""])
+                      head, rule, *rows, "", *([*notes, ""] if notes else [])])
 
 
 def render(entries: list[AdapterEntry]) -> str:

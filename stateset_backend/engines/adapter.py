@@ -42,6 +42,7 @@ class LaunchContext:
     engine_version: str
     dialect: Dialect
     base_dir: str | None = None  # where the spec's relative paths point (the spec's folder)
+    provider: str = "local"  # where the plan runs: local, ray, slurm
 
     @property
     def run_name(self) -> str:

@@ -5,7 +5,10 @@ parallel: ``resources.processes_per_node`` above 1). Any failure is one line on 
 status 1; the core records the run as failed and never as a success. A provider's stop request
 (``stop-requested`` in the run directory: a cluster's warning before its time limit or a
 pre-emption) ends the run after a checkpoint at the current update, with status 75. When one
-rank fails or is killed, torchrun ends the others, so the group fails as a whole.
+rank fails or is killed, torchrun ends the others, so the group fails as a whole; a rank also
+ends with the torchrun agent that started it (its node's agent killed, on one node or across
+several), so the ranks on the other nodes fail at their next collective instead of training on
+with an orphan.
 """
 
 from __future__ import annotations
@@ -15,6 +18,28 @@ import os
 import sys
 from pathlib import Path
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_the_agent() -> None:
+    """Under torchrun, have the kernel kill this rank when the agent that started it dies.
+
+    torchrun starts each rank in a session of its own, so a signal to the agent's process group
+    (a provider's kill, an out-of-memory kill of the agent) leaves the ranks running: an orphan
+    would keep its GPU, and its peers would go on training with it. Linux only; elsewhere the
+    provider's own cleanup is all there is."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    agent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return
+    if os.getppid() != agent:  # the agent died before the request took hold
+        os._exit(1)
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="stateset_backend.native")
@@ -22,6 +47,7 @@ def main() -> int:
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--resume-from", type=Path)
     args = parser.parse_args()
+    die_with_the_agent()
     if os.environ.get("RANK", "0") == "0":  # before the imports and the model load (seconds)
         print("native engine: loading the model and data", file=sys.stderr, flush=True)
     from transformers.utils import logging as hf_logging
@@ -51,7 +77,7 @@ def main() -> int:
 
         return EXIT_STOPPED
     except Exception as exc:  # the process boundary: one line, non-zero exit
-        rank = f" (rank {world.rank})" if world.parallel else ""
+        rank = f" (rank {world.rank} on node {world.node})" if world.parallel else ""
         print(f"native engine{rank}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:

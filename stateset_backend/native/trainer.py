@@ -491,9 +491,10 @@ class Trainer:
         spec, out = self.spec, self.out
         total = spec.budget.total_updates
         stop = total if until is None else min(until, total)
-        out.trajectories.mkdir(parents=True, exist_ok=True)
-        self.commit()
         main = self.world.is_main  # validation, like every output, is rank 0's alone
+        if main:  # the run directory is shared by every rank, on every node
+            out.trajectories.mkdir(parents=True, exist_ok=True)
+        self.commit()
         progress = Progress(total, start=self.update_count, quiet=not main)
         every_eval = spec.evaluation.every
         if every_eval and self.val_rows and self.update_count == 0 and main:

@@ -107,7 +107,7 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     run_id = new_run_id()
     exp_digest = experiment_digest(spec)
     base = str((base_dir or Path.cwd()).resolve())
-    ctx = LaunchContext(run_id, exp_digest, engine_version, dialect, base)
+    ctx = LaunchContext(run_id, exp_digest, engine_version, dialect, base, provider)
     with entry.guard("rendering the launch"):
         launch = adapter.render(translation, spec, ctx)
     native = launch.native if launch.native is not None else translation.native

@@ -19,6 +19,13 @@ from stateset_backend.providers.local import STDERR_LOG, STDOUT_LOG, Exit, run_l
 STOP_REQUEST = "stop-requested"
 EXIT_STOPPED = 75  # the engine's status after it stopped on that request (EX_TEMPFAIL)
 
+# The providers that start a launch once on every node of their allocation, each copy meeting
+# the others at a rendezvous (Slurm: one torchrun agent per node, the ``torchrun`` layout of
+# its batch script). The others start the launch on one machine: the local provider as a
+# process group here, the Ray provider as one job entry point. An engine whose launch must run
+# on every node (the native engine's torchrun across ``resources.nodes``) needs one of these.
+PROVIDERS_ACROSS_NODES = frozenset({"slurm"})
+
 
 @dataclass(frozen=True)
 class PreparedLaunch:

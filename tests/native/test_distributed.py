@@ -119,7 +119,7 @@ def test_processes_are_not_identity(cli, tiny, spec_file, tmp_path):
 
 
 @pytest.mark.parametrize(("changes", "named"), [
-    ({"resources.nodes": 2}, "multi_node"),
+    ({"resources.nodes": 2}, "one torchrun agent on every node: slurm"),
     ({"algorithm.advantage": {"zero_variance_groups": "exclude"}}, "zero_variance_groups"),
     ({"budget.prompts_per_update": 1, "budget.mini_batches": 1}, "fewer than the 2 processes"),
 ])
@@ -155,6 +155,119 @@ def test_the_example_plans_two_processes(cli, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "--nproc_per_node=2" in json.loads(out.read_text())["argv"]
 
+
+
+# -- across nodes --------------------------------------------------------------------------
+def _launch(doc, provider):
+    """The native launch of ``doc`` as make_plan renders it for ``provider``."""
+    from packaging.version import Version
+
+    from stateset_backend.adapters.native.adapter import NativeAdapter
+    from stateset_backend.engines.adapter import LaunchContext
+    from stateset_backend.spec.digest import experiment_digest
+    from stateset_backend.spec.files import parse_spec
+    from stateset_backend.translate.rules import translate
+
+    spec, adapter = parse_spec(doc), NativeAdapter()
+    dialect = adapter.contract.dialect(Version("0.1.0"))
+    translation = translate(spec, adapter.rules(dialect), dialect, "native", "0.1.0")
+    ctx = LaunchContext("20260101T000000Z-00000000", experiment_digest(spec), "0.1.0",
+                        dialect, None, provider)
+    return adapter.render(translation, spec, ctx)
+
+
+def test_a_plan_across_nodes_is_refused_for_a_provider_on_one_machine(cli, tiny, spec_file,
+                                                                        tmp_path):
+    doc = tiny(**{"resources.nodes": 2})
+    for provider in ("local", "ray"):
+        out = tmp_path / f"{provider}.json"
+        proc = cli("plan", "--engine", "native", "--provider", provider, spec_file(doc),
+                   "-o", out)
+        assert proc.returncode == 3, proc.stderr
+        assert f"the {provider} provider starts the native engine's processes on one " \
+            "machine" in proc.stderr and "slurm" in proc.stderr
+        assert not out.exists()
+
+
+def test_across_nodes_every_node_runs_one_argv_and_the_provider_adds_the_rendezvous(tiny):
+    from stateset_backend.adapters.native.adapter import node_argv
+    from stateset_backend.plugin import PYTHON, RUN_DIR
+
+    argv = _launch(tiny(**{"resources.nodes": 3, "resources.processes_per_node": 2,
+                           "budget.prompts_per_update": 6}), "slurm").argv
+    engine = ["-m", "stateset_backend.native", "--config", f"{RUN_DIR}/native_config.json",
+              "--output", RUN_DIR]
+    assert argv == [PYTHON, "-m", "torch.distributed.run", "--nnodes=3", "--nproc_per_node=2",
+                    "--max_restarts=0", *engine]  # the rendezvous: PET_RDZV_* on each node
+    resumed = [*argv, "--resume-from", "/shared/ckpt"]
+    node = node_argv(resumed, node_rank="$SLURM_NODEID", endpoint="node-a:29500",
+                     rendezvous_id="run-1")
+    assert node == [PYTHON, "-m", "torch.distributed.run", "--nnodes=3", "--nproc_per_node=2",
+                    "--max_restarts=0", "--rdzv-backend=c10d", "--rdzv-endpoint=node-a:29500",
+                    "--rdzv-id=run-1", "--node-rank=$SLURM_NODEID", *engine,
+                    "--resume-from", "/shared/ckpt"]
+    static = node_argv(argv, node_rank=2, endpoint="10.0.0.1:29500", rendezvous_id="r",
+                       static=True, local_addr="10.0.0.3")
+    assert static[6:11] == ["--rdzv-backend=static", "--master-addr=10.0.0.1",
+                            "--master-port=29500", "--rdzv-id=r", "--node-rank=2"]
+    assert static[11] == "--local-addr=10.0.0.3"
+    # torchrun's own parser reads it back as meant, once the caller filled in the node's rank
+    from torch.distributed.run import get_args_parser
+
+    args = get_args_parser().parse_args([a.replace("$SLURM_NODEID", "1") for a in node[3:]])
+    assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.rdzv_endpoint,
+            args.rdzv_id, args.node_rank, args.module, args.training_script) == \
+        ("3", "2", "c10d", "node-a:29500", "run-1", 1, True, "stateset_backend.native")
+    assert args.training_script_args[-2:] == ["--resume-from", "/shared/ckpt"]
+
+
+def test_one_node_keeps_standalone_and_takes_a_given_rendezvous_instead(tiny):
+    from stateset_backend.adapters.native.adapter import node_argv
+
+    argv = _launch(tiny(**{"resources.processes_per_node": 2}), "local").argv
+    assert "--standalone" in argv
+    node = node_argv(argv, node_rank=0, endpoint="127.0.0.1:29400", rendezvous_id="r")
+    assert "--standalone" not in node and "--nnodes=1" in node
+    assert node.count("--rdzv-endpoint=127.0.0.1:29400") == 1
+    assert node_argv(node, node_rank=0, endpoint="127.0.0.1:1", rendezvous_id="s").count(
+        "--rdzv-backend=c10d") == 1  # a rendezvous replaces the one there, never doubles it
+
+
+@pytest.mark.parametrize(("changes", "says"), [
+    ({"node_rank": 2}, "node_rank 2"),
+    ({"node_rank": True}, "node_rank True"),
+    ({"node_rank": "1; rm -rf /"}, "placeholder"),
+    ({"endpoint": "0.0.0.0:29500"}, "reachable from every node"),
+    ({"endpoint": "host"}, "HOST:PORT"),
+    ({"endpoint": "host:70000"}, "HOST:PORT"),
+    ({"endpoint": "-h:1"}, "HOST:PORT"),
+    ({"rendezvous_id": "a b"}, "rendezvous_id"),
+    ({"local_addr": "a b"}, "local_addr"),
+])
+def test_node_argv_refuses_what_is_no_place_in_a_rendezvous(tiny, changes, says):
+    from stateset_backend.adapters.native.adapter import node_argv
+
+    argv = _launch(tiny(**{"resources.nodes": 2}), "slurm").argv
+    given = {"node_rank": 1, "endpoint": "node-a:29500", "rendezvous_id": "r", **changes}
+    with pytest.raises(ValueError, match=says):
+        node_argv(argv, **given)
+
+
+def test_a_single_process_has_no_rendezvous(tiny):
+    from stateset_backend.adapters.native.adapter import node_argv
+
+    with pytest.raises(ValueError, match="not a torchrun launch"):
+        node_argv(_launch(tiny(), "local").argv, node_rank=0, endpoint="h:1",
+                  rendezvous_id="r")
+
+
+def test_where_the_ranks_run_is_not_identity(cli, tiny, spec_file):
+    digests = set()
+    for resources in ({"processes_per_node": 2}, {"nodes": 2, "processes_per_node": 1}):
+        proc = cli("digest", spec_file(tiny(resources=resources)))
+        assert proc.returncode == 0, proc.stderr
+        digests.add(proc.stdout.strip())
+    assert len(digests) == 1
 
 # -- the runtime a resume must match -------------------------------------------------------
 RUNTIME = {"world_size": 2, "model": {"path": "builtin:tiny", "revision": None},

@@ -8,6 +8,8 @@ engine, as a child process, so nothing about it is special-cased in the core.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from stateset_backend.native.ppo.settings import ppo_refusals
 from stateset_backend.plugin import (
     BUILTIN_PREFIX,
     CORE_HANDLED,
+    PROVIDERS_ACROSS_NODES,
     PYTHON,
     RUN_DIR,
     Artifact,
@@ -35,6 +38,7 @@ from stateset_backend.plugin import (
     Refused,
     RuleSet,
     Translation,
+    Unsupported,
     all_leaf_paths,
     builtin_dir,
     distribution_version,
@@ -95,18 +99,111 @@ def _processes(value: Any, spec: ExperimentSpec) -> Outcome:
     return Pinned({"resources.processes_per_node": value})
 
 
+TORCHRUN = ["-m", "torch.distributed.run"]
+# a torchrun flag the rendezvous of one launch sets (node_argv replaces them, never doubles them)
+_RENDEZVOUS_FLAGS = ("--standalone", "--node-rank", "--node_rank", "--rdzv-backend",
+                     "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id",
+                     "--rdzv_id", "--master-addr", "--master_addr", "--master-port",
+                     "--master_port", "--local-addr", "--local_addr")
+# a node rank the caller fills in per node: {node_rank}, $SLURM_NODEID, ${SLURM_NODEID}
+_PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]{2,45}\]")
+_RENDEZVOUS_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
 def launcher_argv(spec: ExperimentSpec) -> list[str]:
-    """How the engine process starts: directly, or under torchrun with one process per rank
-    (``--standalone``: a rendezvous on this machine at a free port; nodes above 1 are refused by
-    the contract, since the local provider starts processes on one machine only). Every value
-    is its own argv item, never shell text."""
+    """How the engine process starts; every value is its own argv item, never shell text.
+
+    - one process: the engine directly;
+    - several processes on one node: torchrun ``--standalone`` (a rendezvous on this machine
+      at a free port), what the local provider runs;
+    - several nodes: torchrun with the node count and the processes per node, and no
+      rendezvous: a provider that starts the launch on every node supplies it, either as
+      torchrun's environment (``PET_RDZV_BACKEND``, ``PET_RDZV_ENDPOINT``, ``PET_RDZV_ID``,
+      ``PET_NODE_RANK``, as the Slurm batch script does, so every node runs the same argv) or
+      as flags (:func:`node_argv`).
+    """
     engine = ["-m", "stateset_backend.native", "--config", f"{RUN_DIR}/{layout.CONFIG_FILE}",
               "--output", RUN_DIR]
-    processes = spec.resources.processes
-    if spec.resources.world_size == 1:
+    resources = spec.resources
+    if resources.world_size == 1:
         return [PYTHON, *engine]
-    return [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-            f"--nproc_per_node={processes}", "--max_restarts=0", *engine]
+    if resources.nodes == 1:
+        return [PYTHON, *TORCHRUN, "--standalone", "--nnodes=1",
+                f"--nproc_per_node={resources.processes}", "--max_restarts=0", *engine]
+    return [PYTHON, *TORCHRUN, f"--nnodes={resources.nodes}",
+            f"--nproc_per_node={resources.processes}", "--max_restarts=0", *engine]
+
+
+def node_argv(argv: Sequence[str], *, node_rank: int | str, endpoint: str,
+              rendezvous_id: str, static: bool = False,
+              local_addr: str | None = None) -> list[str]:
+    """One node's launch of a native plan that runs under torchrun.
+
+    ``argv`` is the plan's argv (or a prepared launch's: placeholders filled, ``--resume-from``
+    added), which fixes the node count (``--nnodes``) and the processes per node
+    (``--nproc_per_node``). The result is the same launch with this node's place in the
+    rendezvous as torchrun flags, replacing ``--standalone`` for a one-node plan:
+
+    - ``node_rank``: this node's rank, ``0 <= node_rank < nodes``, or a placeholder the caller
+      fills in on each node (``{node_rank}``, ``$SLURM_NODEID``; the argv is never given to a
+      shell, so the caller substitutes it);
+    - ``endpoint``: ``HOST:PORT`` every node reaches, on the node that hosts the rendezvous;
+    - ``rendezvous_id``: the same on every node of one launch and different between launches
+      (a run id and its attempt);
+    - ``static``: torchrun's static form (``--master-addr``/``--master-port`` and the node
+      ranks as given) instead of a c10d rendezvous (ranks by arrival, any node first);
+    - ``local_addr``: the address this node's agent gives the others (default: its fully
+      qualified host name), for a node with several interfaces.
+
+    Which node holds global rank 0 does not matter: the ranks compute the same split whatever
+    their placement, and rank 0 writes every record into the shared run directory.
+    """
+    argv = list(argv)
+    try:
+        script = argv.index("-m", 3)
+    except ValueError:
+        script = -1
+    if argv[1:3] != TORCHRUN or script < 0:
+        raise ValueError("not a torchrun launch: a plan of one process has no rendezvous")
+    options = argv[3:script]
+    nodes = next((int(o.split("=", 1)[1]) for o in options if o.startswith("--nnodes=")), 1)
+    if isinstance(node_rank, bool) or not (
+            (isinstance(node_rank, int) and 0 <= node_rank < nodes)
+            or (isinstance(node_rank, str) and _PLACEHOLDER.fullmatch(node_rank))):
+        raise ValueError(f"node_rank {node_rank!r}: a rank below {nodes} or a placeholder "
+                         "such as {node_rank} or $SLURM_NODEID")
+    host, _, port = endpoint.rpartition(":")
+    if not (_HOST.fullmatch(host) and port.isdigit() and 0 < int(port) < 65536) or \
+            host in ("0.0.0.0", "[::]"):
+        raise ValueError(f"endpoint {endpoint!r}: HOST:PORT of the node that hosts the "
+                         "rendezvous, reachable from every node")
+    if not _RENDEZVOUS_ID.fullmatch(rendezvous_id):
+        raise ValueError(f"rendezvous_id {rendezvous_id!r}: letters, digits, '_', '.', '-'")
+    if local_addr is not None and not _HOST.fullmatch(local_addr):
+        raise ValueError(f"local_addr {local_addr!r}: a host name or an IP address")
+    kept = [o for o in options if o.split("=", 1)[0] not in _RENDEZVOUS_FLAGS]
+    if static:
+        place = ["--rdzv-backend=static", f"--master-addr={host.strip('[]')}",
+                 f"--master-port={port}"]
+    else:
+        place = ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}"]
+    place += [f"--rdzv-id={rendezvous_id}", f"--node-rank={node_rank}"]
+    if local_addr is not None:
+        place.append(f"--local-addr={local_addr}")
+    return [*argv[:3], *kept, *place, *argv[script:]]
+
+
+def _refuse_one_machine(spec: ExperimentSpec, ctx: LaunchContext) -> None:
+    """A run across nodes starts torchrun once on every node; a provider that starts processes
+    on one machine cannot run it. The spec is fine: the plan is refused for this provider."""
+    nodes = spec.resources.nodes
+    if nodes > 1 and ctx.provider not in PROVIDERS_ACROSS_NODES:
+        raise Unsupported(
+            f"resources.nodes {nodes}: the {ctx.provider} provider starts the native engine's "
+            "processes on one machine; across nodes the engine runs under a provider that "
+            "starts one torchrun agent on every node: "
+            + ", ".join(sorted(PROVIDERS_ACROSS_NODES)))
 
 
 def _update_of(path: Path, root: Path) -> int | None:
@@ -129,8 +226,7 @@ class NativeAdapter(EngineAdapter):
                                         "rollout.backend")),
             "algorithm.gae.critic.model": _critic,
             "name": to("name"),
-            "resources.nodes": only(lambda v: v == 1, "the native engine runs on one node",
-                                    to("resources.nodes")),
+            "resources.nodes": to("resources.nodes"),  # the provider decides (render)
             "resources.processes_per_node": _processes,
             "reward.kind": _reward_kind,
             "data.chat_template": _chat_template,
@@ -144,7 +240,11 @@ class NativeAdapter(EngineAdapter):
 
     def kit_support(self) -> KitSupport:
         # the kit writes the native engine's outputs from the engine's own layout
-        return KitSupport()
+        return KitSupport(unsupported={
+            "multi_node": "the kit plans for the local provider, which starts processes on "
+                          "one machine; a native plan across nodes is made for a provider "
+                          "that starts one torchrun agent per node ("
+                          + ", ".join(sorted(PROVIDERS_ACROSS_NODES)) + ")"})
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
@@ -152,6 +252,7 @@ class NativeAdapter(EngineAdapter):
             builtin_dir(spec.model.path)
         except FileNotFoundError as exc:  # found now, not after a launch
             raise InvalidInput(f"model.path: {exc}") from None
+        _refuse_one_machine(spec, ctx)
         # The engine speaks the spec's vocabulary: it gets every leaf, the inert ones too, so
         # it can prove the settings hash back to the experiment digest it carries.
         settings = {**{path: value for path, value in leaves(spec) if path not in CORE_HANDLED},

@@ -7,6 +7,11 @@ advantages never cross ranks), samples each group from that group's own generato
 its share of the globally aggregated loss; the summed gradients are then the 1-process
 gradients. A single process (no ``WORLD_SIZE`` above 1 in the environment) never touches
 ``torch.distributed`` at all.
+
+Nothing here depends on how the ranks are spread over nodes: the split and the writer (global
+rank 0) come from the global ``RANK`` and ``WORLD_SIZE`` torchrun sets, and only the device is
+the node's own (``LOCAL_RANK``: one GPU per process on each node). Two nodes of one process
+and one node of two processes compute the same update.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ class DistributedError(RuntimeError):
 
 @dataclass(frozen=True)
 class World:
-    rank: int = 0
+    rank: int = 0  # global: which groups it owns, whether it writes
     size: int = 1
-    local_rank: int = 0
+    local_rank: int = 0  # on its node: which GPU it drives
+    node: int = 0  # its node's rank (torchrun's GROUP_RANK), for messages
     # where collectives run: NCCL reduces only CUDA tensors, gloo CPU ones
     device: str = "cpu"
 
@@ -99,7 +105,13 @@ def join(expected_size: int) -> World:
     import torch.distributed as dist
 
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    node = int(os.environ.get("GROUP_RANK", "0"))
     if torch.cuda.is_available():
+        visible = torch.cuda.device_count()
+        if local_rank >= visible:
+            raise DistributedError(f"local rank {local_rank} on node {node} has no GPU: the "
+                                   f"node shows {visible}; start at most one process per GPU "
+                                   "on each node")
         torch.cuda.set_device(local_rank)
         backend, device = "nccl", f"cuda:{local_rank}"
     else:
@@ -107,7 +119,7 @@ def join(expected_size: int) -> World:
     # a rank that dies leaves the others blocked in a collective: torchrun ends them; this
     # timeout is only the backstop when nothing else does
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
-    return World(rank, size, local_rank, device)
+    return World(rank, size, local_rank, node, device)
 
 
 def all_reduce_gradients(params: list[torch.nn.Parameter], world: World) -> None:

@@ -6,6 +6,8 @@ equals one process only when everything computed before the loss is local to a g
 that need the whole batch at once (batch-wide whitening, refilling excluded groups, the
 critic's batch-normalised token advantages, conversations with their own workers) would each
 need a gather of their own, and none is implemented: they are refused rather than approximated.
+Where the ranks run (one node or several) does not enter: the split depends on the world size
+and each process's global rank alone.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ def data_parallel_refusals(spec: Any) -> list[str]:
         return []
     alg, problems = spec.algorithm, list[str]()
     where = f"with {size} processes"
-    if spec.resources.nodes > 1:
-        problems.append("resources.nodes above 1: the native engine runs on one node")
     if alg.objective == "sft":
         problems.append(f"algorithm.objective sft {where}: supervised fine-tuning runs in one "
                         "process")
