@@ -217,6 +217,7 @@ def _update_of(path: Path, root: Path) -> int | None:
 class NativeAdapter(EngineAdapter):
     name = "native"
     contract_file = "native.json"
+    cluster_launch = "torchrun"  # one torchrun agent per node (a single node runs it alone)
 
     def rules(self, dialect: Dialect) -> RuleSet:
         rules: dict[str, Any] = {path: to(path) for path in all_leaf_paths(ExperimentSpec)}
