@@ -59,6 +59,14 @@ class ResumeImpossible(StatesetError):
     kind = "resume_impossible"
 
 
+class NotExecuted(StatesetError):
+    """The attempt was prepared for a cluster (its manifest written into the attempt), not
+    executed: nothing ran, so nothing succeeded. Applying it is the next step."""
+
+    exit_code = 7
+    kind = "not_executed"
+
+
 class Interrupted(StatesetError):
     """The user interrupted the run (Ctrl-C / SIGTERM); the process group was killed."""
 

@@ -29,7 +29,7 @@ from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.translate.rules import Translation, option_conflict, translate
 
 PLAN_SCHEMA_ID = "stateset-backend/plan/v2"
-Provider = Literal["local", "ray", "slurm"]
+Provider = Literal["local", "ray", "slurm", "kuberay"]
 
 
 class AdapterInfo(BaseModel):
@@ -56,7 +56,9 @@ class LaunchPlan(BaseModel):
     provider: Provider = "local"
     provider_settings: dict[str, Any] = Field(
         default_factory=dict, description="what the provider asks of the cluster (Slurm: "
-                                          "partition, time limit, shared filesystem ...)")
+                                          "partition, time limit, shared filesystem ...; "
+                                          "KubeRay: image, namespace, resources, shared "
+                                          "volume, secret references)")
     base_dir: str = Field(description="the spec's folder: where its relative paths point")
     required_capabilities: list[str]
     spec: dict[str, Any] = Field(description="the validated spec, defaults filled")
@@ -126,6 +128,12 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
                              bare.native if bare.native is not None else own.native)
     settings, provider_files = _provider_files(provider, provider_settings or {}, adapter,
                                                run_id, spec, Path(base))
+    launched = launch.to_json()
+    if provider == "kuberay":  # the pods' paths, and the spec's files on the shared volume
+        from stateset_backend.plan import kuberay
+
+        launched, native = kuberay.pod_launch(spec, kuberay.settings_from(settings), Path(base),
+                                              launched, native)
     resources = spec.resources.model_dump(mode="json")
     engine_options = spec.engine_options.get(adapter.name, {})
     doc: dict[str, Any] = {
@@ -137,7 +145,7 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
             experiment_digest=exp_digest, engine=adapter.name, engine_version=engine_version,
             adapter_distribution=entry.distribution, adapter_version=entry.version,
             contract_digest=contract.digest, resources=resources,
-            engine_options=engine_options, native=launch.to_json()),
+            engine_options=engine_options, native=launched),
         "engine": adapter.name,
         "engine_version": engine_version,
         "adapter": {"distribution": entry.distribution, "version": entry.version},
@@ -150,9 +158,12 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
         "dialect": dialect.model_dump(mode="json", exclude={"extends"}),
         "deviations": translation.deviations,
         "native": native,
-        **launch.to_json(),
+        **launched,
         "checksum": "",
     }
+    if provider == "kuberay":  # the first attempt's RayJob, reviewable, in the checksum
+        provider_files = {kuberay.RAYJOB_FILE: kuberay.plan_manifest(
+            doc, kuberay.settings_from(settings), adapter.cluster_launch)}
     taken = sorted(set(provider_files) & set(doc["files"]))
     if taken:
         raise AdapterBug(f"{adapter.name}'s launch writes {taken[0]}, a file the {provider} "
@@ -165,10 +176,16 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
 def _provider_files(provider: Provider, settings: dict[str, Any], adapter: Any, run_id: str,
                     spec: ExperimentSpec, base_dir: Path) -> tuple[dict[str, Any],
                                                                    dict[str, str]]:
-    """What the provider adds to the plan: its checked settings and its files."""
+    """What the provider adds to the plan: its checked settings and its files (a kuberay
+    plan's manifest is added once the launch is known)."""
+    if provider == "kuberay":
+        from stateset_backend.plan.kuberay import settings_from
+
+        return settings_from(settings).model_dump(mode="json"), {}
     if provider != "slurm":
         if settings:
-            raise InvalidInput(f"provider settings apply to --provider slurm, not {provider}")
+            raise InvalidInput(f"provider settings apply to --provider slurm or kuberay, not "
+                               f"{provider}")
         return {}, {}
     from stateset_backend.providers.slurm.planning import plan_files
 

@@ -1,3 +1,4 @@
-"""Stage 6, where the engine runs: one module per provider (a local process group, a Ray
-job), each taking a filled-in launch and returning how it ended.
+"""Stage 5, where the engine runs: one module per provider (a local process group, a Ray
+job, a Slurm batch job, a KubeRay RayJob), each taking a filled-in launch and returning how it
+ended.
 """

@@ -46,7 +46,7 @@ _URL_PASSWORD = re.compile(r"(://[^/:@\s]*):[^/@\s]*@")
 _SECRET_QUERY = re.compile(r"([?&][^=&#\s]*(?:token|sig|signature|secret|password|key)"
                            r"[^=&#\s]*=)[^&#\s]*", re.IGNORECASE)
 _STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "invalid": "FAILED",
-           "interrupted": "KILLED"}
+           "interrupted": "KILLED", "prepared": "SCHEDULED"}
 # The MLflow client's own defaults retry an unanswered request for about four minutes; an
 # export is run by hand and should fail within seconds. Used only where the user set none.
 CLIENT_ENVIRONMENT = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",

@@ -26,7 +26,9 @@ if TYPE_CHECKING:  # the run store's readers (`runs list`) load results without 
     from stateset_backend.providers.local import Exit
 
 RESULT_SCHEMA_ID = "stateset-backend/result/v1"
-Status = Literal["succeeded", "failed", "invalid", "interrupted", "quarantined"]
+# "prepared": the attempt's files and cluster manifest were written and nothing was executed
+# (a kuberay run without apply); never a success
+Status = Literal["succeeded", "failed", "invalid", "interrupted", "quarantined", "prepared"]
 
 
 class _Doc(BaseModel):

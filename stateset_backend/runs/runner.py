@@ -17,6 +17,7 @@ from stateset_backend.common.errors import (
     Interrupted,
     InvalidInput,
     InvalidResult,
+    NotExecuted,
     ResumeImpossible,
     StatesetError,
     Unsupported,
@@ -37,6 +38,8 @@ from stateset_backend.runs.results import (
     select_checkpoint,
     summarize,
 )
+from stateset_backend.providers.kuberay.settings import KubeRaySettings
+from stateset_backend.runs import kuberay_attempt
 from stateset_backend.runs.runtime import check_resume
 from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.runs.store import Attempt, RunStore
@@ -120,10 +123,12 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
              python: str | None = None, timeout: float | None = None,
              echo_stderr: bool = True, resume: bool = False, live_progress: bool = True,
              engine_home: str | None = None, ray_address: str | None = None,
-             allow_runtime_change: bool = False) -> tuple[Result, Path]:
+             allow_runtime_change: bool = False, apply: bool = False) -> tuple[Result, Path]:
     """Run one attempt of a plan; raises the error whose exit code matches the outcome.
     A resume first compares the checkpoint's recorded runtime with this launch's
-    (core.runtime): ``allow_runtime_change`` lets package versions differ, with a warning."""
+    (core.runtime): ``allow_runtime_change`` lets package versions differ, with a warning.
+    A kuberay plan's attempt is executed only with ``apply`` (kubectl apply, then followed);
+    without it the attempt's manifest is written and the attempt recorded ``prepared``."""
     entry = registry.get(plan.engine)
     adapter = entry.adapter
     if (entry.distribution, entry.version) != (plan.adapter.distribution,
@@ -131,16 +136,20 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
         raise Unsupported(f"the plan was made with {plan.adapter.distribution} "
                           f"{plan.adapter.version} but {entry.distribution} {entry.version} "
                           "is installed; make a new plan")
-    verify_engine_version(plan, adapter.installed_version(python, engine_home))
+    on_cluster = plan.provider == "kuberay"
+    # a kuberay plan's engine is the image's (provider_settings.image), not this machine's
+    kuberay = kuberay_attempt.preflight(plan, adapter, store, apply) if on_cluster else None
+    if not on_cluster:
+        verify_engine_version(plan, adapter.installed_version(python, engine_home))
 
     spec = plan.validated_spec()
     if plan.provider == "slurm":  # the login node sees the shared filesystem the nodes read
         from stateset_backend.providers.slurm.planning import check_runs_dir
 
         check_runs_dir(plan.provider_settings, store.root)
-    if plan.provider in ("local", "slurm"):
+    if plan.provider in ("local", "slurm", "kuberay"):  # kuberay: the volume is seen here too
         verify_inputs(spec, Path(plan.base_dir))
-    if engine_home is None and any(ENGINE_HOME in a for a in plan.argv):
+    if not on_cluster and engine_home is None and any(ENGINE_HOME in a for a in plan.argv):
         raise InvalidInput("this plan runs an engine from its source checkout: pass "
                            "--engine-home DIR")
     resume_from = find_resume_point(plan, adapter, store) if resume else None
@@ -149,7 +158,7 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
                             adapter.current_runtime(spec, python),
                             allow_change=allow_runtime_change,
                             where=f"run {plan.run_id} update {resume_from.update}") \
-        if resume_from is not None else []
+        if resume_from is not None and not on_cluster else []  # there: the image's runtime
     try:
         attempt = store.begin_attempt(plan)
     except OSError as exc:
@@ -157,7 +166,7 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
                            f"{exc.strerror or exc}") from None
     if echo_stderr:  # on screen at once: the engine may take seconds to load its model
         how = f"resuming from update {resume_from.update}" if resume_from is not None else \
-            "starting"
+            "starting" if apply or not on_cluster else "preparing"
         print(f"stateset-backend: run {plan.run_id} attempt {attempt.number}: {how} "
               f"{plan.engine} {plan.engine_version} ({plan.provider}); its output is kept in "
               f"{attempt.directory}", file=sys.stderr, flush=True)
@@ -168,7 +177,7 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
                             python=python, timeout=timeout, echo_stderr=echo_stderr,
                             live_progress=live_progress,
                             engine_home=engine_home, ray_address=ray_address,
-                            warnings=warnings)
+                            warnings=warnings, kuberay=kuberay, apply=apply)
     except OSError as exc:
         reason = f"could not write into the runs directory: {exc.strerror or exc}"
         path = _record_failure(plan, spec, store, attempt, reason)
@@ -200,14 +209,24 @@ def _record_failure(plan: LaunchPlan, spec: ExperimentSpec, store: RunStore, att
 def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, attempt: Attempt,
                  spec: ExperimentSpec, resume_from: Checkpoint | None, *, python: str | None,
                  timeout: float | None, echo_stderr: bool, live_progress: bool,
-                 engine_home: str | None,
-                 ray_address: str | None, warnings: list[str]) -> tuple[Result, Path]:
+                 engine_home: str | None, ray_address: str | None, warnings: list[str],
+                 kuberay: KubeRaySettings | None = None,
+                 apply: bool = False) -> tuple[Result, Path]:
     """Prepare the attempt, launch it where the plan says, collect and validate what the
     engine left: the data path of one attempt, in that order."""
-    prepared = prepare_attempt(plan, adapter, attempt, resume_from, python=python,
-                               engine_home=engine_home, echo_stderr=echo_stderr,
-                               live_progress=live_progress)
-    provider = _provider(plan, ray_address)
+    provider: Provider
+    if kuberay is not None:
+        prepared, manifest = kuberay_attempt.prepare(plan, adapter, attempt, resume_from,
+                                                     kuberay, echo_stderr)
+        if not apply:  # nothing is executed, so nothing is collected or succeeds
+            result = kuberay_attempt.not_applied(plan, spec, store, attempt, manifest, kuberay)
+            return result, store.finish(attempt, result)
+        provider = kuberay_attempt.provider(kuberay, prepared, manifest)
+    else:
+        prepared = prepare_attempt(plan, adapter, attempt, resume_from, python=python,
+                                   engine_home=engine_home, echo_stderr=echo_stderr,
+                                   live_progress=live_progress)
+        provider = _provider(plan, ray_address)
     started, t0 = utc_now(), time.monotonic()
     exit_ = provider.launch(prepared, timeout)
     duration = time.monotonic() - t0
@@ -316,7 +335,7 @@ def raise_for_status(result: Result, path: Path, resume_from: int | None = None)
     detail = "; ".join(failed)
     errors: dict[str, type[StatesetError]] = {
         "interrupted": Interrupted, "failed": EngineFailed, "invalid": InvalidResult,
-        "quarantined": EngineFailed}
+        "quarantined": EngineFailed, "prepared": NotExecuted}
     if result.status in errors:
         raise errors[result.status](f"run {result.run_id} attempt {result.attempt} "
                                     f"{result.status}: {detail} (result: {path})"

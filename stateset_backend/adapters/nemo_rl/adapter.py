@@ -150,6 +150,7 @@ class NemoRLAdapter(EngineAdapter):
     name = "nemo-rl"
     contract_file = "nemo-rl.json"
     dialect_keys = NemoRLKeys
+    cluster_launch = "ray"  # its launch is a Ray driver: a cluster's nodes join a Ray cluster
 
     def rules(self, dialect: Dialect) -> RuleSet:
         k: NemoRLKeys = self.keys(dialect)

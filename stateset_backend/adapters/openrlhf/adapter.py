@@ -543,6 +543,7 @@ class OpenRLHFAdapter(EngineAdapter):
     name = "openrlhf"
     contract_file = "openrlhf.json"
     dialect_keys = OpenRLHFKeys
+    cluster_launch = "ray"  # its launch is a Ray driver: a cluster's nodes join a Ray cluster
 
     def rules(self, dialect: Dialect) -> RuleSet:
         f: OpenRLHFKeys = self.keys(dialect)

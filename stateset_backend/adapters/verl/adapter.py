@@ -501,6 +501,7 @@ class VerlAdapter(EngineAdapter):
     name = "verl"
     contract_file = "verl.json"
     dialect_keys = VerlKeys
+    cluster_launch = "ray"  # its launch is a Ray driver: a cluster's nodes join a Ray cluster
 
     def rules(self, dialect: Dialect) -> RuleSet:
         keys: VerlKeys = self.keys(dialect)
