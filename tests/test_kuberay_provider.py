@@ -250,7 +250,7 @@ def test_label_values_and_names_fit_kubernetes():
     assert len(rayjob_name("20261205T000000Z-abcdef01", 10**20)) <= 47
 
 
-def test_secrets_never_reach_the_manifest_plan_or_attempt(crds, registry, tmp_path, monkeypatch,
+def test_secrets_never_reach_the_manifest_plan_or_attempt(registry, tmp_path, monkeypatch,
                                                           hub_cache_on_volume, echo_volume):
     monkeypatch.setenv("WANDB_API_KEY", SENTINEL)
     monkeypatch.setenv("HF_TOKEN", SENTINEL)
