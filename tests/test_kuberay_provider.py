@@ -501,3 +501,34 @@ def test_a_deletion_by_the_user_or_the_timeout_is_named():
     timed = to_exit(None, ["timeout"])
     assert timed.timed_out and timed.code == 124 and "timeout" in (timed.reason or "")
     assert "deleted" in (to_exit(None, []).reason or "")
+
+
+def test_the_cli_plans_prepares_then_applies(registry, echo_volume, kubectl, tmp_path, capsys,
+                                             monkeypatch):
+    """Through the CLI, as the docs show it: plan with --kuberay-settings, run without
+    --apply (exit 7, the manifest written, nothing run), then run --apply, which the re-run
+    guard lets through because the earlier attempt only prepared."""
+    from stateset_backend.cli import main
+
+    calls, _ = kubectl
+    monkeypatch.setenv("FAKE_KUBECTL_RUN", "1")
+    spec, settings, store = echo_volume("ok")
+    settings_file = tmp_path / "kuberay.json"
+    settings_file.write_text(json.dumps(settings))
+    plan_file = tmp_path / "plan.json"
+    assert main(["plan", "--engine", "echo", "--engine-version", "1.2.0", str(spec), "-o",
+                 str(plan_file), "--provider", "kuberay", "--kuberay-settings",
+                 str(settings_file)]) == 0
+    assert main(["run", str(plan_file), "--runs-dir", str(store.root), "--quiet"]) == 7
+    assert "--apply" in capsys.readouterr().err and calls() == []
+    assert main(["run", str(plan_file), "--runs-dir", str(store.root), "--quiet",
+                 "--apply"]) == 0
+    assert calls()[0][0] == "apply"
+    assert main(["plan", "--engine", "echo", "--engine-version", "1.2.0", str(spec), "-o",
+                 str(plan_file), "--provider", "kuberay"]) == 2
+    local = tmp_path / "local-plan.json"
+    assert main(["plan", "--engine", "echo", "--engine-version", "1.2.0", str(spec), "-o",
+                 str(local)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(local), "--runs-dir", str(store.root), "--apply"]) == 2
+    assert "--apply applies a kuberay plan's RayJob" in capsys.readouterr().err

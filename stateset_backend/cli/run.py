@@ -23,6 +23,9 @@ def add_parsers(commands: Commands) -> None:
     p.add_argument("--quiet", action="store_true", help="do not echo the engine's stderr")
     p.add_argument("--ray-address", help="Ray dashboard address for --provider ray (default "
                                          "$RAY_ADDRESS), e.g. http://127.0.0.1:8265")
+    p.add_argument("--apply", action="store_true",
+                   help="with a kuberay plan: apply the attempt's RayJob with kubectl and "
+                        "follow it; without it the manifest is written, nothing runs (exit 7)")
     p.add_argument("--resume", action="store_true",
                    help="continue the plan's run from its newest complete checkpoint")
     p.add_argument("--retry", action="store_true",
@@ -68,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                            "without --resume" + (" (with --engine every run is a new run)"
                                                  if args.engine is not None else ""))
     if args.engine is None and not args.resume and not args.retry:
-        earlier = _earlier_attempts(plan, store, args.document)
+        earlier = _earlier_attempts(plan, store, args.document, args.apply)
         if earlier is not None:
             code, doc, line = earlier
             if code:
@@ -83,6 +86,9 @@ def cmd_run(args: argparse.Namespace) -> int:
              f"{result.planned_updates} updates, attempt {result.attempt}); nothing to resume "
              f"(result: {path})")
         return 0
+    if args.apply and plan.provider != "kuberay":
+        raise InvalidInput(f"--apply applies a kuberay plan's RayJob; this plan runs on the "
+                           f"{plan.provider} provider")
     if args.allow_runtime_change and not args.resume:
         raise InvalidInput("--allow-runtime-change applies to --resume only")
     resume, requeues = args.resume, int(plan.provider_settings.get("requeue", 0))
@@ -91,7 +97,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                 timeout=args.timeout, echo_stderr=not args.quiet,
                                 resume=resume, live_progress=not args.json,
                                 engine_home=args.engine_home, ray_address=args.ray_address,
-                                allow_runtime_change=args.allow_runtime_change)
+                                allow_runtime_change=args.allow_runtime_change,
+                                apply=args.apply)
         if not (requeues and stopped_by_cluster(result)):
             break
         requeues, resume = requeues - 1, True
@@ -106,8 +113,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _earlier_attempts(plan: Any, store: Any,
-                      document: str) -> tuple[int, dict[str, Any], str] | None:
+def _prepared_only(folders: list[Path]) -> bool:
+    """Every earlier attempt only wrote a cluster manifest and ran nothing."""
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.runs.results import Result
+
+    try:
+        return all(Result.load(f / "result.json").status == "prepared" for f in folders)
+    except (InvalidInput, OSError):
+        return False
+
+
+def _earlier_attempts(plan: Any, store: Any, document: str,
+                      apply: bool = False) -> tuple[int, dict[str, Any], str] | None:
     """A plan whose run already has attempts is never trained again without being asked:
     (0, result, message) when it finished, (2, {}, message) when it did not; each message
     says what exists and the command for each choice. None when the run has no attempt."""
@@ -116,7 +134,7 @@ def _earlier_attempts(plan: Any, store: Any,
     from stateset_backend.runs.runner import attempt_dirs, completed
 
     folders = attempt_dirs(store, plan.run_id)  # newest first
-    if not folders:
+    if not folders or (apply and _prepared_only(folders)):  # applying what was prepared
         return None
     # a command to copy: the plan's path quoted as a shell would need it
     run, newest = plan.run_id, int(folders[0].name)

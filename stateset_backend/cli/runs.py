@@ -31,7 +31,7 @@ def add_parsers(commands: Commands) -> None:
     q.add_argument("--digest", help="only runs of this experiment digest")
     q.add_argument("--engine", help="only runs on this engine")
     q.add_argument("--status", choices=["succeeded", "failed", "invalid", "interrupted",
-                                        "quarantined", "unreadable"])
+                                        "quarantined", "prepared", "unreadable"])
     q = runs_sub.add_parser("show", parents=parents, help="one run: identity, attempts, "
                                                           "checkpoints, selection")
     q.add_argument("run")

@@ -43,7 +43,10 @@ SLURM_FLAGS = {
 
 def provider_options(p: argparse.ArgumentParser) -> None:
     """Where the plan runs: ``plan`` and ``run --engine`` take the same options."""
-    p.add_argument("--provider", choices=["local", "ray", "slurm"], default="local")
+    p.add_argument("--provider", choices=["local", "ray", "slurm", "kuberay"], default="local")
+    p.add_argument("--kuberay-settings", metavar="FILE",
+                   help="with --provider kuberay: the RayJob's settings as a JSON object "
+                        "(image, namespace, volume, secrets: docs/providers/kuberay.md)")
     slurm = p.add_argument_group("with --provider slurm (docs/providers/slurm.md)")
     for flag, (_, kind, text) in SLURM_FLAGS.items():
         slurm.add_argument(f"--slurm-{flag}", type=kind, help=text,
@@ -61,6 +64,17 @@ def provider_settings(args: argparse.Namespace) -> dict[str, Any]:
     if provider == "slurm" and "shared_root" not in given:
         raise InvalidInput("--provider slurm needs --slurm-shared-root: the shared filesystem "
                            "the nodes read the spec's files from and write the run to")
+    settings_file = getattr(args, "kuberay_settings", None)
+    if (settings_file is not None) != (provider == "kuberay"):
+        raise InvalidInput("--provider kuberay needs --kuberay-settings FILE (the RayJob's "
+                           "image, namespace, volume and secrets), and only it takes one")
+    if settings_file is not None:
+        from stateset_backend.common.jsonio import read_json
+
+        doc = read_json(settings_file, what="KubeRay settings")
+        if not isinstance(doc, dict):
+            raise InvalidInput(f"{settings_file}: KubeRay settings are a JSON object")
+        return doc
     return given
 
 
