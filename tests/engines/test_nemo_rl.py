@@ -20,7 +20,9 @@ from omegaconf import OmegaConf
 from optional_installs import NEMO_RL_CONFIGS, NEMO_RL_CONFIGS_MISSING
 from packaging.version import Version
 
-from stateset_backend.adapters.nemo_rl.adapter import SWITCHED_OFF, WARMUP_START, NemoRLAdapter
+from stateset_backend.adapters.nemo_rl.adapter import NemoRLAdapter
+from stateset_backend.adapters.nemo_rl.rules import SWITCHED_OFF
+from stateset_backend.adapters.nemo_rl.training_rules import WARMUP_START
 from stateset_backend.common.errors import Unsupported
 from stateset_backend.engines.registry import AdapterEntry
 from stateset_backend.plan.launch_plan import make_plan

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from stateset_backend.adapters.nemo_rl import launcher as launcher
-from stateset_backend.adapters.nemo_rl.adapter import LAUNCHER_FILE, NemoRLAdapter
+from stateset_backend.adapters.nemo_rl.adapter import NemoRLAdapter
+from stateset_backend.adapters.nemo_rl.render import LAUNCHER_FILE
 from stateset_backend.engines.registry import AdapterEntry
 from stateset_backend.native.tiny_model import ASSETS
 from stateset_backend.plan.launch_plan import make_plan

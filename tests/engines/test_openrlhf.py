@@ -312,7 +312,7 @@ def test_every_flag_is_an_exact_option_string(tmp_path):
 
 def test_warmup_ratio_lands_on_whole_steps():
     """ceil(steps * W/T) overshoots for many (W, T): 25 * (7/25) is 7.000000000000001."""
-    from stateset_backend.adapters.openrlhf.adapter import warmup_ratio
+    from stateset_backend.adapters.openrlhf.budget import warmup_ratio
 
     for total in range(1, 120):
         for warmup in range(0, total + 1):
@@ -325,7 +325,7 @@ def test_warmup_ratio_lands_on_whole_steps():
     (25, 2000, 16, (1, 400)), (300, 2000, 16, (3, 1600)), (7, 100, 16, (7, 16)),
     (125, 2000, 16, (1, 2000)), (126, 2000, 16, (2, 1008))])
 def test_passes_run_exactly_the_updates(total, rows, batch, expected):
-    from stateset_backend.adapters.openrlhf.adapter import passes
+    from stateset_backend.adapters.openrlhf.budget import passes
 
     spec = parse_spec(with_(GOLDEN["grpo"], budget={"total_updates": total,
                                                     "prompts_per_update": batch}))

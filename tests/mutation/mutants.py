@@ -10,13 +10,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-VERL = "stateset_backend/adapters/verl/adapter.py"
+# each adapter package's modules: its vocabulary, rule table and section rules, launch, collection
+VERL = "stateset_backend/adapters/verl"
+VERL_DIALECT = f"{VERL}/dialect.py"
+VERL_RULES = f"{VERL}/rules.py"
+VERL_ALGORITHM = f"{VERL}/algorithm_rules.py"
+VERL_TRAINING = f"{VERL}/training_rules.py"
+VERL_RENDER = f"{VERL}/render.py"
+VERL_COLLECT = f"{VERL}/collect.py"
 VERL_CONTRACT = "stateset_backend/contracts/verl.json"
-ORL = "stateset_backend/adapters/openrlhf/adapter.py"
+ORL = "stateset_backend/adapters/openrlhf"
+ORL_RULES = f"{ORL}/rules.py"
+ORL_ALGORITHM = f"{ORL}/algorithm_rules.py"
+ORL_TRAINING = f"{ORL}/training_rules.py"
+ORL_RENDER = f"{ORL}/render.py"
+ORL_COLLECT = f"{ORL}/collect.py"
 ORL_CONTRACT = "stateset_backend/contracts/openrlhf.json"
-NEMO = "stateset_backend/adapters/nemo_rl/adapter.py"
+NEMO = "stateset_backend/adapters/nemo_rl"
+NEMO_RULES = f"{NEMO}/rules.py"
+NEMO_ALGORITHM = f"{NEMO}/algorithm_rules.py"
+NEMO_TRAINING = f"{NEMO}/training_rules.py"
+NEMO_COLLECT = f"{NEMO}/collect.py"
 NEMO_CONTRACT = "stateset_backend/contracts/nemo-rl.json"
-NEMO_LAUNCHER = "stateset_backend/adapters/nemo_rl/launcher.py"
+NEMO_LAUNCHER = f"{NEMO}/launcher.py"
 TRL = "stateset_trl_engine/plugin.py"
 TRL_LAUNCHER = "stateset_trl_engine/launch_script.py"
 TRL_CONTRACT = "stateset_trl_engine/contract.json"
@@ -40,64 +56,67 @@ def m(name: str, engine: str, version: str, *edits: tuple[str, str, str],
 MUTANTS: list[Mutant] = [
     # -- verl -------------------------------------------------------------------------------------
     m("verl: clip low and high swapped", "verl", "0.9.1",
-      (VERL, '"algorithm.clip.low": to(f"{ACTOR}.clip_ratio_low")',
+      (VERL_RULES, '"algorithm.clip.low": to(f"{ACTOR}.clip_ratio_low")',
        '"algorithm.clip.low": to(f"{ACTOR}.clip_ratio_high")'),
-      (VERL, '"algorithm.clip.high": to(f"{ACTOR}.clip_ratio_high")',
+      (VERL_RULES, '"algorithm.clip.high": to(f"{ACTOR}.clip_ratio_high")',
        '"algorithm.clip.high": to(f"{ACTOR}.clip_ratio_low")')),
     m("verl: k1 and k3 swapped", "verl", "0.9.1",
-      (VERL, 'KL_TYPE = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}',
+      (VERL_DIALECT, 'KL_TYPE = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}',
        'KL_TYPE = {"k1": "low_var_kl", "k2": "mse", "k3": "kl"}')),
     m("verl: mini-batch counted in responses", "verl", "0.9.1",
-      (VERL, 'Pinned({f"{ACTOR}.ppo_mini_batch_size": prompts // value},',
+      (VERL_TRAINING, 'Pinned({f"{ACTOR}.ppo_mini_batch_size": prompts // value},',
        'Pinned({f"{ACTOR}.ppo_mini_batch_size": prompts * spec.algorithm.group_size // value},')),
     m("verl: max response length is prompt + response", "verl", "0.9.1",
-      (VERL, '"data.max_response_tokens": to("data.max_response_length")',
+      (VERL_RULES, '"data.max_response_tokens": to("data.max_response_length")',
        '"data.max_response_tokens": lambda v, s: Pinned({"data.max_response_length": '
        'v + s.data.max_prompt_tokens})')),
     m("verl: rloo launched as grpo", "verl", "0.9.1",
-      (VERL, '"rloo": "rloo",', '"rloo": "grpo",')),
+      (VERL_DIALECT, '"rloo": "rloo",', '"rloo": "grpo",')),
     m("verl: group size on the validation sampler", "verl", "0.9.1",
-      (VERL, '"algorithm.group_size": to(f"{ROLLOUT}.n")',
+      (VERL_RULES, '"algorithm.group_size": to(f"{ROLLOUT}.n")',
        '"algorithm.group_size": to(f"{VAL}.n")')),
     m("verl: learning rate pinned to a constant", "verl", "0.9.1",
-      (VERL, '"optim.lr": to(k(f"{ACTOR}.optim.lr"))',
+      (VERL_RULES, '"optim.lr": to(k(f"{ACTOR}.optim.lr"))',
        '"optim.lr": lambda v, s: Pinned({k(f"{ACTOR}.optim.lr"): 1e-6})')),
     m("verl: temperature key misspelt", "verl", "0.9.1",
-      (VERL, '"rollout.temperature": to(f"{ROLLOUT}.temperature")',
+      (VERL_RULES, '"rollout.temperature": to(f"{ROLLOUT}.temperature")',
        '"rollout.temperature": to(f"{ROLLOUT}.temprature")')),
     m("verl: entropy key of another spelling", "verl", "0.9.1",
-      (VERL, 'to(f"{ACTOR}.entropy_coeff")', 'to(f"{ACTOR}.entropy_coef")')),
+      (VERL_RULES, 'to(f"{ACTOR}.entropy_coeff")', 'to(f"{ACTOR}.entropy_coef")')),
     m("verl: seq-mean-token-mean mapped to token-mean", "verl", "0.9.1",
-      (VERL, '"seq_mean_token_mean": "seq-mean-token-mean",',
+      (VERL_DIALECT, '"seq_mean_token_mean": "seq-mean-token-mean",',
        '"seq_mean_token_mean": "token-mean",')),
     m("verl: gradient clipping dropped", "verl", "0.9.1",
-      (VERL, '"optim.grad_clip": to(*keys.grad_clip, *keys.critic_grad_clip)',
+      (VERL_RULES, '"optim.grad_clip": to(*keys.grad_clip, *keys.critic_grad_clip)',
        '"optim.grad_clip": carried("verl clips gradients")')),
     m("verl: train batch counted in responses", "verl", "0.9.1",
-      (VERL, '"budget.prompts_per_update": to("data.train_batch_size")',
+      (VERL_RULES, '"budget.prompts_per_update": to("data.train_batch_size")',
        '"budget.prompts_per_update": lambda v, s: Pinned({"data.train_batch_size": '
        'v * s.algorithm.group_size})')),
     m("verl: ppo epochs key misspelt", "verl", "0.9.1",
-      (VERL, 'to(f"{ACTOR}.ppo_epochs")', 'to(f"{ACTOR}.ppo_epoch")')),
+      (VERL_RULES, 'to(f"{ACTOR}.ppo_epochs")', 'to(f"{ACTOR}.ppo_epoch")')),
     m("verl: interpolations carried with one escape", "verl", "0.9.1",
-      (VERL, '        overrides.refuse_interpolations(native, translation.sources, "verl", '
-             'READ_PATH)\n', '')),
+      (VERL_RENDER, '    overrides.refuse_interpolations(native, translation.sources, "verl", '
+                    'READ_PATH)\n', '')),
     m("verl: KL coefficient on the unused placement", "verl", "0.9.1",
-      (VERL, 'key = f"{ACTOR}.kl_loss_coef" if _in_loss(spec) else "algorithm.kl_ctrl.kl_coef"',
+      (VERL_ALGORITHM,
+       'key = f"{ACTOR}.kl_loss_coef" if _in_loss(spec) else "algorithm.kl_ctrl.kl_coef"',
        'key = "algorithm.kl_ctrl.kl_coef" if _in_loss(spec) else f"{ACTOR}.kl_loss_coef"')),
     m("verl: reward metric read under another name", "verl", "0.9.1",
-      (VERL, '"reward/mean": "critic/score/mean"', '"reward/mean": "critic/rewards/mean"'),
+      (VERL_COLLECT, '"reward/mean": "critic/score/mean"', '"reward/mean": "critic/rewards/mean"'),
       kind="collection"),
     m("verl: committed updates counted as log rows", "verl", "0.9.1",
-      (VERL, 'out.committed_updates = max((int(r["step"]) for r in out.metrics), default=0)',
+      (VERL_COLLECT,
+       'out.committed_updates = max((int(r["step"]) for r in out.metrics), default=0)',
        'out.committed_updates = len(out.metrics)'), kind="collection"),
     m("verl: weight decay pinned to the default", "verl", "0.9.1",
-      (VERL, '"optim.weight_decay": k.optim_rule("weight_decay")',
+      (VERL_RULES, '"optim.weight_decay": k.optim_rule("weight_decay")',
        '"optim.weight_decay": lambda v, s: Pinned(k.optim("weight_decay", 0.01))')),
     m("verl: top_p on the validation sampler", "verl", "0.9.1",
-      (VERL, '"rollout.top_p": to(f"{ROLLOUT}.top_p")', '"rollout.top_p": to(f"{VAL}.top_p")')),
+      (VERL_RULES, '"rollout.top_p": to(f"{ROLLOUT}.top_p")',
+       '"rollout.top_p": to(f"{VAL}.top_p")')),
     m("verl: prompt limit carried as the response limit", "verl", "0.9.1",
-      (VERL, '"data.max_prompt_tokens": to("data.max_prompt_length")',
+      (VERL_RULES, '"data.max_prompt_tokens": to("data.max_prompt_length")',
        '"data.max_prompt_tokens": to("data.max_prompt_length", "data.max_response_length")')),
     m("verl: recorded dual-clip default changed", "verl", "0.9.1",
       (VERL_CONTRACT, '"actor_rollout_ref.actor.clip_ratio_c": 3.0',
@@ -106,88 +125,90 @@ MUTANTS: list[Mutant] = [
       (VERL_CONTRACT, '"actor_rollout_ref.actor.clip_ratio_c": 3.0',
        '"actor_rollout_ref.actor.clip_ratio_cc": 3.0'), kind="contract"),
     m("verl: ppo epochs pinned at 1", "verl", "0.9.1",
-      (VERL, 'to(f"{ACTOR}.ppo_epochs")', 'to(f"{ACTOR}.ppo_epochs", convert=lambda v: 1)')),
+      (VERL_RULES, 'to(f"{ACTOR}.ppo_epochs")', 'to(f"{ACTOR}.ppo_epochs", convert=lambda v: 1)')),
     m("verl: reward shim swaps response and answer", "verl", "0.9.1",
-      (VERL, "return float(score(prompt, solution_str, ground_truth))",
+      (VERL_RENDER, "return float(score(prompt, solution_str, ground_truth))",
        "return float(score(prompt, ground_truth, solution_str))"), kind="launcher"),
     m("verl: launches another entry module", "verl", "0.9.1",
-      (VERL, '"-m", "verl.trainer.main_ppo"', '"-m", "verl.trainer.main"'), kind="launcher"),
+      (VERL_RENDER, '"-m", "verl.trainer.main_ppo"', '"-m", "verl.trainer.main"'), kind="launcher"),
     m("verl: reward function named by the user's name", "verl", "0.9.1",
-      (VERL, 'f"{fn}.name": "compute_score"', 'f"{fn}.name": "score"'), kind="launcher"),
+      (VERL_RULES, 'f"{fn}.name": "compute_score"', 'f"{fn}.name": "score"'), kind="launcher"),
     m("verl: k3 clamp deviation never returned", "verl", "0.9.1",
-      (VERL, 'return Hardcoded(K3_CLAMP, "k3_clamp")', "return Pinned({})"), kind="deviation"),
+      (VERL_ALGORITHM, 'return Hardcoded(K3_CLAMP, "k3_clamp")', "return Pinned({})"),
+      kind="deviation"),
     m("verl: refill deviation renamed in the contract", "verl", "0.9.1",
       (VERL_CONTRACT, '"unbounded_refill": {', '"unbounded_refills": {'), kind="contract"),
     # -- OpenRLHF ---------------------------------------------------------------------------------
     m("openrlhf: clip pair swapped", "openrlhf", "0.11.2",
-      (ORL, 'Pinned({f.eps_clip_low_high: [spec.algorithm.clip.low, spec.algorithm.clip.high]})',
+      (ORL_ALGORITHM,
+       'Pinned({f.eps_clip_low_high: [spec.algorithm.clip.low, spec.algorithm.clip.high]})',
        'Pinned({f.eps_clip_low_high: [spec.algorithm.clip.high, spec.algorithm.clip.low]})')),
     m("openrlhf: train batch counted in prompts", "openrlhf", "0.11.2",
-      (ORL, 'Pinned({f.train_batch_size: samples // value})',
+      (ORL_TRAINING, 'Pinned({f.train_batch_size: samples // value})',
        'Pinned({f.train_batch_size: spec.budget.prompts_per_update // value})')),
     m("openrlhf: group size key of the flat dialect", "openrlhf", "0.11.2",
       (ORL_CONTRACT, '"group_size": "--rollout.n_samples_per_prompt"',
        '"group_size": "--n_samples_per_prompt"'), kind="contract"),
     m("openrlhf: learning rate pinned to a constant", "openrlhf", "0.11.2",
-      (ORL, '"optim.lr": lambda v, s: Pinned({f.lr[0]: v})',
+      (ORL_TRAINING, '"optim.lr": lambda v, s: Pinned({f.lr[0]: v})',
        '"optim.lr": lambda v, s: Pinned({f.lr[0]: 1e-6})')),
     m("openrlhf: gradient clip pinned to 1.0", "openrlhf", "0.11.2",
-      (ORL, '"optim.grad_clip": lambda v, s: Pinned({k: v for k in f.max_norm})',
+      (ORL_TRAINING, '"optim.grad_clip": lambda v, s: Pinned({k: v for k in f.max_norm})',
        '"optim.grad_clip": lambda v, s: Pinned({k: 1.0 for k in f.max_norm})')),
     m("openrlhf: temperature from the validation decoding", "openrlhf", "0.11.2",
-      (ORL, '"rollout.temperature": to(f.temperature)',
+      (ORL_RULES, '"rollout.temperature": to(f.temperature)',
        '"rollout.temperature": lambda v, s: Pinned({f.temperature: s.evaluation.temperature})')),
     m("openrlhf: weight decay dropped", "openrlhf", "0.11.2",
-      (ORL, 'native = {k: value for k in f.weight_decay}',
+      (ORL_TRAINING, 'native = {k: value for k in f.weight_decay}',
        'native = {k: 0.0 for k in f.weight_decay}')),
     m("openrlhf: rollout batch counted in samples", "openrlhf", "0.11.2",
-      (ORL, '"budget.prompts_per_update": to(f.rollout_batch_size, f.generate_batch_size)',
+      (ORL_RULES, '"budget.prompts_per_update": to(f.rollout_batch_size, f.generate_batch_size)',
        '"budget.prompts_per_update": lambda v, s: Pinned({f.rollout_batch_size: '
        'v * s.algorithm.group_size, f.generate_batch_size: v})')),
     m("openrlhf: reward metric read under another name", "openrlhf", "0.11.2",
-      (ORL, '"reward/mean": "train/reward"', '"reward/mean": "train/rewards"'),
+      (ORL_COLLECT, '"reward/mean": "train/reward"', '"reward/mean": "train/rewards"'),
       kind="collection"),
     m("openrlhf: a recorded default changed", "openrlhf", "0.9.8",
       (ORL_CONTRACT, '"--l2": 0.0,', '"--l2": 0.01,'), kind="contract"),
     m("openrlhf: top_p dropped", "openrlhf", "0.11.2",
-      (ORL, '"rollout.top_p": to(f.top_p)', '"rollout.top_p": carried("vLLM top_p")')),
+      (ORL_RULES, '"rollout.top_p": to(f.top_p)', '"rollout.top_p": carried("vLLM top_p")')),
     m("openrlhf: KL estimator always k3", "openrlhf", "0.11.2",
-      (ORL, '"algorithm.kl.estimator": to(f.kl_estimator)',
+      (ORL_ALGORITHM, '"algorithm.kl.estimator": to(f.kl_estimator)',
        '"algorithm.kl.estimator": to(f.kl_estimator, convert=lambda v: "k3")')),
     m("openrlhf: store_true flag given a value", "openrlhf", "0.11.2",
-      (ORL, '        if value is True:\n            argv.append(flag)',
+      (ORL_RENDER, '        if value is True:\n            argv.append(flag)',
        '        if value is True:\n            argv.append(f"{flag}=true")')),
     m("openrlhf: reward shim swaps response and answer", "openrlhf", "0.11.2",
-      (ORL, "score(p, q[len(p):], a)", "score(p, a, q[len(p):])"), kind="launcher"),
+      (ORL_RENDER, "score(p, q[len(p):], a)", "score(p, a, q[len(p):])"), kind="launcher"),
     m("openrlhf: launches another entry module", "openrlhf", "0.11.2",
-      (ORL, '"openrlhf.cli.train_ppo_ray"', '"openrlhf.cli.train_ppo"'), kind="launcher"),
+      (ORL_RENDER, '"openrlhf.cli.train_ppo_ray"', '"openrlhf.cli.train_ppo"'), kind="launcher"),
     m("openrlhf: warmup deviation never returned", "openrlhf", "0.11.2",
-      (ORL, 'return Hardcoded("warmup over warmup_steps * k optimizer steps",\n'
-            '                             "lr_warmup_per_optimizer_step", native)',
+      (ORL_TRAINING, 'return Hardcoded("warmup over warmup_steps * k optimizer steps",\n'
+                     '                             "lr_warmup_per_optimizer_step", native)',
        "return Pinned(native)"), kind="deviation"),
     # -- NeMo RL ----------------------------------------------------------------------------------
     m("nemo-rl: clip min and max swapped", "nemo-rl", "0.7.0",
-      (NEMO, '"algorithm.clip.low": to("loss_fn.ratio_clip_min")',
+      (NEMO_RULES, '"algorithm.clip.low": to("loss_fn.ratio_clip_min")',
        '"algorithm.clip.low": to("loss_fn.ratio_clip_max")'),
-      (NEMO, '"algorithm.clip.high": to("loss_fn.ratio_clip_max")',
+      (NEMO_RULES, '"algorithm.clip.high": to("loss_fn.ratio_clip_max")',
        '"algorithm.clip.high": to("loss_fn.ratio_clip_min")')),
     m("nemo-rl: group size on the wrong key", "nemo-rl", "0.7.0",
-      (NEMO, '"algorithm.group_size": to("grpo.num_generations_per_prompt")',
+      (NEMO_RULES, '"algorithm.group_size": to("grpo.num_generations_per_prompt")',
        '"algorithm.group_size": to("grpo.num_prompts_per_step")')),
     m("nemo-rl: learning rate pinned to a constant", "nemo-rl", "0.7.0",
-      (NEMO, '"optim.lr": to("policy.optimizer.kwargs.lr")',
+      (NEMO_TRAINING, '"optim.lr": to("policy.optimizer.kwargs.lr")',
        '"optim.lr": lambda v, s: Pinned({"policy.optimizer.kwargs.lr": 5e-06})')),
     m("nemo-rl: temperature key misspelt", "nemo-rl", "0.7.0",
-      (NEMO, '"rollout.temperature": to("policy.generation.temperature")',
+      (NEMO_RULES, '"rollout.temperature": to("policy.generation.temperature")',
        '"rollout.temperature": to("policy.generation.temprature")')),
     m("nemo-rl: reward metric read under another name", "nemo-rl", "0.7.0",
-      (NEMO, '"reward/mean": "train/reward"', '"reward/mean": "train/rewards"'),
+      (NEMO_COLLECT, '"reward/mean": "train/reward"', '"reward/mean": "train/rewards"'),
       kind="collection"),
     m("nemo-rl: committed updates off by one", "nemo-rl", "0.7.0",
-      (NEMO, 'out.committed_updates = max((int(r["step"]) for r in out.metrics\n'
-             '                                     if "loss/policy" in r), default=0)',
+      (NEMO_COLLECT, 'out.committed_updates = max((int(r["step"]) for r in out.metrics\n'
+                     '                                 if "loss/policy" in r), default=0)',
        'out.committed_updates = 1 + max((int(r["step"]) for r in out.metrics\n'
-       '                                     if "loss/policy" in r), default=0)'),
+       '                                 if "loss/policy" in r), default=0)'),
       kind="collection"),
     m("nemo-rl: a recorded default changed", "nemo-rl", "0.7.0",
       (NEMO_CONTRACT, '"loss_fn.ratio_clip_min": 0.2', '"loss_fn.ratio_clip_min": 0.3'),
@@ -199,7 +220,7 @@ MUTANTS: list[Mutant] = [
       (NEMO_LAUNCHER, "sys.argv = [script, *rest]", "sys.argv = [script, *rest[:2]]"),
       kind="launcher"),
     m("nemo-rl: leave-one-out std deviation never returned", "nemo-rl", "0.7.0",
-      (NEMO, 'return Hardcoded("leave-one-out std", "rloo_leave_one_out_std")',
+      (NEMO_ALGORITHM, 'return Hardcoded("leave-one-out std", "rloo_leave_one_out_std")',
        'return Pinned({}, "")'), kind="deviation"),
     # -- TRL plugin -------------------------------------------------------------------------------
     m("trl: clip pair swapped", "trl", "1.16.0",

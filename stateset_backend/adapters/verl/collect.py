@@ -1,0 +1,74 @@
+"""Reading a verl attempt back: metrics from whichever logger the release has, checkpoint
+files as artifacts, and the checkpoint a retry resumes from.
+
+It depends only on the folder layout the launch gave the run, so a finished run can be read
+back (and resumed) without translating its spec again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from stateset_backend.adapters.verl.dialect import VerlKeys
+from stateset_backend.adapters.verl.render import CHECKPOINTS, LOG_ROOT
+from stateset_backend.plugin import Artifact, Checkpoint, Collected, LaunchContext, overrides
+
+# canonical metric -> verl's metric key (the same in its file and TensorBoard loggers)
+METRICS = {"reward/mean": "critic/score/mean", "loss/policy": "actor/pg_loss",
+           "kl": "actor/kl_loss", "entropy": "actor/entropy", "clip_fraction": "actor/pg_clipfrac",
+           "grad_norm": "actor/grad_norm", "lr": "actor/lr",
+           "response_length/mean": "response_length/mean", "tokens_per_second": "perf/throughput"}
+
+
+def outputs(attempt_dir: Path, ctx: LaunchContext, keys: VerlKeys) -> Collected:
+    out = Collected(raw_metric_names=dict(METRICS))
+    if keys.logger == "tensorboard":
+        from stateset_backend.plugin import canonical_rows, read_scalars
+
+        log_dir = attempt_dir / LOG_ROOT / ctx.run_name
+        if log_dir.is_dir():
+            out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
+            out.metrics = canonical_rows(read_scalars(log_dir), METRICS)
+    # the file logger writes the path the launch gave it (plans made before that:
+    # <root>/<project>/<experiment_name>.jsonl)
+    given = attempt_dir / f"{ctx.run_name}.jsonl"
+    logs = [given] if given.is_file() else \
+        sorted((attempt_dir / LOG_ROOT).glob(f"*/{ctx.run_name}.jsonl"))
+    for log in logs:
+        out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
+        for line in log.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                doc = json.loads(line)
+                row = {"step": doc["step"]}
+                row.update({c: doc["data"][r] for c, r in METRICS.items() if r in doc["data"]})
+                out.metrics.append(row)
+    out.committed_updates = max((int(r["step"]) for r in out.metrics), default=0)
+    root = attempt_dir / CHECKPOINTS
+    if root.is_dir():
+        for step_dir in sorted(root.glob("global_step_*")):
+            step = int(step_dir.name.rsplit("_", 1)[1])
+            out.artifacts.extend(
+                _artifact(p, attempt_dir, step) for p in sorted(step_dir.rglob("*"))
+                if p.is_file())
+    return out
+
+
+def latest_checkpoint(attempt_dir: Path) -> Checkpoint | None:
+    marker = attempt_dir / CHECKPOINTS / "latest_checkpointed_iteration.txt"
+    if not marker.is_file():
+        return None
+    step = int(marker.read_text().strip())
+    path = attempt_dir / CHECKPOINTS / f"global_step_{step}"
+    return Checkpoint(path, step) if path.is_dir() else None
+
+def resume_argv(checkpoint: Checkpoint, argv: list[str], attempt_dir: Path) -> list[str]:
+    """verl loads from any path it is given and saves into this attempt's folder."""
+    kept = [a for a in argv if not a.startswith("trainer.resume_mode=")]
+    return [*kept, "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={overrides.value(str(checkpoint.path))}"]
+
+
+def _artifact(path: Path, attempt_dir: Path, step: int) -> Artifact:
+    return Artifact(str(path.relative_to(attempt_dir)), "checkpoint", step)
+

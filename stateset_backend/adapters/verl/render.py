@@ -1,0 +1,115 @@
+"""Building verl's launch from a translation: the Hydra overrides, the files written into
+the run folder (the reward shim, or the agent loop with its settings and registration) and
+where the metrics logger writes.
+
+The launch adds what no spec leaf decides (the run's identity, its output folders, memory
+knobs) and is the last point where a value can be refused before verl's config resolution
+reads it, so it is kept apart from the translation rules.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from stateset_backend.adapters.agent_shims import CONFIG_FILE as CONVERSATION_FILE
+from stateset_backend.adapters.agent_shims import VERL_AGENT_NAME, VERL_AGENT_TARGET, shim_files
+from stateset_backend.adapters.verl.dialect import ACTOR, VerlKeys
+from stateset_backend.adapters.verl.rules import AGENT_LOOPS_FILE
+from stateset_backend.plugin import (
+    PYTHON,
+    REWARD_SHIM_FILE,
+    RUN_DIR,
+    ExperimentSpec,
+    LaunchContext,
+    NativeLaunch,
+    Translation,
+    conversation_settings,
+    environment_file,
+    is_conversation,
+    local_path,
+    local_splits,
+    overrides,
+    pinned_model_path,
+    resolved,
+    reward_shim,
+    with_owned_keys,
+)
+
+LOG_ROOT = "logs"
+CHECKPOINTS = "checkpoints"
+AGENT_LAUNCHER = "stateset_verl_agent.py"  # agent_shims/verl_agent_loop.py in the run folder
+# What verl does with a launch's strings: Hydra's override parser, then main_ppo's
+# OmegaConf.resolve(config) in place (every release), then reads that interpolate again, and
+# hydra.utils.instantiate resolving a copy of each _target_ section once more.
+READ_PATH = "main_ppo resolves its config in place and Hydra's instantiate resolves again"
+
+
+def launch(translation: Translation, spec: ExperimentSpec, ctx: LaunchContext,
+           keys: VerlKeys) -> NativeLaunch:
+    # Memory/speed knobs the spec does not describe (they do not change the math):
+    # token-budget micro-batching, which verl requires some setting of.
+    tokens = spec.data.max_prompt_tokens + spec.data.max_response_tokens
+    native = {f"{ACTOR}.use_dynamic_bsz": True,
+              f"{ACTOR}.ppo_max_token_len_per_gpu": max(16384, 2 * tokens),
+              **translation.native}
+    # verl runs in the run folder: a split named relative to the spec is made absolute
+    for key in ("data.train_files", "data.val_files"):
+        if str(native[key]).startswith(RUN_DIR):
+            continue  # converted by the conversation launcher
+        path = local_path(native[key], Path(ctx.base_dir or "."))
+        if path is not None:
+            native[key] = str(resolved(translation.sources.get(key, key), path))
+    # Identity and outputs: the run id and digest name the run inside verl's own outputs.
+    # The project name is a folder name to verl's loggers and dumps: never the user's text.
+    owned = {
+        "trainer.project_name": overrides.slug(spec.name, "stateset"),
+        "trainer.experiment_name": ctx.run_name,
+        "trainer.default_local_dir": f"{RUN_DIR}/{CHECKPOINTS}",
+        "trainer.logger": ["console", keys.logger],
+        "trainer.resume_mode": "disable",
+    }
+    native = with_owned_keys("verl", native, owned)
+    overrides.refuse_interpolations(native, translation.sources, "verl", READ_PATH)
+    if is_conversation(spec):
+        return NativeLaunch(
+            argv=[PYTHON, f"{RUN_DIR}/{AGENT_LAUNCHER}", *overrides.render(native)],
+            files=_conversation_files(spec, ctx), set_env=_logger_env(keys, ctx),
+            env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "WANDB_API_KEY"],
+            native=native)
+    return NativeLaunch(
+        argv=[PYTHON, "-m", "verl.trainer.main_ppo", *overrides.render(native)],
+        files={REWARD_SHIM_FILE: reward_shim(spec, ctx.base_dir, "verl", REWARD_CALL)},
+        set_env=_logger_env(keys, ctx),
+        env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "WANDB_API_KEY"],
+        native=native)
+
+
+def _logger_env(keys: VerlKeys, ctx: LaunchContext) -> dict[str, str]:
+    """Where verl's metrics logger writes, named by the run and nothing of the user's: the
+    file logger's (>=0.6) whole path, which it then takes as given; before it, the
+    TensorBoard logger's folder."""
+    if keys.logger == "file":
+        # the attempt folder itself: verl opens the path without creating its folder
+        return {"VERL_FILE_LOGGER_PATH": f"{RUN_DIR}/{ctx.run_name}.jsonl"}
+    return {"TENSORBOARD_DIR": f"{RUN_DIR}/{LOG_ROOT}/{ctx.run_name}"}
+
+
+def _conversation_files(spec: ExperimentSpec, ctx: LaunchContext) -> dict[str, str]:
+    """The shim, its settings (JSON) and the agent-loop registration verl reads (YAML of two
+    fixed names: nothing from the spec)."""
+    base = Path(ctx.base_dir or ".")
+    settings = conversation_settings(spec, environment_file(spec, base), pinned_model_path(spec),
+                                     local_splits(spec, base, "verl conversation",
+                                                  "prompt_field"))
+    return {**shim_files("verl_agent_loop.py"),
+            CONVERSATION_FILE: json.dumps(settings, indent=2, sort_keys=True),
+            AGENT_LOOPS_FILE: f"- name: {VERL_AGENT_NAME}\n  _target_: {VERL_AGENT_TARGET}\n"}
+
+
+REWARD_CALL = '''
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    prompt = (extra_info or {}).get("prompt", "")
+    return float(score(prompt, solution_str, ground_truth))
+'''
