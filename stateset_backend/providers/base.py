@@ -75,3 +75,12 @@ class RayProvider:
         return run_ray(prepared.argv, address=self.address, env=prepared.set_env,
                        submission_id=prepared.submission_id, timeout=timeout,
                        stdout_path=prepared.stdout_path, stderr_path=prepared.stderr_path)
+
+
+def cancelled_exit(cancelled_by: str, what: str) -> Exit:
+    """How an attempt ended that ``run`` itself stopped on a cluster: by the run's timeout
+    (a failure, timed out) or by the signal named (Ctrl-C or SIGTERM: interrupted); ``what``
+    says what was done to the job ("cancelled the job (scancel)", "deleted the RayJob")."""
+    if cancelled_by == "timeout":
+        return Exit(124, timed_out=True, reason=f"the run's timeout {what}")
+    return Exit(130, interrupted=True, reason=f"{cancelled_by} {what}")

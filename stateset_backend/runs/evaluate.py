@@ -18,17 +18,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stateset_backend.runs import history
-from stateset_backend.engines.adapter import Checkpoint, EngineAdapter
-from stateset_backend.spec.content import sha256_file
-from stateset_backend.common.errors import EngineFailed, InvalidInput, ResumeImpossible, StatesetError, Unsupported
-from stateset_backend.runs.evaluations import EVALUATION_DIR, EVALUATION_SCHEMA_ID
-from stateset_backend.spec.inputs import verify_inputs
+from stateset_backend.common.errors import (
+    EngineFailed,
+    InvalidInput,
+    ResumeImpossible,
+    StatesetError,
+    Unsupported,
+)
 from stateset_backend.common.jsonio import atomic_write_json, utc_now
+from stateset_backend.engines.adapter import Checkpoint, EngineAdapter
 from stateset_backend.plan.launch_plan import LaunchPlan
-from stateset_backend.runs.quarantine import refuse_if_quarantined
+from stateset_backend.runs import history
 from stateset_backend.runs.attempts import AttemptRecord, load_attempt
+from stateset_backend.runs.evaluations import EVALUATION_DIR, EVALUATION_SCHEMA_ID
+from stateset_backend.runs.quarantine import refuse_if_quarantined
 from stateset_backend.runs.store import RunStore
+from stateset_backend.spec.content import sha256_file
+from stateset_backend.spec.inputs import verify_inputs
 
 if TYPE_CHECKING:
     from stateset_backend.engines.registry import Registry

@@ -15,13 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stateset_backend.common.jsonio import atomic_write_bytes, utc_now
+from stateset_backend.common.jsonio import atomic_write_bytes
 from stateset_backend.plan import kuberay
 from stateset_backend.providers.base import PreparedLaunch
 from stateset_backend.providers.kuberay.job import KubeRayProvider, require_kubectl
 from stateset_backend.providers.kuberay.manifest import rayjob_name
 from stateset_backend.providers.kuberay.settings import KubeRaySettings
-from stateset_backend.runs.results import Check, Metrics, Result
+from stateset_backend.runs.results import Check, Result, nothing_ran
 
 if TYPE_CHECKING:
     from stateset_backend.engines.adapter import Checkpoint, EngineAdapter
@@ -80,12 +80,5 @@ def not_applied(plan: LaunchPlan, spec: ExperimentSpec, store: RunStore, attempt
               f"written to {manifest}, not applied; apply it and follow it to a checked result "
               f"with: {run}; or apply it yourself (its outputs land in this attempt, "
               f"unchecked): kubectl apply --validate=strict -f {shlex.quote(str(manifest))}")
-    now = utc_now()
-    return Result(
-        run_id=plan.run_id, attempt=attempt.number, experiment_digest=plan.experiment_digest,
-        binding_digest=plan.binding_digest, plan_checksum=plan.checksum, engine=plan.engine,
-        engine_version=plan.engine_version, provider=plan.provider, status="prepared",
-        exit_code=None, started_at=now, ended_at=now, duration_s=0.0,
-        planned_updates=spec.budget.total_updates, committed_updates=0,
-        metrics=Metrics(series=None, summary={}, raw_names={}), deviations=plan.deviations,
-        artifacts=[], checks=[Check(name="applied", ok=False, detail=detail)])
+    return nothing_ran(plan, spec.budget.total_updates, attempt.number, "prepared",
+                       Check(name="applied", ok=False, detail=detail))

@@ -16,13 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stateset_backend.engines.adapter import Checkpoint, EngineAdapter, stage_checkpoint
-from stateset_backend.spec.content import sha256_file
 from stateset_backend.common.errors import InvalidInput, ResumeImpossible
 from stateset_backend.common.jsonio import read_json
+from stateset_backend.engines.adapter import Checkpoint, EngineAdapter, stage_checkpoint
 from stateset_backend.engines.registry import Registry
-from stateset_backend.spec.model import ExperimentSpec, FromRun
 from stateset_backend.runs.store import RunStore
+from stateset_backend.spec.content import sha256_file
+from stateset_backend.spec.model import ExperimentSpec, FromRun
 
 STAGED_CHECKPOINT = "from_run"  # inside the attempt directory
 MANIFEST = "manifest.json"

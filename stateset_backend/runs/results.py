@@ -342,3 +342,19 @@ def select_checkpoint(select_by: str | None, rows: list[dict[str, Any]],
     value, step = min(candidates, key=lambda c: (c[0] if lower else -c[0], c[1]))
     return {**doc, "update": step, "value": value, "checkpoint": saved[step].folder,
             "attempt": saved[step].attempt}
+
+
+def nothing_ran(plan: LaunchPlan, planned_updates: int, attempt: int, status: Status,
+                check: Check) -> Result:
+    """The result of an attempt whose engine never ran: no outputs, one check saying why."""
+    from stateset_backend.common.jsonio import utc_now
+
+    now = utc_now()
+    return Result(
+        run_id=plan.run_id, attempt=attempt, experiment_digest=plan.experiment_digest,
+        binding_digest=plan.binding_digest, plan_checksum=plan.checksum, engine=plan.engine,
+        engine_version=plan.engine_version, provider=plan.provider, status=status,
+        exit_code=None, started_at=now, ended_at=now, duration_s=0.0,
+        planned_updates=planned_updates, committed_updates=0,
+        metrics=Metrics(series=None, summary={}, raw_names={}), deviations=plan.deviations,
+        artifacts=[], checks=[check])

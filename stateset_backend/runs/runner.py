@@ -9,9 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-from stateset_backend.runs import history, lineage, quarantine
-from stateset_backend.engines.adapter import ENGINE_HOME, PYTHON, RUN_DIR, Checkpoint, EngineAdapter, LaunchContext
-from stateset_backend.contracts.loader import parse_version
 from stateset_backend.common.errors import (
     EngineFailed,
     Interrupted,
@@ -22,28 +19,44 @@ from stateset_backend.common.errors import (
     StatesetError,
     Unsupported,
 )
-from stateset_backend.spec.inputs import verify_inputs
 from stateset_backend.common.jsonio import atomic_write_bytes, utc_now
-from stateset_backend.providers.local import Exit
-from stateset_backend.plan.launch_plan import LaunchPlan, verify_engine_version
-from stateset_backend.providers.base import EXIT_STOPPED, LocalProvider, PreparedLaunch, Provider, RayProvider
+from stateset_backend.contracts.loader import parse_version
+from stateset_backend.engines.adapter import (
+    ENGINE_HOME,
+    PYTHON,
+    RUN_DIR,
+    Checkpoint,
+    EngineAdapter,
+    LaunchContext,
+)
 from stateset_backend.engines.registry import Registry
+from stateset_backend.plan.launch_plan import LaunchPlan, verify_engine_version
+from stateset_backend.providers.base import (
+    EXIT_STOPPED,
+    LocalProvider,
+    PreparedLaunch,
+    Provider,
+    RayProvider,
+)
+from stateset_backend.providers.kuberay.settings import KubeRaySettings
+from stateset_backend.providers.local import Exit
+from stateset_backend.runs import history, kuberay_attempt, lineage, quarantine
 from stateset_backend.runs.results import (
     Check,
     Metrics,
     Result,
     ResumeLink,
     evaluate,
+    nothing_ran,
     saved_checkpoints,
     select_checkpoint,
     summarize,
 )
-from stateset_backend.providers.kuberay.settings import KubeRaySettings
-from stateset_backend.runs import kuberay_attempt
 from stateset_backend.runs.runtime import check_resume
-from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.runs.store import Attempt, RunStore
 from stateset_backend.runs.verify import verified_fallback
+from stateset_backend.spec.inputs import verify_inputs
+from stateset_backend.spec.model import ExperimentSpec
 
 CANONICAL_SERIES = "canonical_metrics.jsonl"
 
@@ -190,15 +203,8 @@ def _record_failure(plan: LaunchPlan, spec: ExperimentSpec, store: RunStore, att
                     reason: str) -> Path | None:
     """Every attempt folder ends with a result.json saying what happened; when not even that
     can be written (a full disk), the folder is removed rather than left unexplained."""
-    now = utc_now()
-    result = Result(
-        run_id=plan.run_id, attempt=attempt.number, experiment_digest=plan.experiment_digest,
-        binding_digest=plan.binding_digest, plan_checksum=plan.checksum, engine=plan.engine,
-        engine_version=plan.engine_version, provider=plan.provider, status="failed",
-        exit_code=None, started_at=now, ended_at=now, duration_s=0.0,
-        planned_updates=spec.budget.total_updates, committed_updates=0,
-        metrics=Metrics(series=None, summary={}, raw_names={}), deviations=plan.deviations,
-        artifacts=[], checks=[Check(name="store", ok=False, detail=reason)])
+    result = nothing_ran(plan, spec.budget.total_updates, attempt.number, "failed",
+                         Check(name="store", ok=False, detail=reason))
     try:
         return store.finish(attempt, result)
     except OSError:

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from filelock import FileLock
 
-from stateset_backend.runs import quarantine
 from stateset_backend.common.errors import InvalidInput
 from stateset_backend.common.jsonio import atomic_write_json, read_json
+from stateset_backend.runs import quarantine
 from stateset_backend.runs.results import Result
 
 if TYPE_CHECKING:  # listing runs needs no plan model

@@ -13,13 +13,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stateset_backend.runs import quarantine
-from stateset_backend.engines.adapter import Checkpoint
-from stateset_backend.spec.content import sha256_file
-from stateset_backend.common.errors import InvalidInput, ResumeImpossible, StatesetError, Unsupported
+from stateset_backend.common.errors import (
+    InvalidInput,
+    ResumeImpossible,
+    StatesetError,
+    Unsupported,
+)
 from stateset_backend.common.jsonio import atomic_write_json, read_json, utc_now
+from stateset_backend.engines.adapter import Checkpoint
 from stateset_backend.plan.launch_plan import LaunchPlan
+from stateset_backend.runs import quarantine
 from stateset_backend.runs.store import RunStore
+from stateset_backend.spec.content import sha256_file
 
 VERIFIED_FILE = "verified.json"  # the newest `runs verify` record of a run
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from stateset_backend.runs import quarantine
 from stateset_backend.common.errors import InvalidInput
-from stateset_backend.runs.evaluations import records as evaluation_records
 from stateset_backend.common.jsonio import read_json
+from stateset_backend.runs import quarantine
+from stateset_backend.runs.evaluations import records as evaluation_records
 from stateset_backend.runs.results import Result
 from stateset_backend.runs.store import RunStore
 

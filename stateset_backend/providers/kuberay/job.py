@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from stateset_backend.common.errors import EngineFailed, Unsupported
-from stateset_backend.providers.base import PreparedLaunch
+from stateset_backend.providers.base import PreparedLaunch, cancelled_exit
 from stateset_backend.providers.local import Exit, forward_interrupts
 
 POLL_SECONDS = 5.0
@@ -94,10 +94,7 @@ def read_state(name: str, namespace: str) -> RayJobState | str | None:
 def to_exit(state: RayJobState | None, cancelled_by: list[str], problem: str = "") -> Exit:
     """The attempt's end, from the RayJob's end state (see docs/providers/kuberay.md)."""
     if cancelled_by:
-        timed_out = cancelled_by[0] == "timeout"
-        return Exit(124 if timed_out else 130, interrupted=not timed_out, timed_out=timed_out,
-                    reason="the run's timeout deleted the RayJob" if timed_out
-                    else f"{cancelled_by[0]} deleted the RayJob")
+        return cancelled_exit(cancelled_by[0], "deleted the RayJob")
     if state is None:
         return Exit(1, reason=problem or "the RayJob was deleted before it ended")
     said = f": {state.message}" if state.message else ""

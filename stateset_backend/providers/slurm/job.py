@@ -24,7 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from stateset_backend.common.errors import EngineFailed, Unsupported
-from stateset_backend.providers.base import EXIT_STOPPED, STOP_REQUEST, PreparedLaunch
+from stateset_backend.providers.base import (
+    EXIT_STOPPED,
+    STOP_REQUEST,
+    PreparedLaunch,
+    cancelled_exit,
+)
 from stateset_backend.providers.local import Exit, forward_interrupts
 from stateset_backend.providers.slurm.script import ARGV_FILE, ENV_FILE, SCRIPT_FILE
 
@@ -180,10 +185,7 @@ def _wait_ended(job_id: str, limit_s: float = 120.0) -> JobState | None:
 def to_exit(state: JobState | None, run_dir: Path, cancelled_by: list[str]) -> Exit:
     """The attempt's end, from how Slurm says the job ended."""
     if cancelled_by:
-        timed_out = cancelled_by[0] == "timeout"
-        return Exit(124 if timed_out else 130, interrupted=not timed_out, timed_out=timed_out,
-                    reason="the run's timeout cancelled the job" if timed_out
-                    else f"{cancelled_by[0]} cancelled the job (scancel)")
+        return cancelled_exit(cancelled_by[0], "cancelled the job (scancel)")
     if state is None:
         return Exit(1, reason="Slurm no longer knows the job and recorded no end state")
     code = state.exit_code if state.exit_code is not None else 1
