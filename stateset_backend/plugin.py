@@ -41,6 +41,7 @@ from stateset_backend.engines.adapter import (
     KitSupport,
     LaunchContext,
     NativeLaunch,
+    checkpoint_artifacts,
     distribution_version,
     stage_checkpoint,
 )
@@ -153,6 +154,7 @@ __all__ = [
     "canonical_rows",
     "carried",
     "check_options",
+    "checkpoint_artifacts",
     "conversation_rules",
     "conversation_settings",
     "directory_digest",

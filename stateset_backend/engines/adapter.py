@@ -83,6 +83,13 @@ class Artifact:
     step: int | None = None
 
 
+def checkpoint_artifacts(attempt_dir: Path, step_dir: Path, step: int) -> list[Artifact]:
+    """Every file of one checkpoint folder, as the artifacts of that update (sorted, so two
+    collections of one attempt list them alike)."""
+    return [Artifact(str(p.relative_to(attempt_dir)), "checkpoint", step)
+            for p in sorted(step_dir.rglob("*")) if p.is_file()]
+
+
 @dataclass
 class Collected:
     """What an adapter read back from an engine's outputs, in canonical form."""

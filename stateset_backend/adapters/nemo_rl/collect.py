@@ -11,7 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from stateset_backend.adapters.nemo_rl.render import CHECKPOINTS, LOGS, RUN_NAME_KEY
-from stateset_backend.plugin import Artifact, Checkpoint, Collected, LaunchContext, stage_checkpoint
+from stateset_backend.plugin import (
+    Checkpoint,
+    Collected,
+    LaunchContext,
+    checkpoint_artifacts,
+    stage_checkpoint,
+)
 
 # canonical metric -> NeMo RL's TensorBoard tag (log_metrics(prefix="train"/"validation"))
 METRICS = {"reward/mean": "train/reward", "loss/policy": "train/loss",
@@ -35,8 +41,7 @@ def outputs(attempt_dir: Path, ctx: LaunchContext) -> Collected:
                                  if "loss/policy" in r), default=0)
     for step_dir in _complete_steps(attempt_dir):
         step = int(step_dir.name.removeprefix("step_"))
-        out.artifacts += [Artifact(str(p.relative_to(attempt_dir)), "checkpoint", step)
-                          for p in sorted(step_dir.rglob("*")) if p.is_file()]
+        out.artifacts += checkpoint_artifacts(attempt_dir, step_dir, step)
     return out
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from stateset_backend.adapters.openrlhf.render import CHECKPOINTS, TENSORBOARD
 from stateset_backend.plugin import (
-    Artifact,
     Checkpoint,
     Collected,
     LaunchContext,
     atomic_write_bytes,
+    checkpoint_artifacts,
     stage_checkpoint,
 )
 
@@ -39,8 +39,7 @@ def outputs(attempt_dir: Path, ctx: LaunchContext) -> Collected:
                                  if "loss/policy" in r), default=0)
     for step_dir in sorted((attempt_dir / CHECKPOINTS / "_actor").glob("global_step*")):
         step = int(step_dir.name.removeprefix("global_step"))
-        out.artifacts += [Artifact(str(p.relative_to(attempt_dir)), "checkpoint", step)
-                          for p in sorted(step_dir.rglob("*")) if p.is_file()]
+        out.artifacts += checkpoint_artifacts(attempt_dir, step_dir, step)
     return out
 
 

@@ -12,7 +12,13 @@ from pathlib import Path
 
 from stateset_backend.adapters.verl.dialect import VerlKeys
 from stateset_backend.adapters.verl.render import CHECKPOINTS, LOG_ROOT
-from stateset_backend.plugin import Artifact, Checkpoint, Collected, LaunchContext, overrides
+from stateset_backend.plugin import (
+    Checkpoint,
+    Collected,
+    LaunchContext,
+    checkpoint_artifacts,
+    overrides,
+)
 
 # canonical metric -> verl's metric key (the same in its file and TensorBoard loggers)
 METRICS = {"reward/mean": "critic/score/mean", "loss/policy": "actor/pg_loss",
@@ -48,9 +54,7 @@ def outputs(attempt_dir: Path, ctx: LaunchContext, keys: VerlKeys) -> Collected:
     if root.is_dir():
         for step_dir in sorted(root.glob("global_step_*")):
             step = int(step_dir.name.rsplit("_", 1)[1])
-            out.artifacts.extend(
-                _artifact(p, attempt_dir, step) for p in sorted(step_dir.rglob("*"))
-                if p.is_file())
+            out.artifacts += checkpoint_artifacts(attempt_dir, step_dir, step)
     return out
 
 
@@ -68,7 +72,4 @@ def resume_argv(checkpoint: Checkpoint, argv: list[str], attempt_dir: Path) -> l
     return [*kept, "trainer.resume_mode=resume_path",
             f"trainer.resume_from_path={overrides.value(str(checkpoint.path))}"]
 
-
-def _artifact(path: Path, attempt_dir: Path, step: int) -> Artifact:
-    return Artifact(str(path.relative_to(attempt_dir)), "checkpoint", step)
 
