@@ -27,7 +27,7 @@ from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.translate.rules import RuleSet, Translation
 
 # Placeholders filled in when a plan runs; spec validation refuses user text holding one
-# (core.specfile.PLACEHOLDERS), so the substitution never touches user text.
+# (spec.files.PLACEHOLDERS), so the substitution never touches user text.
 RUN_DIR = "{run_dir}"
 PYTHON = "{python}"
 ENGINE_HOME = "{engine_home}"  # an engine run from a source checkout (--engine-home)
@@ -281,7 +281,7 @@ class EngineAdapter(abc.ABC):
         return None
 
     def checkpoint_runtime(self, checkpoint: Checkpoint) -> dict[str, Any] | None:
-        """The runtime identity ``checkpoint`` recorded (core.runtime: world_size, model,
+        """The runtime identity ``checkpoint`` recorded (runs.runtime: world_size, model,
         versions), or None when the engine records none."""
         return None
 

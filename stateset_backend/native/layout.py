@@ -73,7 +73,7 @@ RUNTIME_PACKAGES = ("torch", "transformers", "stateset-backend")
 
 def runtime_identity(spec: Any, world_size: int, versions: dict[str, str | None],
                      ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """What a checkpoint records about how it was computed (core.runtime compares it on
+    """What a checkpoint records about how it was computed (runs.runtime compares it on
     resume): the world size, the model it started from, the package versions, and each rank's
     data position (the shared sampler's state and the block of groups the rank held)."""
     doc: dict[str, Any] = {

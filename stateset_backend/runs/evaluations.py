@@ -1,6 +1,6 @@
 """Where held-out evaluation records live and how they are read back.
 
-`evaluate` writes them (core.evaluate, which needs the engine's adapter); `runs show`,
+`evaluate` writes them (runs.evaluate, which needs the engine's adapter); `runs show`,
 `runs compare`, `report` and the MLflow export only read them, and must not pay for the
 adapter machinery to do so.
 """

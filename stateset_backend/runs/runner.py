@@ -139,7 +139,7 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
              allow_runtime_change: bool = False, apply: bool = False) -> tuple[Result, Path]:
     """Run one attempt of a plan; raises the error whose exit code matches the outcome.
     A resume first compares the checkpoint's recorded runtime with this launch's
-    (core.runtime): ``allow_runtime_change`` lets package versions differ, with a warning.
+    (runs.runtime): ``allow_runtime_change`` lets package versions differ, with a warning.
     A kuberay plan's attempt is executed only with ``apply`` (kubectl apply, then followed);
     without it the attempt's manifest is written and the attempt recorded ``prepared``."""
     entry = registry.get(plan.engine)

@@ -60,7 +60,7 @@ def format_errors(exc: ValidationError, model: type[BaseModel] = ExperimentSpec)
     return lines
 
 
-# Launch placeholders (core.adapter): filled in when a plan runs. User text must never hold one,
+# Launch placeholders (engines.adapter): filled in when a plan runs. User text must never hold one,
 # or the substitution would rewrite it.
 PLACEHOLDERS = ("{run_dir}", "{python}", "{engine_home}")
 SAFE_INTEGER = 2**53 - 1  # RFC 8785 (I-JSON): larger integers have no exact canonical form

@@ -59,7 +59,7 @@ GROUP_OBJECTIVES = frozenset({"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo"
 SUPERVISED = "sft"
 # What supervised fine-tuning learns from is the data's answers: no sampling, no ratio, no clip,
 # no advantage, no reference. In an sft spec these algorithm keys hold the sft recipe's fixed
-# values (any other value is refused), which core.rules reports as inert on every engine.
+# values (any other value is refused), which translate.rules reports as inert on every engine.
 RL_ONLY_ALGORITHM_KEYS = ("group_size", "clip", "ratio_level", "kl", "advantage",
                           "dynamic_sampling", "overlong", "entropy_coef", "gae")
 
