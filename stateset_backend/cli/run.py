@@ -186,7 +186,7 @@ def _resume_needs_plan(spec_path: str, engine: str, store: Any) -> str:
     from stateset_backend.spec.digest import experiment_digest
 
     digest = experiment_digest(read_spec(spec_path))
-    rows = store.query(digest=digest, engine=engine)
+    rows = store.query(digest=digest, engine=engine, limit=1)
     head = "--resume continues an earlier run: pass its PLAN, not --engine SPEC"
     if not rows:
         return (f"{head}; {store.root} holds no run of this spec on {engine} (`runs list` "

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stateset_backend.cli.runs_tables import compare_table, runs_table, show_run
+from stateset_backend.cli.runs_tables import PAGE, compare_table, runs_table, show_run
 from stateset_backend.cli.shared import (
     RUNS_DIR_HELP,
     Commands,
@@ -32,12 +32,14 @@ def add_parsers(commands: Commands) -> None:
     q.add_argument("--engine", help="only runs on this engine")
     q.add_argument("--status", choices=["succeeded", "failed", "invalid", "interrupted",
                                         "quarantined", "prepared", "unreadable"])
+    _paging(q)
     q = runs_sub.add_parser("show", parents=parents, help="one run: identity, attempts, "
                                                           "checkpoints, selection")
     q.add_argument("run")
     q = runs_sub.add_parser("compare", parents=parents, help="every run of one experiment "
                                                              "side by side")
     q.add_argument("targets", nargs="+", metavar="DIGEST|RUN")
+    _paging(q)
     runs_sub.add_parser("reindex", parents=parents, help="rebuild the index from the run "
                                                          "directories")
     q = runs_sub.add_parser("verify", parents=parents,
@@ -63,6 +65,29 @@ def add_parsers(commands: Commands) -> None:
     q.add_argument("--attempt", type=int, help="this attempt instead of the newest")
 
 
+def _paging(q: argparse.ArgumentParser) -> None:
+    """A store can hold any number of runs: a listing shows one page of them, newest first."""
+    q.add_argument("--limit", type=int, metavar="N",
+                   help=f"runs per page (default {PAGE})")
+    q.add_argument("--page", type=int, metavar="P", default=1,
+                   help="page P of --limit runs (default 1: the newest)")
+    q.add_argument("--all", action="store_true", help="every run, on one page")
+
+
+def _page(args: argparse.Namespace) -> tuple[int | None, int]:
+    """(runs per page or None for every one, runs before the page) from the paging flags."""
+    from stateset_backend.common.errors import InvalidInput
+
+    if (args.limit is not None and args.limit < 1) or args.page < 1:
+        raise InvalidInput("--limit and --page count from 1")
+    if args.all:
+        if args.limit is not None or args.page != 1:
+            raise InvalidInput("--all shows every run on one page: no --limit or --page")
+        return None, 0
+    limit = PAGE if args.limit is None else args.limit
+    return limit, (args.page - 1) * limit
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     from stateset_backend.runs import views as runs
     from stateset_backend.runs.store import RunStore, runs_dir_from
@@ -72,13 +97,19 @@ def cmd_runs(args: argparse.Namespace) -> int:
         args.run = store.resolve_run(args.run)
     if args.runs_command == "list":
         digest = None if args.digest is None else store.resolve_digest(args.digest)
-        rows = store.query(digest=digest, engine=args.engine, status=args.status)
-        emit(args, {"runs": rows}, lambda: runs_table(rows))
+        limit, offset = _page(args)
+        rows, total = store.page(digest=digest, engine=args.engine, status=args.status,
+                                 limit=limit, offset=offset)
+        doc = {"runs": rows, "total": total, "page": args.page, "limit": limit,
+               "more": max(0, total - offset - len(rows))}
+        emit(args, doc, lambda: runs_table(doc))
     elif args.runs_command == "show":
         doc = runs.show(store, args.run)
         emit(args, doc, lambda: show_run(doc))
     elif args.runs_command == "compare":
-        doc = runs.compare(store, args.targets)
+        limit, offset = _page(args)
+        doc = {**runs.compare(store, args.targets, limit=limit, offset=offset),
+               "page": args.page, "limit": limit}
         emit(args, doc, lambda: compare_table(doc))
     elif args.runs_command == "verify":
         from stateset_backend.runs.verify import verify_run

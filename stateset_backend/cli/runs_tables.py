@@ -7,14 +7,43 @@ from typing import Any
 
 from stateset_backend.cli.shared import rich_console
 
+PAGE = 50  # runs a listing shows unless asked for more
 
-def runs_table(rows: list[dict[str, Any]]) -> None:
+
+def _page_title(noun: str, shown: int, doc: dict[str, Any]) -> str:
+    """``N runs`` when the page holds them all, else which of them it holds."""
+    total, limit, page = doc["total"], doc["limit"], doc["page"]
+    if shown == total:
+        return f"{total} {noun}"
+    if not shown:
+        pages = -(-total // limit) if limit else 1
+        return f"no {noun} on page {page}: {total} make {pages} page(s) of {limit}"
+    first = (page - 1) * (limit or 0) + 1
+    return f"{noun} {first}-{first + shown - 1} of {total}, newest first"
+
+
+def _more(noun: str, more: int, doc: dict[str, Any]) -> str | None:
+    """The line under a page saying how many are left and the flag that shows them."""
+    if not more:
+        return None
+    return (f"{more} more {noun}: --page {doc['page'] + 1} for the next "
+            f"{min(more, doc['limit'])}, --all for all {doc['total']}")
+
+
+def runs_table(doc: dict[str, Any]) -> None:
     """Run ids and digests are copied whole, so they never wrap; the digest shows its first
-    12 hex digits, which every command taking a digest accepts as a prefix."""
+    12 hex digits, which every command taking a digest accepts as a prefix. One page of runs
+    (``runs list --limit/--page/--all``), with a line saying how many more there are."""
     from rich import box
     from rich.table import Table
 
-    t = Table(title=f"{len(rows)} runs", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    rows = doc["runs"]
+    console = rich_console()
+    if not rows and doc["total"]:  # past the last page
+        console.print(_page_title("runs", 0, doc), markup=False)
+        return
+    t = Table(title=_page_title("runs", len(rows), doc), box=box.SIMPLE_HEAD, padding=(0, 1),
+              pad_edge=False)
     t.add_column("run", no_wrap=True)
     t.add_column("engine", overflow="fold")
     t.add_column("status", overflow="fold")
@@ -25,7 +54,10 @@ def runs_table(rows: list[dict[str, Any]]) -> None:
                   f"{r['status']} #{r['attempt']}",
                   f"{r['committed_updates']}/{r['planned_updates']}",
                   r["experiment_digest"][7:19] or "?")
-    rich_console().print(t)
+    console.print(t)
+    more = _more("runs", doc["more"], doc)
+    if more:
+        console.print(more, markup=False)
 
 
 def show_run(doc: dict[str, Any]) -> None:
@@ -81,7 +113,10 @@ def compare_table(doc: dict[str, Any]) -> None:
     from rich.table import Table
 
     same = "one experiment" if doc["same_experiment"] else "DIFFERENT experiments"
-    t = Table(title=f"{same}: {', '.join(d[7:19] for d in doc['experiment_digests'])}",
+    shown = max(0, doc["runs"] - (doc["page"] - 1) * (doc["limit"] or 0) - doc["more_runs"])
+    page = "" if shown == doc["runs"] else \
+        f" ({_page_title('runs', shown, {**doc, 'total': doc['runs']})})"
+    t = Table(title=f"{same}: {', '.join(d[7:19] for d in doc['experiment_digests'])}{page}",
               box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     t.add_column("run / engine", no_wrap=True)
     t.add_column("status", no_wrap=True)
@@ -124,3 +159,6 @@ def compare_table(doc: dict[str, Any]) -> None:
                   "dev.: declared deviations", markup=False)
     for note in notes:
         console.print(note, markup=False)
+    more = _more("runs", doc["more_runs"], {**doc, "total": doc["runs"]})
+    if more:
+        console.print(more, markup=False)

@@ -167,4 +167,5 @@ def evaluate_run(store: RunStore, registry: Registry, run_id: str, *, split: str
     path = run_dir / EVALUATION_DIR / \
         f"{split}-attempt{record.result.attempt}-{chosen.label}.json"
     atomic_write_json(path, doc)
+    store.record_evaluation(run_id, path.name, doc)
     return path, doc

@@ -29,3 +29,14 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
         if isinstance(doc, dict) and doc.get("schema") == EVALUATION_SCHEMA_ID:
             found.append({**doc, "record": path.name})
     return found
+
+
+def entry(doc: dict[str, Any]) -> dict[str, Any]:
+    """The parts of an evaluation record (read by ``records``) that listings show."""
+    checkpoint = doc.get("checkpoint")
+    checkpoint = checkpoint if isinstance(checkpoint, dict) else {}
+    metrics = doc.get("metrics")
+    return {"record": doc.get("record"), "attempt": doc.get("attempt"),
+            "split": doc.get("split"), "checkpoint": checkpoint.get("requested"),
+            "update": checkpoint.get("update"),
+            "metrics": metrics if isinstance(metrics, dict) else {}}

@@ -8,11 +8,17 @@ copies it to the run directory when the attempt ends. While the run's marker is 
 checkpoint whose manifest hashes check into a fresh model and cleared the mark. Clearing keeps
 the document (with what cleared it), so ``runs show`` can still tell the story.
 
+The run store keeps a note per run under an active mark (``<runs>/.quarantined/<run_id>``,
+empty), written with the run's own marker, so that `runs list` finds the quarantined runs of a
+store of any size without opening each run's folder; `runs reindex` rewrites the notes from the
+markers.
+
 Torch-free: the engine, the store and the CLI all read and write the same small JSON file.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,7 +28,7 @@ from stateset_backend.common.jsonio import atomic_write_json, read_json, utc_now
 MARKER = "quarantine.json"
 Fault = Literal["learner_update", "checkpoint_write", "restore"]
 FAULTS: tuple[str, ...] = ("learner_update", "checkpoint_write", "restore")
-
+NOTES = ".quarantined"  # in the run store, beside the run folders
 
 
 def mark(directory: Path, *, fault: Fault, reason: str, update: int | None = None,
@@ -33,7 +39,44 @@ def mark(directory: Path, *, fault: Fault, reason: str, update: int | None = Non
     doc: dict[str, Any] = {"quarantined": True, "fault": fault, "reason": reason,
                            "update": update, "attempt": attempt, "marked_at": utc_now()}
     atomic_write_json(directory / MARKER, doc)
+    _note(directory, True)
     return doc
+
+
+def _note(directory: Path, held: bool) -> None:
+    """Keep the store's note of a run in step with its marker. Only a run's marker has one
+    (its folder holds the plan); an attempt's is copied onto its run when the attempt ends."""
+    if not (directory / "plan.json").is_file():
+        return
+    note = directory.parent / NOTES / directory.name
+    if held:
+        note.parent.mkdir(exist_ok=True)
+        note.touch()
+    else:
+        note.unlink(missing_ok=True)
+
+
+def noted(root: Path) -> list[str]:
+    """The runs of the store at ``root`` under an active mark, as the notes say (one listing of
+    one folder, whatever the size of the store); sorted."""
+    try:
+        names = os.listdir(root / NOTES)
+    except OSError:
+        return []
+    return sorted(n for n in names if not n.startswith("."))
+
+
+def renote(root: Path, marked: list[str]) -> None:
+    """Make the store's notes name exactly ``marked``, the runs whose marker is active."""
+    notes = root / NOTES
+    keep = set(marked)
+    for name in os.listdir(notes) if notes.is_dir() else []:
+        if name not in keep:
+            (notes / name).unlink(missing_ok=True)
+    if keep:
+        notes.mkdir(exist_ok=True)
+    for name in keep:
+        (notes / name).touch()
 
 
 def read(directory: Path) -> dict[str, Any] | None:
@@ -64,6 +107,7 @@ def promote(attempt_dir: Path, run_dir: Path, attempt: int) -> dict[str, Any] | 
         return None
     doc = {**doc, "quarantined": True, "attempt": attempt}
     atomic_write_json(run_dir / MARKER, doc)
+    _note(run_dir, True)
     return doc
 
 
@@ -88,4 +132,5 @@ def clear(run_dir: Path, verified: dict[str, Any]) -> dict[str, Any]:
     doc = read(run_dir) or {}
     cleared = {**doc, "quarantined": False, "cleared_at": utc_now(), "cleared_by": verified}
     atomic_write_json(run_dir / MARKER, cleared)
+    _note(run_dir, False)
     return cleared

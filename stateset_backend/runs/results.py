@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the run store's readers (`runs list`) load results without 
     from stateset_backend.providers.local import Exit
 
 RESULT_SCHEMA_ID = "stateset-backend/result/v1"
+HEADLINE_METRICS = ("reward/mean", "val/reward/mean", "loss/policy", "kl", "loss/sft", "val/loss")
 # "prepared": the attempt's files and cluster manifest were written and nothing was executed
 # (a kuberay run without apply); never a success
 Status = Literal["succeeded", "failed", "invalid", "interrupted", "quarantined", "prepared"]
@@ -114,6 +115,16 @@ class Result(_Doc):
         except ValueError as exc:
             first = str(exc).splitlines()[0]
             raise InvalidInput(f"{path}: not a result ({first})") from None
+
+
+def failure_reason(result: Result) -> str:
+    """The checks that failed; for an interrupted attempt only when it ended, since every other
+    check then fails as a consequence (no identity, no metrics, no artifacts)."""
+    if result.status == "interrupted":
+        done = result.committed_updates
+        return f"interrupted after update {done}" if done else \
+            "interrupted before the first update was committed"
+    return "; ".join(f"{c.name}: {c.detail}" for c in result.checks if not c.ok)
 
 
 METRIC_LIMIT = 1e30  # larger than any loss, reward or norm a healthy run reports

@@ -2,41 +2,54 @@
 
 Layout::
 
-    runs/index.sqlite
+    runs/index.sqlite                    the index (runs/index.py), rebuilt from the folders
+    runs/.quarantined/<run_id>           a note per run under an active quarantine mark
     runs/<run_id>/plan.json              the plan every attempt ran
     runs/<run_id>/attempts/<n>/          the engine's run directory for attempt n
     runs/<run_id>/attempts/<n>/result.json
     runs/<run_id>/result.json            the latest attempt's result
 
 Attempt numbers are allocated under a file lock so two retries of one plan never share a
-directory; every result file is written atomically.
+directory; every result file is written atomically; the index is written under a lock of its
+own, so concurrent runs of one store each add their rows. Listings, comparisons and prefixes
+read the index only, never a run's files: their cost grows with what they show, not with the
+store.
 """
 
 from __future__ import annotations
 
-import glob
+import json
 import os
 import re
 import sqlite3
 import tempfile
+from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from filelock import FileLock
-
 from stateset_backend.common.errors import InvalidInput
 from stateset_backend.common.jsonio import atomic_write_json, read_json
-from stateset_backend.runs import quarantine
-from stateset_backend.runs.results import Result
+from stateset_backend.runs import index, quarantine
+from stateset_backend.runs.evaluations import entry as evaluation_entry
+from stateset_backend.runs.evaluations import records as evaluation_records
 
-if TYPE_CHECKING:  # listing runs needs no plan model
+if TYPE_CHECKING:  # listing runs needs neither the plan nor the result model, nor a lock
+    from filelock import FileLock
+
     from stateset_backend.plan.launch_plan import LaunchPlan
+    from stateset_backend.runs.results import Result
 
 DEFAULT_RUNS_DIR = "runs"
 MIN_DIGEST_PREFIX = 8  # 32 bits: two digests of a store this size do not share one
 _HEX = re.compile(r"[0-9a-f]+")
+
+
+def _lock(path: Path) -> FileLock:
+    from filelock import FileLock
+
+    return FileLock(str(path))
 
 
 def runs_dir_from(option: str | None) -> Path:
@@ -65,31 +78,41 @@ class RunStore:
     def resolve(self, target: str) -> tuple[Literal["run", "digest"], str]:
         """What a user typed for a run or an experiment: ("run", id) or ("digest", digest).
         Listings shorten both, so a unique prefix of a run id or of a digest (with or
-        without ``sha256:``) names it; an ambiguous one is refused with the candidates."""
+        without ``sha256:``) names it; an ambiguous one is refused with the candidates. A
+        whole run id is looked up in its folder, a prefix in the index."""
         if not target or target.startswith(".") or Path(target).name != target:
             raise InvalidInput(f"{target!r} is not a run id or an experiment digest "
                                "(see `runs list`)")
         if not target.startswith("sha256:") and (self.run_dir(target) / "plan.json").is_file():
             return "run", target
         hex_part = target.removeprefix("sha256:").lower()
-        runs = [] if target.startswith("sha256:") else \
-            sorted(p.name for p in self.root.glob(f"{glob.escape(target)}*")
-                   if (p / "plan.json").is_file()) if self.root.is_dir() else []
-        digests = [row[0] for row in self._select(
-            "SELECT DISTINCT experiment_digest FROM attempts WHERE experiment_digest LIKE ? "
-            "ORDER BY experiment_digest", [f"sha256:{hex_part}%"])] \
-            if len(hex_part) >= MIN_DIGEST_PREFIX and _HEX.fullmatch(hex_part) else []
+        runs: list[str] = []
+        count = 0
+        if not target.startswith("sha256:"):
+            where, args = index.prefix_range("run_id", target)
+            count = self._scalar(f"SELECT COUNT(*) FROM runs WHERE {where}", args)
+            runs = [row[0] for row in self._select(
+                f"SELECT run_id FROM runs WHERE {where} ORDER BY run_id LIMIT 5", args)]
+            if count == 1 and not (self.run_dir(runs[0]) / "plan.json").is_file():
+                runs, count = [], 0  # removed since it was indexed
+        digests = []
+        if len(hex_part) >= MIN_DIGEST_PREFIX and _HEX.fullmatch(hex_part):
+            where, args = index.prefix_range("experiment_digest", f"sha256:{hex_part}")
+            digests = [row[0] for row in self._select(
+                f"SELECT DISTINCT experiment_digest FROM attempts WHERE {where} "
+                "ORDER BY experiment_digest", args)]
         found: list[tuple[Literal["run", "digest"], str]] = \
             [("run", r) for r in runs] + [("digest", d) for d in digests]
-        if len(found) == 1:
+        if count + len(digests) == 1:
             return found[0]
         if not found:
             short = f" (a digest prefix needs {MIN_DIGEST_PREFIX} hex digits)" \
                 if _HEX.fullmatch(hex_part) and len(hex_part) < MIN_DIGEST_PREFIX else ""
             raise InvalidInput(f"{target}: no run or experiment digest in {self.root} "
                                f"starts so{short} (see `runs list`)")
-        raise InvalidInput(f"{target}: ambiguous, {len(found)} match: " + ", ".join(
-            name for _, name in found[:5]) + (", ..." if len(found) > 5 else ""))
+        total = count + len(digests)
+        raise InvalidInput(f"{target}: ambiguous, {total} match: " + ", ".join(
+            name for _, name in found[:5]) + (", ..." if total > 5 else ""))
 
     def resolve_run(self, target: str) -> str:
         kind, name = self.resolve(target)
@@ -108,7 +131,7 @@ class RunStore:
         """Record the plan (or prove it is the same one) and allocate the next attempt."""
         run_dir = self.run_dir(plan.run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(run_dir / ".lock")):
+        with _lock(run_dir / ".lock"):
             plan_path = run_dir / "plan.json"
             if plan_path.exists():
                 stored = read_json(plan_path, what="plan")
@@ -117,6 +140,7 @@ class RunStore:
                                        "plan; make a new plan instead of reusing its run id")
             else:
                 atomic_write_json(plan_path, plan.to_json())
+                self._write(lambda conn: index.put_runs(conn, [plan.run_id]))
             attempts = run_dir / "attempts"
             attempts.mkdir(exist_ok=True)
             taken = [int(p.name) for p in attempts.iterdir() if p.name.isdigit()]
@@ -132,148 +156,198 @@ class RunStore:
         atomic_write_json(attempt.directory / "result.json", doc)
         latest = self.run_dir(attempt.run_id) / "result.json"
         atomic_write_json(latest, doc)
-        self._index(result)
+        row = index.attempt_row(result)
+        self._write(lambda conn: index.put_attempts(conn, [row]))
         return latest
 
-    # -- the index: written on every result, read by `runs`, rebuilt from the directories --
-    _SCHEMA = ("CREATE TABLE IF NOT EXISTS attempts (run_id TEXT, attempt INTEGER, "
-               "experiment_digest TEXT, binding_digest TEXT, plan_checksum TEXT, engine TEXT, "
-               "engine_version TEXT, status TEXT, exit_code INTEGER, committed_updates "
-               "INTEGER, planned_updates INTEGER, started_at TEXT, ended_at TEXT, "
-               "deviations INTEGER, PRIMARY KEY (run_id, attempt))")
-    _COLUMNS = ("run_id", "attempt", "experiment_digest", "binding_digest", "plan_checksum",
-                "engine", "engine_version", "status", "exit_code", "committed_updates",
-                "planned_updates", "started_at", "ended_at", "deviations")
+    def record_evaluation(self, run_id: str, record: str, doc: dict[str, Any]) -> None:
+        """Index an evaluation record just written into the run's folder as ``record``."""
+        entry = evaluation_entry({**doc, "record": record})
+        self._write(lambda conn: index.put_evaluations(conn, run_id, [entry]))
+
+    # -- the index: written as runs go, read by `runs`, rebuilt from the directories --
 
     @property
     def index_path(self) -> Path:
         return self.root / "index.sqlite"
 
-    @staticmethod
-    def _row(result: Result) -> tuple[object, ...]:
-        return (result.run_id, result.attempt, result.experiment_digest,
-                result.binding_digest, result.plan_checksum, result.engine,
-                result.engine_version, result.status, result.exit_code,
-                result.committed_updates, result.planned_updates, result.started_at,
-                result.ended_at, len(result.deviations))
-
-    def _index(self, result: Result) -> None:
-        with FileLock(str(self.root / ".index.lock")):
+    def _write(self, change: Callable[[sqlite3.Connection], None]) -> None:
+        """Apply ``change`` to the index under its lock; an index that is missing, damaged or
+        of another version is rebuilt whole instead (from the folders, which already hold
+        what ``change`` adds)."""
+        with _lock(self.root / ".index.lock"):
             try:
-                self._insert(self.index_path, [result])
-            except sqlite3.DatabaseError:  # an older or damaged index: rebuild it whole
+                with closing(sqlite3.connect(self.index_path)) as conn:
+                    if not index.current(conn):
+                        raise sqlite3.DatabaseError("not an index of this version")
+                    change(conn)
+                    conn.commit()
+            except sqlite3.DatabaseError:
                 self._rebuild()
-
-    def _insert(self, db: Path, results: list[Result],
-                extra: list[tuple[object, ...]] | None = None) -> None:
-        with closing(sqlite3.connect(db)) as conn:
-            conn.execute(self._SCHEMA)
-            conn.executemany(f"INSERT OR REPLACE INTO attempts VALUES "
-                             f"({','.join('?' * len(self._COLUMNS))})",
-                             [self._row(r) for r in results] + (extra or []))
-            conn.commit()
-
-    def results(self) -> tuple[list[Result], list[tuple[str, int, str]]]:
-        """Every attempt's result.json under the store, oldest run first, and (run id,
-        attempt, problem) for each one that cannot be read."""
-        found, unreadable = [], []
-        for path in sorted(self.root.glob("*/attempts/*/result.json")):
-            if not path.parent.name.isdigit():
-                continue
-            try:
-                found.append(Result.load(path))
-            except InvalidInput as exc:
-                unreadable.append((path.parent.parent.parent.name, int(path.parent.name),
-                                   exc.message))
-        return found, unreadable
 
     def reindex(self) -> tuple[int, list[str]]:
         """Rebuild the index from the run directories (the source of truth), atomically; the
         count indexed and what could not be read (indexed as ``unreadable``, never dropped)."""
-        with FileLock(str(self.root / ".index.lock")):
+        with _lock(self.root / ".index.lock"):
             return self._rebuild()
 
+    def _repair(self) -> None:
+        """Rebuild the index that a reader found unusable, unless another process did so while
+        this one waited for the lock."""
+        with _lock(self.root / ".index.lock"):
+            try:
+                with closing(self._connect()) as conn:
+                    if index.current(conn):
+                        return
+            except sqlite3.DatabaseError:
+                pass
+            self._rebuild()
+
     def _rebuild(self) -> tuple[int, list[str]]:
-        results, unreadable = self.results()
+        rows, unreadable, runs, evaluations, marked = self._scan()
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".sqlite", dir=self.root)
         os.close(fd)
         try:
-            Path(tmp).unlink()
-            self._insert(Path(tmp), results, [self._unreadable_row(*u) for u in unreadable])
+            Path(tmp).unlink()  # sqlite creates it with the mode of a plain file
+            with closing(sqlite3.connect(tmp)) as conn:
+                index.create(conn)
+                index.put_attempts(conn, rows)
+                index.put_runs(conn, runs)
+                for run_id, entries in evaluations.items():
+                    index.put_evaluations(conn, run_id, entries)
+                conn.commit()
             os.replace(tmp, self.index_path)
         finally:
             Path(tmp).unlink(missing_ok=True)
-        return len(results) + len(unreadable), [why for _, _, why in unreadable]
+        quarantine.renote(self.root, marked)
+        return len(rows), unreadable
 
-    def _unreadable_row(self, run_id: str, attempt: int, why: str) -> tuple[object, ...]:
-        """An attempt whose result cannot be read still shows, as ``unreadable``, with what
-        its run's plan says (a newer attempt that vanished from listings would let an older
-        one pass for the run's outcome)."""
+    def _scan(self) -> tuple[list[tuple[Any, ...]], list[str], list[str],
+                             dict[str, list[dict[str, Any]]], list[str]]:
+        """Everything the index holds, read from the folders in one pass: attempt rows (an
+        unreadable result as ``unreadable``), the problems, the runs with a plan, evaluation
+        entries and the runs under an active quarantine mark."""
+        from stateset_backend.runs.results import Result
+
+        rows: list[tuple[Any, ...]] = []
+        unreadable, runs, marked = [], [], []
+        evaluations: dict[str, list[dict[str, Any]]] = {}
+        folders = sorted(e.name for e in os.scandir(self.root) if not e.name.startswith(".")
+                         and e.is_dir()) if self.root.is_dir() else []
+        for run_id in folders:
+            run_dir = self.run_dir(run_id)
+            names = set(os.listdir(run_dir))
+            if "plan.json" in names:
+                runs.append(run_id)
+            if quarantine.MARKER in names and quarantine.active(run_dir) is not None:
+                marked.append(run_id)
+            if "evaluations" in names:
+                entries = [evaluation_entry(doc) for doc in evaluation_records(run_dir)]
+                if entries:
+                    evaluations[run_id] = entries
+            numbers = sorted(int(n) for n in os.listdir(run_dir / "attempts")
+                             if n.isdigit()) if "attempts" in names else []
+            for number in numbers:
+                path = run_dir / "attempts" / str(number) / "result.json"
+                if not path.is_file():
+                    continue  # running, or ended without one
+                try:
+                    rows.append(index.attempt_row(Result.load(path)))
+                except InvalidInput as exc:
+                    unreadable.append(exc.message)
+                    rows.append(index.unreadable_row(run_id, number, exc.message,
+                                                     self._plan_or_none(run_id)))
+        return rows, unreadable, runs, evaluations, marked
+
+    def _plan_or_none(self, run_id: str) -> Any:
         try:
-            plan = read_json(self.run_dir(run_id) / "plan.json", what="plan")
+            return read_json(self.run_dir(run_id) / "plan.json", what="plan")
         except InvalidInput:
-            plan = {}
-        plan = plan if isinstance(plan, dict) else {}
+            return None
 
-        def text(key: str, missing: str) -> str:
-            value = plan.get(key)
-            return value if isinstance(value, str) else missing
-
-        spec = plan.get("spec")
-        spec = spec if isinstance(spec, dict) else {}
-        budget = spec.get("budget")
-        budget = budget if isinstance(budget, dict) else {}
-        planned = budget.get("total_updates")
-        return (run_id, attempt, text("experiment_digest", ""), text("binding_digest", ""),
-                text("checksum", ""), text("engine", "?"), text("engine_version", "?"),
-                "unreadable", None, 0, planned if isinstance(planned, int) else 0, "", "", 0)
-
-    def _run_status(self, row: dict[str, Any]) -> dict[str, Any]:
-        """A run under an active quarantine mark lists as quarantined whatever its attempt
-        ended as (a restore refused at resume marks the run, not an attempt). Once `runs
-        verify` has cleared the mark, an attempt that ended quarantined lists as what it is
-        then: failed, with state proven sound to resume from."""
-        row["attempt_status"] = row["status"]
-        if quarantine.active(self.run_dir(row["run_id"])) is not None:
-            row["status"] = "quarantined"
-        elif row["status"] == "quarantined":
-            row["status"] = "failed"
-        return row
-
-    def query(self, *, digest: str | None = None, engine: str | None = None,
-              status: str | None = None, latest_only: bool = True) -> list[dict[str, Any]]:
-        """Attempts from the index (the latest attempt of each run unless asked otherwise),
-        newest first, with the run's status (``quarantined`` while its mark holds)."""
-        where, args = [], []
-        for column, value in (("experiment_digest", digest), ("engine", engine)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                args.append(value)
-        if latest_only:
-            where.append("attempt = (SELECT MAX(b.attempt) FROM attempts b "
-                         "WHERE b.run_id = attempts.run_id)")
-        sql = (f"SELECT {', '.join(self._COLUMNS)} FROM attempts" +
-               (f" WHERE {' AND '.join(where)}" if where else "") +
-               " ORDER BY run_id DESC, attempt DESC")
-        rows = [self._run_status(dict(zip(self._COLUMNS, row, strict=True)))
-                for row in self._select(sql, args)]
-        return [r for r in rows if status is None or r["status"] == status]
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(f"{self.index_path.as_uri()}?mode=ro", uri=True)
 
     def _select(self, sql: str, args: list[Any]) -> list[tuple[Any, ...]]:
-        """Rows of a read-only query of the index; a missing or unreadable index is rebuilt
-        from the directories first."""
+        """Rows of a read-only query of the index; an index that is missing, unreadable or of
+        another version is rebuilt from the directories first."""
         if not self.root.is_dir():
             return []
         for tries in range(2):
             try:
                 if not self.index_path.is_file():
                     raise sqlite3.DatabaseError("no index")
-                with closing(sqlite3.connect(
-                        f"{self.index_path.resolve().as_uri()}?mode=ro", uri=True)) as conn:
+                with closing(self._connect()) as conn:
+                    if not index.current(conn):
+                        raise sqlite3.DatabaseError("not an index of this version")
                     return list(conn.execute(sql, args))
             except sqlite3.DatabaseError:
                 if tries:
                     raise
-                self.reindex()
+                self._repair()
         return []
+
+    def _scalar(self, sql: str, args: list[Any]) -> int:
+        rows = self._select(sql, args)
+        return int(rows[0][0]) if rows else 0
+
+    def _status(self, row: dict[str, Any], quarantined: set[str]) -> dict[str, Any]:
+        """A run under an active quarantine mark lists as quarantined whatever its attempt
+        ended as (a restore refused at resume marks the run, not an attempt). Once `runs
+        verify` has cleared the mark, an attempt that ended quarantined lists as what it is
+        then: failed, with state proven sound to resume from."""
+        row["attempt_status"] = row["status"]
+        if row["run_id"] in quarantined:
+            row["status"] = "quarantined"
+        elif row["status"] == "quarantined":
+            row["status"] = "failed"
+        return row
+
+    def query(self, *, digest: str | None = None, engine: str | None = None,
+              status: str | None = None, limit: int | None = None,
+              offset: int = 0) -> list[dict[str, Any]]:
+        """The latest attempt of each run from the index, newest run first (``limit`` of them
+        after ``offset``), with the run's status (``quarantined`` while its mark holds)."""
+        return self.page(digest=digest, engine=engine, status=status, limit=limit,
+                         offset=offset, count=False)[0]
+
+    def page(self, *, digest: str | None = None, engine: str | None = None,
+             status: str | None = None, limit: int | None = None, offset: int = 0,
+             count: bool = True) -> tuple[list[dict[str, Any]], int]:
+        """``query``'s rows and how many runs match in all (when ``count``; else -1)."""
+        marked = quarantine.noted(self.root)
+        where, args = index.filters(digest=digest, engine=engine, status=status,
+                                    quarantined=marked)
+        held = set(marked)
+        rows = [self._status(dict(zip(index.COLUMNS, row, strict=True)), held)
+                for row in self._select(index.listing(where, limit, offset), args)]
+        if not count:
+            return rows, -1
+        if offset == 0 and (limit is None or len(rows) < limit):
+            return rows, len(rows)  # the page holds them all
+        return rows, self._scalar(f"SELECT COUNT(*) FROM attempts WHERE {where}", args)
+
+    def run_ids(self, *, digest: str) -> list[str]:
+        """The runs whose latest attempt ran this experiment, newest first."""
+        return [row[0] for row in self._select(
+            "SELECT run_id FROM attempts WHERE experiment_digest = ? AND latest = 1 "
+            "ORDER BY run_id DESC", [digest])]
+
+    def attempts(self, run_ids: list[str]) -> list[dict[str, Any]]:
+        """Every indexed attempt of these runs, in the order given and by attempt, with its
+        ``detail`` (what `runs compare` shows) and its evaluation entries (``test``)."""
+        where, args = index.in_runs(run_ids)
+        found: dict[str, list[dict[str, Any]]] = {}
+        for row in self._select(f"SELECT {', '.join(index.COLUMNS)}, detail FROM attempts "
+                                f"WHERE {where} ORDER BY run_id, attempt", args):
+            doc = dict(zip(index.COLUMNS, row, strict=False))
+            doc["detail"], doc["test"] = index.detail(row[-1]), []
+            found.setdefault(doc["run_id"], []).append(doc)
+        for run_id, attempt, entry in self._select(
+                f"SELECT run_id, attempt, entry FROM evaluations WHERE {where} "
+                "ORDER BY run_id, record", args):
+            for doc in found.get(run_id, []):
+                if doc["attempt"] == attempt:
+                    doc["test"].append(json.loads(entry))
+        return [doc for run_id in run_ids for doc in found.get(run_id, [])]
