@@ -55,6 +55,7 @@ from stateset_backend.native.layout import (
 )
 from stateset_backend.native.tiny_model import BUILTIN_PREFIX, builtin_dir
 from stateset_backend.providers.base import PROVIDERS_ACROSS_NODES
+from stateset_backend.runs.lineage import STAGED_CHECKPOINT
 from stateset_backend.runs.tensorboard import canonical_rows, read_hparams, read_scalars
 from stateset_backend.spec.content import directory_digest, sha256_file
 from stateset_backend.spec.inputs import (
@@ -119,6 +120,7 @@ __all__ = [
     "REWARD_SHIM_FILE",
     "RUNTIME_FILE",
     "RUN_DIR",
+    "STAGED_CHECKPOINT",
     "VERIFIED",
     "AdapterBug",
     "Artifact",

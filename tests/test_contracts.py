@@ -122,6 +122,20 @@ def test_check_names_each_missing_capability_and_where_it_exists(minimal):
     assert "advantage_std:population (not available in any verl version)" in info.value.message
 
 
+def test_a_gap_the_contract_explains_is_named_with_its_reason(minimal):
+    doc = _contract_doc("verl")
+    doc["gaps"] = {"advantage_std:population": "verl divides by the unbiased std"}
+    contract = parse_contract(doc, source="verl")
+    minimal["algorithm"] = {"objective": "grpo", "advantage": {"std": "population"}}
+    with pytest.raises(Unsupported) as info:
+        check(contract, "0.6.0", required_capabilities(parse_spec(minimal))).raise_if_missing()
+    assert "advantage_std:population (verl divides by the unbiased std)" in info.value.message
+    # a contract without gaps keeps its digest
+    assert "gaps" not in _verl().to_json() and contract.digest != _verl().digest
+    msg = _bad(lambda d: d.update(gaps={"objective:magic": "no"}))
+    assert "unknown capability 'objective:magic'" in msg
+
+
 def test_check_passes_when_everything_is_provided(minimal):
     minimal["rollout"] = {"backend": "vllm"}
     assert check(_verl(), "0.9.1", required_capabilities(parse_spec(minimal))).ok

@@ -118,6 +118,23 @@ def test_engine_defaults_the_launch_leaves_unset_stop_the_plan():
     check_all_pinned("toy", dialect, {"actor.optim.betas": [0.9, 0.95], "data.seed": 3})
 
 
+def test_a_launch_names_the_recorded_defaults_its_entry_point_does_not_read():
+    """An engine with two trainers records both configs' defaults; a launch of one trainer
+    sets its own and names the other's, with the reason."""
+    dialect = _dialect(defaults={"lr": 1e-6, "sft.lr": 2e-5})
+    unread = {"sft.lr": "the SFT trainer's key: this launch runs the RL trainer"}
+    assert unpinned_defaults(dialect, {"lr": 1e-3}, unread) == []
+    check_all_pinned("toy", dialect, {"lr": 1e-3}, unread)
+    with pytest.raises(AdapterBug, match=re.escape("leaves sft.lr")):
+        check_all_pinned("toy", dialect, {"lr": 1e-3})
+    with pytest.raises(AdapterBug, match="does not read other, which the d1 dialect records"):
+        check_all_pinned("toy", dialect, {"lr": 1e-3, "sft.lr": 1.0}, {"other": "why"})
+    with pytest.raises(AdapterBug, match=re.escape("both sets sft.lr")):
+        check_all_pinned("toy", dialect, {"lr": 1e-3, "sft.lr": 1.0}, unread)
+    with pytest.raises(AdapterBug, match="gives no reason"):
+        check_all_pinned("toy", dialect, {"lr": 1e-3}, {"sft.lr": " "})
+
+
 class _Keys(DialectKeys):
     lr: str
     loss_agg: str | None

@@ -39,14 +39,18 @@ def dialect() -> Any:
     return plugin.TRLAdapter().contract.dialect(parse_version(VERSION))
 
 
-def grpo_defaults() -> dict[str, Any]:
+def config_defaults(config: Any) -> dict[str, Any]:
     out = {}
-    for f in dataclasses.fields(trl.GRPOConfig):
+    for f in dataclasses.fields(config):
         if f.default is not dataclasses.MISSING:
             out[f.name] = f.default
         elif f.default_factory is not dataclasses.MISSING:
             out[f.name] = f.default_factory()
     return out
+
+
+def grpo_defaults() -> dict[str, Any]:
+    return config_defaults(trl.GRPOConfig)
 
 
 class TestTRLConformance(AdapterConformance):
@@ -58,15 +62,17 @@ class TestTRLConformance(AdapterConformance):
         return plugin.TRLAdapter()
 
 
-def test_recorded_defaults_are_grpo_configs_own():
+def test_recorded_defaults_are_grpo_configs_and_sft_configs_own():
     assert trl.__version__ == VERSION
-    actual = grpo_defaults()
+    actual = {**grpo_defaults(),
+              **{"sft." + k: v for k, v in config_defaults(trl.SFTConfig).items()}}
     recorded = dialect().defaults
     assert {k: actual[k] for k in recorded} == recorded
 
 
-def test_the_shipped_field_list_is_grpo_configs_own():
+def test_the_shipped_field_lists_are_grpo_configs_and_sft_configs_own():
     assert plugin.grpo_config_fields() == {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    assert plugin.sft_config_fields() == {f.name for f in dataclasses.fields(trl.SFTConfig)}
 
 
 def test_an_engine_option_that_is_no_grpo_config_field_is_refused_at_plan_time(cli,
@@ -80,14 +86,16 @@ def test_an_engine_option_that_is_no_grpo_config_field_is_refused_at_plan_time(c
         "'num_generations'?)" in proc.stderr
 
 
-def test_every_fixed_switch_and_key_is_a_grpo_config_field():
-    fields = set(grpo_defaults())
+def test_every_fixed_switch_and_key_is_a_config_field():
+    fields, sft_fields = set(grpo_defaults()), set(config_defaults(trl.SFTConfig))
     keys = plugin.TRLAdapter().keys(dialect())
-    slots = {v for k, v in keys.model_dump().items() if k != "fixed"}
-    assert slots <= fields
+    slots = {v for k, v in keys.model_dump().items() if k not in ("fixed", "sft_fixed")}
+    assert slots <= fields | sft_fields
     assert set(keys.fixed) <= fields
-    # every switch TRL could use to change the math is set by every launch
+    assert set(keys.sft_fixed) <= sft_fields
+    # every switch TRL could use to change the math is set by every launch of its trainer
     assert set(keys.fixed) <= set(dialect().defaults)
+    assert {"sft." + k for k in keys.sft_fixed} <= set(dialect().defaults)
 
 
 def render(doc: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -110,7 +118,7 @@ def test_launch_embeds_every_setting_as_one_literal_and_sets_every_default():
     _, settings = render(spec_doc(total_updates=7, mini_batches=2))
     config = settings["config"]
     assert set(config) <= set(grpo_defaults())
-    assert set(dialect().defaults) <= set(config)
+    assert {k for k in dialect().defaults if not k.startswith("sft.")} <= set(config)
     assert config["max_steps"] == 14  # optimizer steps: 7 updates x 2 mini-batches
     assert config["per_device_train_batch_size"] * config["steps_per_generation"] == 16 * 16
     assert config["run_name"] == "run-1." + "ab" * 32

@@ -109,20 +109,40 @@ NEMO_RL: list[tuple[tuple[str, ...], Expect]] = [
     (("policy.generation.top_p",), lambda s: s.rollout.top_p),
 ]
 
-# TRL: GRPOConfig's fields (TRL's epsilon pair is CISPO's weight cap there: not checked)
+def _rl(expect: Expect) -> Expect:
+    """An expectation of an RL launch; an sft spec runs another trainer (not checked)."""
+    return lambda s: None if s.algorithm.objective == "sft" else expect(s)
+
+
+def _sft(expect: Expect) -> Expect:
+    return lambda s: expect(s) if s.algorithm.objective == "sft" else None
+
+
+# TRL: GRPOConfig's fields (TRL's epsilon pair is CISPO's weight cap there: not checked); an sft
+# spec runs SFTTrainer, whose SFTConfig fields the TRL plugin names sft.<field>
 TRL: list[tuple[tuple[str, ...], Expect]] = [
-    (("num_generations",), lambda s: s.algorithm.group_size),
-    (("epsilon",), lambda s: None if s.algorithm.objective == "cispo" else s.algorithm.clip.low),
+    (("num_generations",), _rl(lambda s: s.algorithm.group_size)),
+    (("epsilon",), _rl(lambda s: None if s.algorithm.objective == "cispo"
+                       else s.algorithm.clip.low)),
     (("epsilon_high",),
-     lambda s: None if s.algorithm.objective == "cispo" else s.algorithm.clip.high),
-    (("learning_rate",), lambda s: s.optim.lr),
-    (("weight_decay",), lambda s: s.optim.weight_decay),
-    (("max_grad_norm",), lambda s: s.optim.grad_clip),
-    (("num_iterations",), lambda s: s.budget.ppo_epochs),
-    (("temperature",), lambda s: s.rollout.temperature),
-    (("top_p",), lambda s: s.rollout.top_p),
+     _rl(lambda s: None if s.algorithm.objective == "cispo" else s.algorithm.clip.high)),
+    (("learning_rate",), _rl(lambda s: s.optim.lr)),
+    (("weight_decay",), _rl(lambda s: s.optim.weight_decay)),
+    (("max_grad_norm",), _rl(lambda s: s.optim.grad_clip)),
+    (("num_iterations",), _rl(lambda s: s.budget.ppo_epochs)),
+    (("temperature",), _rl(lambda s: s.rollout.temperature)),
+    (("top_p",), _rl(lambda s: s.rollout.top_p)),
     (("max_completion_length",),
-     lambda s: s.data.max_response_tokens if _single_turn(s) else None),
+     _rl(lambda s: s.data.max_response_tokens if _single_turn(s) else None)),
+    (("sft.learning_rate",), _sft(lambda s: s.optim.lr)),
+    (("sft.weight_decay",), _sft(lambda s: s.optim.weight_decay)),
+    (("sft.max_grad_norm",), _sft(lambda s: s.optim.grad_clip)),
+    # one optimizer step per update, on the update's rows
+    (("sft.per_device_train_batch_size",), _sft(lambda s: s.budget.prompts_per_update)),
+    (("sft.gradient_accumulation_steps",), _sft(lambda s: 1)),
+    (("sft.max_steps",), _sft(lambda s: s.budget.total_updates)),
+    # the loss on the answer (completion) tokens only
+    (("sft.completion_only_loss",), _sft(lambda s: True)),
 ]
 
 BUILTIN = {"verl": VERL, "openrlhf": OPENRLHF, "nemo-rl": NEMO_RL, "trl": TRL}

@@ -104,9 +104,21 @@ class Contract(_Doc):
     supported: str = Field(description="PEP 440 specifier set of supported engine versions")
     capabilities: list[CapabilityRange]
     dialects: list[Dialect] = Field(min_length=1)
+    gaps: dict[str, str] = Field(
+        default_factory=dict, description="capability -> why no supported version provides it "
+                                          "(what the engine itself lacks, or what the adapter "
+                                          "does not translate yet), shown when a spec needs it")
     notes: str = ""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("gaps")
+    @classmethod
+    def _known_gaps(cls, gaps: dict[str, str]) -> dict[str, str]:
+        bad = sorted(set(gaps) - VOCABULARY)
+        if bad:
+            raise ValueError(f"unknown capability {', '.join(map(repr, bad))}")
+        return gaps
 
     @field_validator("supported")
     @classmethod
@@ -165,7 +177,10 @@ class Contract(_Doc):
         return sha256_of(self.to_json())
 
     def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
+        doc = self.model_dump(mode="json", by_alias=True)
+        if not doc["gaps"]:  # a contract without gaps keeps the digest it had before them
+            del doc["gaps"]
+        return doc
 
     def supports(self, version: Version) -> bool:
         return _specifier(self.supported).contains(version, prereleases=True)
@@ -200,10 +215,11 @@ class Contract(_Doc):
 class Missing:
     capability: str
     available_in: str | None
+    reason: str | None = None  # the contract's gap: why no version provides it
 
     def describe(self, engine: str) -> str:
         where = f"available in {engine} {self.available_in}" if self.available_in \
-            else f"not available in any {engine} version"
+            else self.reason or f"not available in any {engine} version"
         return f"{self.capability} ({where})"
 
 
@@ -243,8 +259,9 @@ def check(contract: Contract, engine_version: str, required: frozenset[str]) -> 
         raise Unsupported(f"{contract.engine} {engine_version} is not supported "
                           f"(supported: {contract.engine} {contract.supported})")
     have = contract.provided(version)
-    missing = tuple(Missing(cap, contract.versions_providing(cap))
-                    for cap in sorted(required - have))
+    missing = tuple(Missing(cap, available, None if available else contract.gaps.get(cap))
+                    for cap in sorted(required - have)
+                    for available in [contract.versions_providing(cap)])
     return CheckReport(contract.engine, engine_version, contract.supported, required, missing)
 
 

@@ -70,6 +70,10 @@ class NativeLaunch:
     env: list[str] = field(default_factory=list)
     native: dict[str, Any] | None = None  # every native key the launch sets, when it adds keys
     # to the translation's (identity, outputs, memory knobs); the plan records it
+    # recorded defaults this launch's entry point has no key for (an engine with several
+    # trainers, each with its own config: the other trainers' keys), each with the reason;
+    # the plan records them, and every other recorded default must still be set
+    unread_defaults: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"argv": self.argv, "files": self.files, "set_env": self.set_env,
@@ -204,16 +208,29 @@ def _typed_keys(contract: Contract, dialect: Dialect, keys_model: type[DialectKe
                            f"{problems}") from None
 
 
-def unpinned_defaults(dialect: Dialect, native: dict[str, Any]) -> list[str]:
-    """Native keys whose engine default changes the math but that the launch leaves unset.
+def unpinned_defaults(dialect: Dialect, native: dict[str, Any],
+                      unread: dict[str, str] | None = None) -> list[str]:
+    """Native keys whose engine default changes the math but that the launch leaves unset
+    (``unread``: recorded defaults the launch's entry point has no key for, which it cannot
+    set).
 
     Hydra's ``+``/``++`` prefixes only say how a key is added; they name the same key."""
-    set_keys = {key.lstrip("+") for key in native}
+    set_keys = {key.lstrip("+") for key in native} | {key.lstrip("+") for key in unread or {}}
     return sorted(key for key in dialect.defaults if key.lstrip("+") not in set_keys)
 
 
-def check_all_pinned(engine: str, dialect: Dialect, native: dict[str, Any]) -> None:
-    missing = unpinned_defaults(dialect, native)
+def check_all_pinned(engine: str, dialect: Dialect, native: dict[str, Any],
+                     unread: dict[str, str] | None = None) -> None:
+    unread = unread or {}
+    for key, reason in sorted(unread.items()):
+        if key not in dialect.defaults:
+            raise AdapterBug(f"the {engine} launch says it does not read {key}, which the "
+                             f"{dialect.name} dialect records no default for")
+        if key.lstrip("+") in {k.lstrip("+") for k in native}:
+            raise AdapterBug(f"the {engine} launch both sets {key} and says it does not read it")
+        if not str(reason).strip():
+            raise AdapterBug(f"the {engine} launch does not read {key} and gives no reason")
+    missing = unpinned_defaults(dialect, native, unread)
     if missing:
         raise AdapterBug(f"the {engine} adapter leaves {', '.join(missing)} at the "
                          f"{engine} {dialect.name} default; every setting that changes the "

@@ -70,6 +70,11 @@ class LaunchPlan(BaseModel):
                     "spec value, engine value, description")
     native: dict[str, Any] = Field(description="every native key the launch sets: the spec's "
                                                "settings, engine_options, identity and outputs")
+    unread_defaults: dict[str, str] = Field(
+        default_factory=dict, description="recorded engine defaults this launch's entry point "
+                                          "has no key for (another trainer's configuration), "
+                                          "each with the reason; every other recorded default "
+                                          "is set in native")
     argv: list[str] = Field(min_length=1)
     env: list[str] = Field(description="names of caller variables the engine reads; values "
                                        "are never stored")
@@ -79,7 +84,10 @@ class LaunchPlan(BaseModel):
     checksum: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
 
     def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
+        doc = self.model_dump(mode="json", by_alias=True)
+        if not doc["unread_defaults"]:  # only a launch that leaves some defaults unread lists them
+            del doc["unread_defaults"]
+        return doc
 
     def validated_spec(self) -> ExperimentSpec:
         return parse_spec(self.spec, source="plan.spec", stored=True)
@@ -113,7 +121,7 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     with entry.guard("rendering the launch"):
         launch = adapter.render(translation, spec, ctx)
     native = launch.native if launch.native is not None else translation.native
-    check_all_pinned(adapter.name, dialect, native)
+    check_all_pinned(adapter.name, dialect, native, launch.unread_defaults)
     _refuse_inexact_integers(adapter.name, {"native": native, **launch.to_json()})
     options = spec.engine_options.get(adapter.name, {})
     if options:
@@ -158,6 +166,8 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
         "dialect": dialect.model_dump(mode="json", exclude={"extends"}),
         "deviations": translation.deviations,
         "native": native,
+        **({"unread_defaults": dict(sorted(launch.unread_defaults.items()))}
+           if launch.unread_defaults else {}),
         **launched,
         "checksum": "",
     }

@@ -78,10 +78,17 @@ def reference(store: RunStore, registry: Registry, run_id: str,
             found = named
         if not (found.path / MANIFEST).is_file():
             continue
-        return FromRun(run_id=run_id, checkpoint=found.path.name,
+        return FromRun(run_id=run_id, checkpoint=checkpoint_name(found.update),
                        sha256=sha256_file(found.path / MANIFEST))
     what = f"checkpoint {checkpoint}" if checkpoint else "complete checkpoint"
     raise InvalidInput(f"run {run_id} has no {what} in {attempts}")
+
+
+def checkpoint_name(update: int) -> str:
+    """How ``model.from_run`` names a checkpoint on every engine: the update it was saved at
+    (the native engine's folder name; an engine that names its folders otherwise maps it in
+    ``named_checkpoint``)."""
+    return f"update-{update:06d}"
 
 
 def _stored_run(store: RunStore, registry: Registry, run_id: str,

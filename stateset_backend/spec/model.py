@@ -315,7 +315,9 @@ class FromRun(_Section):
     run_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
                         description="the run whose checkpoint is the starting point")
     checkpoint: str = Field(pattern=r"^update-[0-9]{6}$",
-                            description="the checkpoint's folder name, e.g. 'update-000040'")
+                            description="the checkpoint of that update, e.g. 'update-000040' "
+                                        "(the native engine's folder name; other engines map "
+                                        "it to theirs)")
     sha256: Sha256Hex = Field(description="SHA-256 of the checkpoint's manifest.json (it lists "
                                           "every file's sha256), as `runs from-run` prints it")
 

@@ -116,7 +116,7 @@ def check_no_silent_drop(adapter: EngineAdapter, version: str, plan: LaunchPlan)
             raise CheckFailed(f"{row.path}: {row.state} with no reason")
         if row.state == "pinned" and not row.native and not row.reason.strip():
             raise CheckFailed(f"{row.path}: pinned onto no native key and no stated carrier")
-    missing = unpinned_defaults(dialect, plan.native)
+    missing = unpinned_defaults(dialect, plan.native, plan.unread_defaults)
     if missing:
         raise CheckFailed(f"the launch leaves {', '.join(missing)} at the release default")
 

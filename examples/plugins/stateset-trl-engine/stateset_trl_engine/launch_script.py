@@ -1,11 +1,11 @@
 # ruff: noqa: F821
 # The fixed part of the generated launch (stateset-trl-engine prepends SETTINGS): build the
-# spec's model, data and reward, run GRPOTrainer for exactly max_steps optimizer steps, and
-# leave the identity, one metrics line per update, checkpoints and the final model in the run
-# folder. Every value comes from SETTINGS; nothing here is formatted from user text. With
-# `--resume-from CHECKPOINT` (an earlier attempt's) it continues that run exactly: TRL and
-# transformers reload weights, optimizer, scheduler, RNG and global step from it, and the
-# launch replays the data order up to it.
+# spec's model, data and reward, run GRPOTrainer (RL objectives) or SFTTrainer (objective sft)
+# for exactly max_steps optimizer steps, and leave the identity, one metrics line per update,
+# checkpoints and the final model in the run folder. Every value comes from SETTINGS; nothing
+# here is formatted from user text. With `--resume-from CHECKPOINT` (an earlier attempt's) it
+# continues that run exactly: TRL and transformers reload weights, optimizer, scheduler, RNG
+# and global step from it, and the launch replays the data order up to it.
 import hashlib
 import math
 import os
@@ -113,19 +113,64 @@ def load_tokenizer(launch):
 
 def initial_model(launch, tokenizer, seed):
     """The policy TRL starts from: a path. A built-in model is its architecture initialised
-    from the spec's seed (as the native engine does), saved so the reference is the same."""
-    if not launch["init_from_seed"]:
+    from the spec's seed (as the native engine does); with model.from_run, the staged
+    checkpoint's weights are loaded into it. Either is saved so the reference is the same."""
+    staged = launch.get("from_run_sha256")
+    if not launch["init_from_seed"] and staged is None:
         return launch["model"]
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(launch["model"], local_files_only=True)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if launch["init_from_seed"]:
+        config = AutoConfig.from_pretrained(launch["model"], local_files_only=True)
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(launch["model"], dtype=torch.float32)
+    if staged is not None:
+        load_staged_weights(RUN / SETTINGS["files"]["staged"], staged, model)
     target = RUN / "initial_model"
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
     return str(target)
+
+
+def load_staged_weights(folder, manifest_sha256, model):
+    """model.from_run: the checkpoint the hub staged, checked again here (its manifest is the
+    one the spec names, every file the one the manifest lists), then its weights loaded into
+    ``model``: ``weights.safetensors`` of a native checkpoint or ``model.safetensors`` of a TRL
+    one, either holding exactly the model's parameters. Only the weights: never that run's
+    optimizer, data position or RNG."""
+    from safetensors.torch import load_file
+
+    manifest = folder / SETTINGS["files"]["manifest"]
+    if not manifest.is_file():
+        raise SystemExit(f"model.from_run: {folder} has no {manifest.name}, not a staged "
+                         "checkpoint")
+    actual = sha256_synced(manifest)
+    if actual != manifest_sha256:
+        raise SystemExit(f"model.from_run: {manifest} has sha256 {actual}, the spec names "
+                         f"{manifest_sha256}")
+    for name, digest in sorted(json.loads(manifest.read_text(encoding="utf-8"))["files"]
+                               .items()):
+        path = folder / name
+        if path.is_symlink() or not path.is_file() or sha256_synced(path) != digest:
+            raise SystemExit(f"model.from_run: {path} is missing or does not match the "
+                             "manifest")
+    weights = next((folder / n for n in ("weights.safetensors", "model.safetensors")
+                    if (folder / n).is_file()), None)
+    if weights is None:
+        raise SystemExit(f"model.from_run: {folder} holds no weights.safetensors or "
+                         "model.safetensors")
+    state = load_file(str(weights))
+    names = {name for name, _ in model.named_parameters()}
+    if set(state) != names:
+        raise SystemExit(f"model.from_run: {weights} does not hold exactly this model's "
+                         f"parameters ({len(set(state) - names)} unknown, "
+                         f"{len(names - set(state))} missing)")
+    model.load_state_dict(state, strict=False)
+    print(f"stateset-trl: starting from {weights.name} of the staged checkpoint "
+          f"({manifest_sha256[:12]})", flush=True)
 
 
 def render(launch, tokenizer, text):
@@ -166,6 +211,57 @@ def prompt_rows(launch, tokenizer):
             for text, answer in fitting_rows(launch, tokenizer, launch["train_uri"],
                                              launch["prompt_field"], launch["answer_field"],
                                              "train")]
+
+
+def sft_examples(launch, tokenizer, uri, prompt_field, answer_field, split):
+    """Prompt/answer rows as SFTTrainer's tokenized prompt/completion rows: ``input_ids`` the
+    prompt as it is sampled from (template, special tokens) then the answer, ended by EOS and
+    cut at max_response_tokens; ``completion_mask`` 1 on the answer's tokens only, from which
+    SFTTrainer builds the labels (-100 on every prompt token)."""
+    chat, out = launch["chat_template"], []
+    for text, answer in fitting_rows(launch, tokenizer, uri, prompt_field, answer_field, split):
+        prompt = tokenizer(render(launch, tokenizer, text),
+                           add_special_tokens=not chat)["input_ids"]
+        if not prompt:
+            raise SystemExit(f"data.{split}: a prompt encodes to no tokens; the first answer "
+                             "token needs one to be predicted from")
+        answer_ids = (tokenizer(str(answer), add_special_tokens=False)["input_ids"]
+                      + [tokenizer.eos_token_id])[:launch["max_response_tokens"]]
+        out.append({"input_ids": prompt + answer_ids,
+                    "completion_mask": [0] * len(prompt) + [1] * len(answer_ids)})
+    return out
+
+
+def validation_loss(model, tokenizer, examples):
+    """val/loss and val/token_accuracy as the native engine computes them: teacher-forced,
+    per answer token over the whole split (whatever the training aggregation)."""
+    import torch
+
+    was_training, loss_sum, right, tokens = model.training, 0.0, 0.0, 0
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(examples), 64):
+                part = examples[start:start + 64]
+                width = max(len(e["input_ids"]) for e in part)
+                ids = torch.full((len(part), width), tokenizer.pad_token_id, dtype=torch.long)
+                mask = torch.zeros((len(part), width), dtype=torch.long)
+                learn = torch.zeros((len(part), width), dtype=torch.bool)
+                for n, e in enumerate(part):
+                    ids[n, :len(e["input_ids"])] = torch.tensor(e["input_ids"])
+                    mask[n, :len(e["input_ids"])] = 1
+                    learn[n, :len(e["input_ids"])] = torch.tensor(e["completion_mask"]) > 0
+                ids, mask, learn = (t.to(model.device) for t in (ids, mask, learn))
+                logits = model(input_ids=ids, attention_mask=mask).logits.float()
+                logp = torch.log_softmax(logits[:, :-1], dim=-1)  # t predicts t + 1
+                targets, learned = ids[:, 1:], learn[:, 1:]
+                nll = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+                loss_sum += float(nll[learned].sum())
+                right += float((logp.argmax(-1) == targets)[learned].sum())
+                tokens += int(learned.sum())
+    finally:
+        model.train(was_training)
+    return {"val/loss": loss_sum / tokens, "val/token_accuracy": right / tokens}
 
 
 def validation_reward(model, tokenizer, launch, rows, score):
@@ -273,27 +369,42 @@ def replayable(trainer_class):
 def main():
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
     sys.path.insert(0, str(RUN))
     import stateset_reward
 
+    sft = SETTINGS["trainer"] == "sft"
+    if sft:
+        from trl import SFTConfig as Config
+        from trl import SFTTrainer as TrainerClass
+    else:
+        from trl import GRPOConfig as Config
+        from trl import GRPOTrainer
+
+        TrainerClass = replayable(GRPOTrainer)
     launch, files, k = SETTINGS["launch"], SETTINGS["files"], SETTINGS["steps_per_update"]
     config = dict(SETTINGS["config"])
     config["output_dir"] = str(RUN / config["output_dir"])
-    args = GRPOConfig(**config)
+    args = Config(**config)
     resume = resume_point()
     resumed = resumed_state(resume) if resume is not None else None
     # the identity as TRL carries it (its run name), written before anything can fail
-    identity = {"run_name": args.run_name, "steps_per_update": k,
+    identity = {"run_name": args.run_name, "trainer": SETTINGS["trainer"],
+                "steps_per_update": k,
                 "resumed_from": resumed["update"] if resumed is not None else None}
     (RUN / files["identity"]).write_text(json.dumps(identity) + "\n", encoding="utf-8")
 
     tokenizer = load_tokenizer(launch)
     model = initial_model(launch, tokenizer, SETTINGS["seed"])
-    dataset = Dataset.from_list(prompt_rows(launch, tokenizer))
+    if sft:
+        dataset = Dataset.from_list(sft_examples(
+            launch, tokenizer, launch["train_uri"], launch["prompt_field"],
+            launch["answer_field"], "train"))
+    else:
+        dataset = Dataset.from_list(prompt_rows(launch, tokenizer))
     metrics = open(RUN / files["metrics"], "a", encoding="utf-8")  # noqa: SIM115
     validated = {}  # optimizer step -> the spec's validation there
+    logged = "loss" if sft else "reward"  # in every update's log, not in the closing summary
 
     def record(doc):
         metrics.write(json.dumps(doc) + "\n")
@@ -304,22 +415,26 @@ def main():
         """One line per update: TRL logs every k optimizer steps (logging_steps)."""
 
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "reward" in logs and state.global_step % k == 0:
+            if logs and logged in logs and state.global_step % k == 0:
                 record({"update": state.global_step // k, "step": state.global_step,
                         "logs": logs})
 
     class Validation(TrainerCallback):
         """The spec's validation, on the untrained policy and every evaluation.every updates
-        (TRL's own evaluation samples like its rollouts, so it stays off)."""
+        (TRL's own evaluation samples like its rollouts, so it stays off): the validation
+        reward, and for sft the teacher-forced loss and token accuracy of the answers."""
 
-        def __init__(self, rows):
-            self.rows, self.every = rows, launch["validation"]["every"]
+        def __init__(self, rows, examples):
+            self.rows, self.examples = rows, examples
+            self.every = launch["validation"]["every"]
 
         def run(self, model, update):
-            value = validation_reward(model, tokenizer, launch, self.rows,
-                                      stateset_reward.score)
-            validated[update * k] = {"val/reward/mean": value}
-            record({"update": update, "validation": {"val/reward/mean": value}})
+            row = {"val/reward/mean": validation_reward(model, tokenizer, launch, self.rows,
+                                                        stateset_reward.score)}
+            if self.examples is not None:
+                row.update(validation_loss(model, tokenizer, self.examples))
+            validated[update * k] = row
+            record({"update": update, "validation": row})
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             if state.global_step == 0:
@@ -333,12 +448,18 @@ def main():
         launch, validated, k, resumed["best"] if resumed is not None else None)]
     validation = launch.get("validation")
     if validation is not None:
-        callbacks.append(Validation(fitting_rows(
-            launch, tokenizer, validation["uri"], validation["prompt_field"],
-            validation["answer_field"], "validation")))
-    trainer = replayable(GRPOTrainer)(
-        model=model, reward_funcs=[stateset_reward.trl_reward], args=args,
-        train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
+        split = (validation["uri"], validation["prompt_field"], validation["answer_field"],
+                 "validation")
+        callbacks.append(Validation(
+            fitting_rows(launch, tokenizer, *split),
+            sft_examples(launch, tokenizer, *split) if sft else None))
+    if sft:
+        trainer = TrainerClass(model=model, args=args, train_dataset=dataset,
+                               processing_class=tokenizer, callbacks=callbacks)
+    else:
+        trainer = TrainerClass(
+            model=model, reward_funcs=[stateset_reward.trl_reward], args=args,
+            train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
     trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     metrics.close()
     if trainer.state.global_step != args.max_steps:

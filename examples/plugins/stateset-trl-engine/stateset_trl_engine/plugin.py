@@ -1,13 +1,16 @@
-"""The TRL adapter: the spec as a GRPOConfig and a generated script that runs GRPOTrainer.
+"""The TRL adapter: the spec as a GRPOConfig (RL objectives) or an SFTConfig (objective sft)
+and a generated script that runs GRPOTrainer or SFTTrainer.
 
-Every spec leaf ends pinned (a GRPOConfig field, or a ``launch.*`` setting the generated
-script honours), refused, or declared (a behaviour TRL hard-codes, named in the contract).
-The launch is one Python file written into the run folder: its settings are a JSON literal,
-never formatted into code, and the code around them is the fixed ``launch_script.py``.
+Every spec leaf ends pinned (a GRPOConfig field; an SFTConfig field, named ``sft.<field>`` so
+the two trainers' keys and defaults never mix; or a ``launch.*`` setting the generated script
+honours), refused, or declared (a behaviour TRL hard-codes, named in the contract). The launch
+is one Python file written into the run folder: its settings are a JSON literal, never
+formatted into code, and the code around them is the fixed ``launch_script.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import hashlib
@@ -23,6 +26,7 @@ from stateset_backend.plugin import (
     REWARD_SHIM_FILE,
     RUN_DIR,
     RUNTIME_FILE,
+    STAGED_CHECKPOINT,
     Artifact,
     Checkpoint,
     Collected,
@@ -35,6 +39,7 @@ from stateset_backend.plugin import (
     KitSupport,
     LaunchContext,
     NativeLaunch,
+    NotApplicable,
     Outcome,
     Pinned,
     Refused,
@@ -52,7 +57,6 @@ from stateset_backend.plugin import (
     read_runtime,
     refuse,
     reward_shim,
-    rl_objective,
     runtime_identity,
     to,
     with_owned_keys,
@@ -71,10 +75,15 @@ BUILTIN_PREFIX = "builtin:"
 STD_EPSILON = 1e-4  # GRPOTrainer: advantages / (std_rewards + 1e-4)
 LAUNCH = "launch."  # settings the generated script honours itself (not GRPOConfig fields)
 VALIDATION = LAUNCH + "validation."  # its validation callback's settings
+SFT = "sft."  # SFTConfig fields, for objective sft (SFTTrainer)
+SUPERVISED = "sft"
 # canonical metric -> TRL's logged name
 METRICS = {"reward/mean": "reward", "loss/policy": "loss", "kl": "kl", "entropy": "entropy",
            "grad_norm": "grad_norm", "lr": "learning_rate",
            "response_length/mean": "completions/mean_length"}
+# SFTTrainer's logs: the native engine's names for an sft run
+SFT_METRICS = {"loss/sft": "loss", "token_accuracy": "mean_token_accuracy", "entropy": "entropy",
+               "grad_norm": "grad_norm", "lr": "learning_rate"}
 CLIPPED = ("grpo", "dr_grpo", "dapo", "gspo")  # objectives TRL runs with its clipped surrogate
 TOKEN_LOSS = {"token_mean": "bnpo", "seq_mean_token_mean": "grpo",
               "seq_mean_token_sum_norm": "dr_grpo"}
@@ -123,11 +132,15 @@ class TRLKeys(DialectKeys):
     eval_strategy: str
     use_vllm: str
     use_cpu: str
+    padding_free: str
+    train_sampling_strategy: str
+    dataloader_drop_last: str
     output_dir: str
     run_name: str
     logging_steps: str
     report_to: str
     fixed: dict[str, Any]  # features switched off (or to the spec's meaning) on every launch
+    sft_fixed: dict[str, Any]  # the same for every SFTTrainer launch (SFTConfig fields)
 
 
 def steps_per_update(spec: ExperimentSpec) -> int:
@@ -135,14 +148,56 @@ def steps_per_update(spec: ExperimentSpec) -> int:
     return spec.budget.ppo_epochs * spec.budget.mini_batches
 
 
+def supervised(spec: ExperimentSpec) -> bool:
+    """An sft spec runs on SFTTrainer, every other on GRPOTrainer."""
+    return spec.algorithm.objective == SUPERVISED
+
+
 @functools.cache
 def grpo_config_fields() -> frozenset[str]:
     """GRPOConfig's field names, read from the supported TRL release's wheel (a test compares
     them with the installed TRL): an engine option is checked at plan time against them, as
     importing TRL to ask would take seconds."""
-    doc = json.loads(resources.files("stateset_trl_engine").joinpath(
-        "grpo_config_fields.json").read_text(encoding="utf-8"))
+    return _fields("grpo_config_fields.json")
+
+
+@functools.cache
+def sft_config_fields() -> frozenset[str]:
+    """SFTConfig's field names, likewise (engine options of an sft spec are ``sft.<field>``)."""
+    return _fields("sft_config_fields.json")
+
+
+def _fields(name: str) -> frozenset[str]:
+    doc = json.loads(resources.files("stateset_trl_engine").joinpath(name).read_text(
+        encoding="utf-8"))
     return frozenset(doc["fields"])
+
+
+def for_trainer(rule: Any) -> Any:
+    """``rule`` with its native keys named for the trainer that runs the spec: GRPOConfig
+    fields as they are, SFTConfig fields as ``sft.<field>`` (``launch.*`` settings either way).
+    Both configs share most TrainingArguments fields, but not their defaults (SFTConfig's
+    learning rate, shuffle and loss_type differ), so the contract records each trainer's own."""
+
+    def named(native: dict[str, Any]) -> dict[str, Any]:
+        return {key if key.startswith((LAUNCH, SFT)) else SFT + key: value
+                for key, value in native.items()}
+
+    def wrapped(value: Any, spec: ExperimentSpec) -> Outcome:
+        outcome = rule(value, spec)
+        if supervised(spec) and isinstance(outcome, Pinned | Hardcoded) and outcome.native:
+            return dataclasses.replace(outcome, native=named(outcome.native))
+        return outcome
+
+    return wrapped
+
+
+def by_trainer(rl: Any, sft: Any) -> Any:
+    """One rule for RL specs (GRPOTrainer), another for sft specs (SFTTrainer)."""
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        return (sft if supervised(spec) else rl)(value, spec)
+
+    return rule
 
 
 def builtin_dir(model_path: str) -> Path | None:
@@ -172,10 +227,34 @@ def directory_digest(root: Path) -> str:
 # -- rules, by section --------------------------------------------------------------------
 def _algorithm_rules(f: TRLKeys) -> dict[str, Any]:
     def objective(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == SUPERVISED:
+            return Pinned({f.loss_type: "nll"}, "TRL's SFTTrainer: the negative log-likelihood "
+                          "of the answer tokens only (its completion-only loss on "
+                          "prompt/completion rows; prompt tokens are labelled -100)")
         if value not in (*CLIPPED, "cispo"):
-            return Refused(f"TRL's GRPOTrainer has no {value} objective")
+            return Refused(_objective_refusal(value))
         return Pinned({f.loss_type: loss_type(spec)}) if loss_type(spec) else Refused(
             _aggregation_refusal(spec))
+
+    def sft_aggregation(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value != "token_mean":
+            return Refused("TRL's SFTTrainer divides the summed answer-token loss by the "
+                           "update's answer tokens (a token mean); it has no "
+                           f"{value} aggregation")
+        return Pinned({}, "SFTTrainer: the answer tokens' summed loss over their count in the "
+                      "batch (num_items_in_batch), one optimizer step per update")
+
+    def layout(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == "packed":
+            return Pinned({f.padding_free: True}, "TRL's padding-free batches: the update's rows "
+                          "concatenated into one sequence, positions restarting at 0 for each "
+                          "row and no attention mask, from which transformers builds a "
+                          "block-diagonal causal mask (each row attends only to itself); the "
+                          "spec's packed sequences of at most max_prompt_tokens + "
+                          "max_response_tokens tokens group the same rows differently, which "
+                          "changes memory, not the loss")
+        return Pinned({f.padding_free: False}, "one row per sequence, right-padded to the "
+                      "longest in the update, padding masked")
 
     def aggregation(value: Any, spec: ExperimentSpec) -> Outcome:
         name = loss_type(spec)
@@ -245,14 +324,16 @@ def _algorithm_rules(f: TRLKeys) -> dict[str, Any]:
         return Hardcoded("kept, centred by a float32 group mean", "zero_variance_float_mean")
 
     return {
-        "algorithm.objective": rl_objective("TRL", objective),
+        "algorithm.objective": objective,
+        "algorithm.sft": refuse("this algorithm.sft setting is not translated for TRL"),
+        "algorithm.sft.layout": layout,
         "algorithm.group_size": only(lambda v: v >= 2, "TRL needs at least 2 samples per "
                                      "prompt", to(f.num_generations)),
         "algorithm.clip.low": clip_low,
         "algorithm.clip.high": clip_high,
         "algorithm.clip.dual_clip": dual_clip,
         "algorithm.ratio_level": ratio_level,
-        "algorithm.loss_aggregation": aggregation,
+        "algorithm.loss_aggregation": by_trainer(aggregation, sft_aggregation),
         "algorithm.kl": kl_section,
         "algorithm.kl.coef": kl_coef,
         "algorithm.kl.estimator": only(lambda v: v == "k3", "TRL's KL is the k3 estimator",
@@ -278,10 +359,23 @@ def _algorithm_rules(f: TRLKeys) -> dict[str, Any]:
         "algorithm.overlong.penalty": refuse("TRL has no soft overlong penalty"),
         "algorithm.entropy_coef": to(f.entropy_coef),
         "algorithm.gae": lambda v, s: Pinned({}, "no critic") if v is None else
-        Refused("TRL's GRPOTrainer has no critic"),
-        "algorithm.gae.gamma": refuse("TRL's GRPOTrainer has no critic"),
-        "algorithm.gae.lam": refuse("TRL's GRPOTrainer has no critic"),
+        Refused(NO_CRITIC),
+        "algorithm.gae.gamma": refuse(NO_CRITIC),
+        "algorithm.gae.lam": refuse(NO_CRITIC),
     }
+
+
+# TRL 1.16 ships no PPO trainer (trl.experimental has none either), and its GRPOTrainer and
+# RLOOTrainer have no value model
+NO_CRITIC = ("TRL 1.16 has no trainer with a critic: neither trl nor trl.experimental ships a "
+             "PPO trainer or a value model, and its GRPOTrainer and RLOOTrainer estimate "
+             "advantages from groups of samples, without GAE")
+
+
+def _objective_refusal(value: str) -> str:
+    if value == "ppo":
+        return NO_CRITIC
+    return f"TRL's GRPOTrainer has no {value} objective"
 
 
 def loss_type(spec: ExperimentSpec) -> str | None:
@@ -367,17 +461,23 @@ def _budget_rules(f: TRLKeys) -> dict[str, Any]:
                              "mini_batches_of_shuffled_samples", outcome.native)
         return outcome
 
+    def sft_batch(value: Any, spec: ExperimentSpec) -> Outcome:
+        return Pinned({f.per_device_train_batch_size: value, f.gradient_accumulation_steps: 1},
+                      "prompt/answer rows per optimizer step, one step per update")
+
     return {
         "budget.total_updates": lambda v, s: Pinned({f.max_steps: v * steps_per_update(s)},
                                                     "max_steps counts optimizer steps: "
                                                     "total_updates * ppo_epochs * "
                                                     "mini_batches"),
-        "budget.prompts_per_update": lambda v, s: batch(s),
+        "budget.prompts_per_update": by_trainer(lambda v, s: batch(s), sft_batch),
         "budget.ppo_epochs": to(f.num_iterations),
         "budget.mini_batches": mini_batches,
-        "budget.partial_batch": carried("TRL's sampler drops the prompts left at the end of a "
-                                        "pass that cannot fill a whole batch, and reshuffles "
-                                        "the next pass"),
+        "budget.partial_batch": by_trainer(
+            carried("TRL's sampler drops the prompts left at the end of a pass that cannot "
+                    "fill a whole batch, and reshuffles the next pass"),
+            lambda v, s: Pinned({f.dataloader_drop_last: True}, "the rows left at the end of "
+                                "a pass that cannot fill a whole batch are dropped")),
     }
 
 
@@ -405,10 +505,14 @@ def _data_rules(f: TRLKeys) -> dict[str, Any]:
         "data.validation.prompt_field": to(VALIDATION + "prompt_field"),
         "data.validation.answer_field": to(VALIDATION + "answer_field"),
         "data.max_prompt_tokens": to(LAUNCH + "max_prompt_tokens"),
-        "data.max_response_tokens": to(f.max_completion_length),
+        "data.max_response_tokens": by_trainer(to(f.max_completion_length), lambda v, s: Pinned(
+            {LAUNCH + "max_response_tokens": v}, "the launch cuts each answer, ended by EOS, at "
+            "max_response_tokens tokens (SFTConfig's max_length stays off)")),
         "data.chat_template": chat_template,
         "data.prompt_overflow": overflow,
-        "data.shuffle": to(f.shuffle_dataset),
+        "data.shuffle": by_trainer(to(f.shuffle_dataset), lambda v, s: Pinned(
+            {f.train_sampling_strategy: "random" if v else "sequential"},
+            "the trainer's sampler: a seeded shuffle of every pass, or the split's order")),
     }
 
 
@@ -433,7 +537,19 @@ def _model_rules(f: TRLKeys) -> dict[str, Any]:
         "model.lora.alpha": refuse("LoRA is not translated for TRL yet"),
         "model.lora.dropout": refuse("LoRA is not translated for TRL yet"),
         "model.lora.target_modules": refuse("LoRA is not translated for TRL yet"),
+        "model.from_run": lambda v, s: Pinned({}, "the weights are model.path's"),
+        "model.from_run.run_id": carried(STAGED_HOW, hub=True),
+        "model.from_run.checkpoint": carried(STAGED_HOW, hub=True),
+        "model.from_run.sha256": lambda v, s: Pinned(
+            {LAUNCH + "from_run_sha256": v}, "the launch checks the staged checkpoint's "
+            "manifest against it and every file against the manifest, then loads its weights "
+            "(a native or a TRL checkpoint) into model.path's architecture before the trainer "
+            "starts; the KL reference is the same weights"),
     }
+
+
+STAGED_HOW = (f"the hub finds the stored run's checkpoint, checks it and stages it in the "
+              f"attempt folder ({STAGED_CHECKPOINT}/), where the launch reads it")
 
 
 def _run_rules(f: TRLKeys) -> dict[str, Any]:
@@ -444,8 +560,28 @@ def _run_rules(f: TRLKeys) -> dict[str, Any]:
 
     def gpus(value: Any, spec: ExperimentSpec) -> Outcome:
         if value > 1:
-            return Refused("the TRL launch is one process on one device")
+            return Refused(ONE_PROCESS)
         return Pinned({f.use_cpu: value == 0})
+
+    def processes(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value is None or value == 1:
+            return NotApplicable("the TRL launch is one process")
+        return Refused(ONE_PROCESS)
+
+    def environment_kind(value: Any, spec: ExperimentSpec) -> Outcome:
+        return Pinned({}, "single-turn rollout") if value == "single_turn" else \
+            Refused(CONVERSATIONS)
+
+    def max_turns(value: Any, spec: ExperimentSpec) -> Outcome:
+        return Pinned({}, "single-turn: one response per prompt") \
+            if spec.environment.kind == "single_turn" else Refused(CONVERSATIONS)
+
+    def reward_kind(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value == "environment":
+            return Refused(CONVERSATIONS)
+        if value != "python":
+            return Refused("only python rewards are translated for TRL")
+        return Pinned({}, "a python reward, through the generated reward shim", hub=True)
 
     return {
         "seed": to(f.seed),
@@ -480,7 +616,21 @@ def _run_rules(f: TRLKeys) -> dict[str, Any]:
         "resources.nodes": only(lambda v: v == 1, "the TRL launch runs on one node",
                                 carried("one node")),
         "resources.gpus_per_node": gpus,
+        "resources.processes_per_node": processes,
+        "environment": refuse(CONVERSATIONS),
+        "environment.kind": environment_kind,
+        "environment.max_turns": max_turns,
+        "reward.kind": reward_kind,
     }
+
+
+# What TRL 1.16 itself can do but this plugin does not translate yet
+ONE_PROCESS = ("TRL trains data-parallel when started under accelerate launch or torchrun (one "
+               "process per device), but this plugin starts one process on one device and does "
+               "not translate several processes or GPUs yet")
+CONVERSATIONS = ("TRL 1.16's GRPOTrainer can roll out conversations (its environment_factory, "
+                 "tools and rollout_func arguments), but this plugin does not translate the "
+                 "spec's multi-turn and tool-use environments to them yet")
 
 
 def write_outputs(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
@@ -522,14 +672,16 @@ class TRLAdapter(EngineAdapter):
 
     def rules(self, dialect: Dialect) -> RuleSet:
         f: TRLKeys = self.keys(dialect)
-        return {**external_rules("TRL"), **_algorithm_rules(f), **_optim_rules(f),
-                **_budget_rules(f), **_data_rules(f), **_model_rules(f), **_run_rules(f)}
+        rules = {**external_rules("TRL"), **_algorithm_rules(f), **_optim_rules(f),
+                 **_budget_rules(f), **_data_rules(f), **_model_rules(f), **_run_rules(f)}
+        return {path: for_trainer(rule) for path, rule in rules.items()}
 
     def kit_support(self) -> KitSupport:
         # hub_model_id: free text GRPOConfig accepts and an offline run never uses
         from .kit_stub import STUB
 
-        return KitSupport(write_outputs=write_outputs, option_key=lambda plan: "hub_model_id",
+        return KitSupport(write_outputs=write_outputs, option_key=lambda plan: (
+            SFT if plan.spec["algorithm"]["objective"] == SUPERVISED else "") + "hub_model_id",
                           parse_launch=read_launch, surface=grpo_surface(), engine_stub=STUB,
                           unsupported={
             "loss_agg:seq_mean_token_sum": "TRL sums tokens per sequence (luspo) only with "
@@ -540,22 +692,21 @@ class TRLAdapter(EngineAdapter):
                ctx: LaunchContext) -> NativeLaunch:
         f: TRLKeys = self.keys(ctx.dialect)
         base = Path(ctx.base_dir or ".")
+        sft = supervised(spec)
         for key in translation.native:
-            if translation.sources.get(key, "").startswith("engine_options") and \
-                    key not in grpo_config_fields():
-                close = difflib.get_close_matches(key, sorted(grpo_config_fields()), n=1)
-                raise InvalidInput(f"engine_options.trl.{key}: not a GRPOConfig field"
-                                   + (f" (did you mean {close[0]!r}?)" if close else "")
-                                   + "; TRL would stop at launch on it")
+            if translation.sources.get(key, "").startswith("engine_options"):
+                _check_option(key, sft)
         owned = {f.output_dir: CHECKPOINTS, f.run_name: ctx.run_name,
                  # no trackers: [] is what TRL makes of "none"
                  f.logging_steps: steps_per_update(spec), f.report_to: []}
         # speed knobs that never change the math, set alike on every launch
         knobs = {"gradient_checkpointing": False, "disable_tqdm": True,
                  "dataloader_num_workers": 0}
+        own = {**(f.sft_fixed if sft else f.fixed), **knobs, **owned}
         native = with_owned_keys("trl", dict(translation.native),
-                                 {**f.fixed, **knobs, **owned})
-        config = {k: v for k, v in native.items() if not k.startswith(LAUNCH)}
+                                 {SFT + k: v for k, v in own.items()} if sft else own)
+        config = {k.removeprefix(SFT) if sft else k: v for k, v in native.items()
+                  if not k.startswith(LAUNCH)}
         launch = {k.removeprefix(LAUNCH): v for k, v in native.items()
                   if k.startswith(LAUNCH) and not k.startswith(VALIDATION)}
         train = local_path(launch["train_uri"], base)
@@ -584,6 +735,7 @@ class TRLAdapter(EngineAdapter):
         native = {k: v for k, v in native.items() if not k.startswith(LAUNCH)}
         native.update(_launch_keys(launch))
         settings = {"run_id": ctx.run_id, "experiment_digest": ctx.experiment_digest,
+                    "trainer": SUPERVISED if sft else "grpo",
                     "steps_per_update": steps_per_update(spec), "seed": spec.seed,
                     "launch": launch, "config": config,
                     # each checkpoint's runtime: the launch fills in the package versions
@@ -591,14 +743,19 @@ class TRLAdapter(EngineAdapter):
                     "files": {"metrics": METRICS_FILE, "identity": IDENTITY_FILE,
                               "final": FINAL, "reward": REWARD_SHIM_FILE,
                               "manifest": MANIFEST, "runtime": RUNTIME_FILE,
-                              "checkpoint_state": CHECKPOINT_STATE}}
+                              "checkpoint_state": CHECKPOINT_STATE,
+                              "staged": STAGED_CHECKPOINT}}
+        # each trainer reads only its own config: the other's recorded defaults are unread
+        other = "GRPOTrainer's GRPOConfig" if sft else "SFTTrainer's SFTConfig (objective sft)"
+        unread = {key: f"{other}: this launch runs {'SFTTrainer' if sft else 'GRPOTrainer'}"
+                  for key in ctx.dialect.defaults if key.startswith(SFT) != sft}
         return NativeLaunch(
             argv=[PYTHON, f"{RUN_DIR}/{LAUNCH_FILE}"],
             files={LAUNCH_FILE: launch_script(settings),
                    REWARD_SHIM_FILE: reward_shim(spec, ctx.base_dir, "TRL", REWARD_CALL)},
             set_env={"TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false"},
             env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE"],
-            native=native)
+            native=native, unread_defaults=unread)
 
     # -- resume: each checkpoint TRL saves is sealed by the launch (a manifest of every file's
     # sha256 and the experiment digest, written last, and the runtime it was computed under);
@@ -641,8 +798,19 @@ class TRLAdapter(EngineAdapter):
         return {**settings, "uri": str(split.resolve()),
                 "max_new_tokens": spec.data.max_response_tokens}
 
+    def named_checkpoint(self, attempt_dir: Path, name: str) -> Checkpoint | None:
+        """``update-NNNNNN`` (the name ``model.from_run`` gives a checkpoint on every engine)
+        is TRL's ``checkpoint-<update * steps per update>``, when sealed."""
+        update = name.removeprefix("update-")
+        if not name.startswith("update-") or not update.isdigit():
+            return None
+        found = [c for c in self.checkpoints(attempt_dir) if c.update == int(update)]
+        return found[0] if found else None
+
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:
-        out = Collected(raw_metric_names=dict(METRICS))
+        sft = _identity(attempt_dir).get("trainer") == SUPERVISED
+        names = SFT_METRICS if sft else METRICS
+        out = Collected(raw_metric_names=dict(names))
         ident = attempt_dir / IDENTITY_FILE
         if ident.is_file():
             doc = json.loads(ident.read_text(encoding="utf-8"))
@@ -663,14 +831,16 @@ class TRLAdapter(EngineAdapter):
                     canonical.update(row["validation"])
                     continue
                 trained.add(int(row["update"]))
-                canonical.update({name: row["logs"][raw] for name, raw in METRICS.items()
+                canonical.update({name: row["logs"][raw] for name, raw in names.items()
                                   if raw in row["logs"]})
         out.metrics = [rows[step] for step in sorted(rows)]
         resumed = _identity(attempt_dir).get("resumed_from")
         out.resumed_from = resumed if isinstance(resumed, int) else None
         # a resumed attempt trains from its checkpoint's update on
         out.committed_updates = max(trained, default=out.resumed_from or 0)
-        out.notes.append("loss/policy is TRL's logged loss: the policy term plus beta * KL")
+        out.notes.append("loss/sft is SFTTrainer's logged loss: the mean negative "
+                         "log-likelihood of the update's answer tokens" if sft else
+                         "loss/policy is TRL's logged loss: the policy term plus beta * KL")
         k = _steps_per_update(attempt_dir)
         for step_dir in _checkpoint_dirs(attempt_dir):
             update = int(step_dir.name.removeprefix(CHECKPOINT_PREFIX)) // k
@@ -682,6 +852,26 @@ class TRLAdapter(EngineAdapter):
                                        out.committed_updates)
                               for p in sorted(final.rglob("*")) if p.is_file()]
         return out
+
+
+def _check_option(key: str, sft: bool) -> None:
+    """An engine option must be a field of the config the launch hands its trainer, written
+    as the launch's native keys are: a GRPOConfig field, or ``sft.<SFTConfig field>``; TRL
+    would stop only at launch on any other."""
+    if sft:
+        fields, known = sft_config_fields(), sorted(SFT + name for name in sft_config_fields())
+        if key.startswith(SFT) and key.removeprefix(SFT) in fields:
+            return
+        what = "an sft spec runs SFTTrainer: not sft.<an SFTConfig field>"
+        close = difflib.get_close_matches(key if key.startswith(SFT) else SFT + key, known, n=1)
+    else:
+        if key in grpo_config_fields():
+            return
+        what = "not a GRPOConfig field"
+        close = difflib.get_close_matches(key, sorted(grpo_config_fields()), n=1)
+    raise InvalidInput(f"engine_options.trl.{key}: {what}"
+                       + (f" (did you mean {close[0]!r}?)" if close else "")
+                       + "; TRL would stop at launch on it")
 
 
 def _identity(attempt_dir: Path) -> dict[str, Any]:
@@ -752,17 +942,18 @@ def read_launch(plan: Any) -> dict[str, Any]:
     import ast
 
     from transformers import HfArgumentParser
-    from trl import GRPOConfig
+    from trl import GRPOConfig, SFTConfig
 
     tree = ast.parse(plan.files[LAUNCH_FILE])
     literal = next(node.value.args[0].value for node in tree.body
                    if isinstance(node, ast.Assign) and
                    getattr(node.targets[0], "id", None) == "SETTINGS")
     settings = json.loads(literal)
-    # GRPOConfig checks bf16 against this machine's hardware; parsed as on the CPU, with the
-    # launch's own use_cpu (a plain bool GRPOConfig keeps as given) reported as written
+    sft = settings["trainer"] == SUPERVISED
+    # the config checks bf16 against this machine's hardware; parsed as on the CPU, with the
+    # launch's own use_cpu (a plain bool the config keeps as given) reported as written
     given = settings["config"]
-    (parsed,) = HfArgumentParser(GRPOConfig).parse_dict(
+    (parsed,) = HfArgumentParser(SFTConfig if sft else GRPOConfig).parse_dict(
         {"output_dir": "unused", **given, "use_cpu": True}, allow_extra_keys=False)
     config = {key: getattr(parsed, key) for key in given}
     if "use_cpu" in given:
@@ -770,16 +961,17 @@ def read_launch(plan: Any) -> dict[str, Any]:
     for key, value in config.items():
         if hasattr(value, "value"):  # an enum TRL parses a name into
             config[key] = value.value
+    if sft:
+        config = {SFT + key: value for key, value in config.items()}
     return {**config, **_launch_keys(settings["launch"])}
 
 
 @functools.cache
 def grpo_surface() -> dict[str, Any]:
     """The configuration surface of the installed TRL, for the conformance kit: every
-    GRPOConfig field with its default (enums by value), read from the dataclass itself."""
-    import dataclasses
-
-    from trl import GRPOConfig
+    GRPOConfig field with its default (enums by value), and every SFTConfig field as
+    ``sft.<field>``, read from the dataclasses themselves."""
+    from trl import GRPOConfig, SFTConfig
 
     def plain(value: Any) -> Any:
         value = getattr(value, "value", value)
@@ -789,13 +981,15 @@ def grpo_surface() -> dict[str, Any]:
             else str(value)
 
     options = {}
-    for f in dataclasses.fields(GRPOConfig):
-        if f.default is not dataclasses.MISSING:
-            options[f.name] = {"default": plain(f.default)}
-        elif f.default_factory is not dataclasses.MISSING:
-            options[f.name] = {"default": plain(f.default_factory())}
-        else:
-            options[f.name] = {"default": None}
+    for prefix, config in (("", GRPOConfig), (SFT, SFTConfig)):
+        for f in dataclasses.fields(config):
+            if f.default is not dataclasses.MISSING:
+                default = plain(f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                default = plain(f.default_factory())
+            else:
+                default = None
+            options[prefix + f.name] = {"default": default}
     # the generated launch script's own settings (data, prompt handling, validation): a
     # mapping it takes whole, beside GRPOConfig
     options[LAUNCH.rstrip(".")] = {"default": {}}
