@@ -44,7 +44,8 @@ SCHEMA = (
     "entry TEXT NOT NULL, PRIMARY KEY (run_id, record))",
     f"PRAGMA user_version = {VERSION}",
 )
-STATUSES = ("succeeded", "failed", "invalid", "interrupted", "quarantined", "unreadable")
+STATUSES = ("succeeded", "failed", "invalid", "interrupted", "quarantined", "prepared",
+            "unreadable")
 # a set of run ids passed as one JSON parameter (no limit on how many)
 _IN_SET = "run_id IN (SELECT value FROM json_each(?))"
 
