@@ -16,6 +16,7 @@ import pytest
 from pydantic import ValidationError
 from slurm_cluster import slurm  # noqa: F401  (the fixture)
 
+from stateset_backend.common.errors import Unsupported
 from stateset_backend.providers.base import EXIT_STOPPED, STOP_REQUEST, PreparedLaunch
 from stateset_backend.providers.slurm.job import JobState, SlurmProvider, to_exit
 from stateset_backend.providers.slurm.script import SCRIPT_FILE, render
@@ -51,7 +52,7 @@ def test_every_script_is_valid_bash_with_one_directive_per_setting(launch, tmp_p
 
 
 def test_a_run_id_or_engine_name_that_is_not_a_name_never_reaches_the_script():
-    with pytest.raises(ValueError):
+    with pytest.raises(Unsupported):  # exit 3, never an internal error
         render(SlurmSettings(shared_root="/s"), launch="process", run_id=RUN_ID,
                engine="x\nrm -rf /", nodes=1, gpus_per_node=0)
 

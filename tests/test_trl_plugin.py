@@ -25,9 +25,9 @@ SPEC = EXAMPLES / "support-routing.json"
 VERSION = "1.16.0"
 
 
-def spec_doc(**budget: Any) -> dict[str, Any]:
-    """The TRL example, its files named by absolute path so it can be written anywhere."""
-    doc = json.loads(SPEC.read_text())
+def spec_doc(example: Path = SPEC, **budget: Any) -> dict[str, Any]:
+    """An example spec, its files named by absolute path so it can be written anywhere."""
+    doc = json.loads(example.read_text())
     for split in ("train", "validation", "test"):
         doc["data"][split]["uri"] = str(EXAMPLES / doc["data"][split]["uri"])
     doc["reward"]["entrypoint"] = str(EXAMPLES / doc["reward"]["entrypoint"])

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 from optional_installs import TRL_PLUGIN_MISSING
+from test_trl_plugin import dialect, spec_doc
 
 from stateset_backend.cli import main
-from stateset_backend.contracts.loader import parse_version
 from stateset_backend.spec.files import parse_spec
 from stateset_backend.translate.rules import explain_rows, translate
 
@@ -39,16 +39,7 @@ def _sha256(path: Path) -> str:
 
 def sft_doc(**budget: Any) -> dict[str, Any]:
     """examples/support-routing-sft.json, its files named by absolute path."""
-    doc = json.loads((EXAMPLES / "support-routing-sft.json").read_text())
-    for split in ("train", "validation", "test"):
-        doc["data"][split]["uri"] = str(EXAMPLES / doc["data"][split]["uri"])
-    doc["reward"]["entrypoint"] = str(EXAMPLES / doc["reward"]["entrypoint"])
-    doc["budget"].update(budget)
-    return doc
-
-
-def dialect() -> Any:
-    return plugin.TRLAdapter().contract.dialect(parse_version(VERSION))
+    return spec_doc(EXAMPLES / "support-routing-sft.json", **budget)
 
 
 def render(doc: dict[str, Any]) -> tuple[Any, dict[str, Any]]:

@@ -23,6 +23,7 @@ import re
 import shlex
 from typing import Literal
 
+from stateset_backend.common.errors import Unsupported
 from stateset_backend.providers.base import EXIT_STOPPED, STOP_REQUEST
 from stateset_backend.providers.slurm.settings import SlurmSettings
 
@@ -112,7 +113,8 @@ def render(settings: SlurmSettings, *, launch: ClusterLaunch, run_id: str, engin
            nodes: int, gpus_per_node: int) -> str:
     """The batch script: ``#SBATCH`` lines from validated settings, then the engine's layout."""
     if not (_NAME.fullmatch(run_id) and _NAME.fullmatch(engine)):
-        raise ValueError(f"{run_id!r} on {engine!r}: not a run id and an engine name")
+        raise Unsupported(f"the Slurm provider names its job after the run and the engine, "
+                          f"and {engine!r} is not a name Slurm can carry")
     lines = ["#!/bin/bash",
              f"# stateset-backend run {run_id}: {engine} on Slurm ({launch}); the launch is read",
              "# from slurm/argv and slurm/env in the run directory (sbatch --chdir).",
