@@ -98,6 +98,35 @@ def test_atomic_writes_get_the_mode_of_a_plain_write(tmp_path):
         == 0o644
 
 
+def test_an_output_that_is_not_a_regular_file_stays_what_it_was(tmp_path):
+    """``-o /dev/null`` renamed over would leave a plain file where the device was, for every
+    process on the machine: a named pipe stands in for the device here and must still be a
+    pipe, with the plan read from it; a symlink stays a link and its file gets the plan."""
+    import os
+    import stat
+    import threading
+
+    from stateset_backend.common.jsonio import atomic_write_json
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(pipe.read_bytes()), daemon=True)
+    reader.start()
+    atomic_write_json(pipe, {"a": 1})
+    reader.join(timeout=10)
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
+    assert received == [b'{\n  "a": 1\n}\n']
+
+    real, link = tmp_path / "real.json", tmp_path / "link.json"
+    real.write_text("{}")
+    link.symlink_to(real)
+    atomic_write_json(link, {"b": 2})
+    assert link.is_symlink() and json.loads(real.read_text()) == {"b": 2}
+    with pytest.raises(IsADirectoryError):
+        atomic_write_json(tmp_path, {"c": 3})
+
+
 def test_a_relative_runs_dir_is_made_absolute(tmp_path, monkeypatch):
     """Engines run in their attempt folder: a relative store path would make every resume
     point at a checkpoint that is not there."""

@@ -7,8 +7,10 @@ result is worse than none.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -94,8 +96,26 @@ def _umask() -> int:
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write via temp file in the same directory, fsync, rename: readers see all or nothing."""
+    """Write via temp file in the same directory, fsync, rename: readers see all or nothing.
+
+    The rename replaces a directory entry, so it is only right for regular files: ``-o
+    /dev/null`` or a named pipe renamed over would turn the device into a plain file (as root,
+    for every process on the machine), and a symlink would be replaced by a copy. A symlink is
+    followed to its file; anything else that exists and is not a regular file is written in
+    place, as a stream, which is all such a target can be."""
     target = Path(path)
+    try:
+        found = os.stat(target)  # follows symlinks: /dev/stdout is a link to a pipe
+    except FileNotFoundError:
+        found = None
+    if found is not None and stat.S_ISDIR(found.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(target))
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        with open(target, "wb") as fh:
+            fh.write(data)
+        return
+    if target.is_symlink():
+        target = target.resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:

@@ -1,6 +1,6 @@
 """RL from an SFT checkpoint: the link is identity, the hub refuses a bad link before launch
 (exit 2; a damaged checkpoint exit 6), the RL run starts from exactly the SFT weights, and the
-external engines refuse both SFT and the link."""
+external engines without them (verl, OpenRLHF, NeMo RL) refuse both SFT and the link."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from optional_installs import TRL_PLUGIN_MISSING, trl_plugin_installed
 from safetensors.torch import load_file
 
 from stateset_backend.native import checkpoint
@@ -25,9 +24,8 @@ from .conftest import EXAMPLES, tiny_spec
 
 FROM = {"run_id": "20260101T000000Z-00000000", "checkpoint": "update-000002",
         "sha256": "e" * 64}
-EXTERNAL = [("verl", "0.9.1"), ("openrlhf", "0.11.2"), ("nemo-rl", "0.7.0"),
-            pytest.param("trl", "1.16.0", marks=pytest.mark.skipif(
-                not trl_plugin_installed(), reason=TRL_PLUGIN_MISSING))]
+# TRL runs both (SFTTrainer, and a model loaded from the run): tests/test_trl_sft.py
+EXTERNAL = [("verl", "0.9.1"), ("openrlhf", "0.11.2"), ("nemo-rl", "0.7.0")]
 
 
 def _sft(tiny):
@@ -60,10 +58,11 @@ def test_the_link_is_part_of_the_experiment(tiny):
 
 @pytest.mark.parametrize("engine, version", EXTERNAL)
 @pytest.mark.parametrize("what", ["sft", "from_run"])
-def test_external_engines_refuse_sft_and_the_link(cli, tiny, spec_file, engine, version, what):
+def test_external_engines_refuse_sft_and_the_link(cli, tiny, spec_file, tmp_path, engine,
+                                                 version, what):
     doc = _sft(tiny) if what == "sft" else _rl_from(tiny, FROM)
     proc = cli("plan", "--engine", engine, "--engine-version", version, spec_file(doc),
-               "-o", "/dev/null")
+               "-o", tmp_path / "plan.json")
     assert proc.returncode == 3, proc.stderr
     assert ("objective:sft" if what == "sft" else "init:from_run") in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
