@@ -95,8 +95,13 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *,
+                       durable: bool = True) -> None:
     """Write via temp file in the same directory, fsync, rename: readers see all or nothing.
+
+    ``durable=False`` skips the two fsyncs: still all or nothing for every reader and after a
+    crash of the writer, but a power loss may bring back the previous version. For progress
+    records rewritten every update, whose durable copy is written at each checkpoint.
 
     The rename replaces a directory entry, so it is only right for regular files: ``-o
     /dev/null`` or a named pipe renamed over would turn the device into a plain file (as root,
@@ -125,11 +130,14 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if not durable:
+        return
     dir_fd = os.open(target.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -137,8 +145,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         os.close(dir_fd)
 
 
-def atomic_write_json(path: str | os.PathLike[str], doc: Any) -> None:
-    atomic_write_bytes(path, dumps(doc).encode("utf-8"))
+def atomic_write_json(path: str | os.PathLike[str], doc: Any, *, durable: bool = True) -> None:
+    atomic_write_bytes(path, dumps(doc).encode("utf-8"), durable=durable)
 
 
 def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:

@@ -32,6 +32,8 @@ class RolloutBatch:
     values: Tensor | None = None
     # PPO: GAE's value targets (advantages + values), set by the learner, checked before use
     returns: Tensor | None = None
+    # the responses as text, as the reward read them (decoded once, written with trajectories)
+    texts: list[str] | None = None
 
     @property
     def size(self) -> int:
@@ -46,7 +48,9 @@ class RolloutBatch:
                             self.sample_logprobs[idx], dense, self.prompt_index[idx],
                             self.rewards[idx], self.policy_version,
                             None if self.values is None else self.values[idx],
-                            None if self.returns is None else self.returns[idx])
+                            None if self.returns is None else self.returns[idx],
+                            None if self.texts is None else [self.texts[i] for i in
+                                                             idx.tolist()])
 
     @staticmethod
     def concat(parts: list[RolloutBatch]) -> RolloutBatch:
@@ -78,7 +82,9 @@ class RolloutBatch:
             torch.cat([pad(p.response_mask, width_r, False, 0.0) for p in parts]),
             torch.cat([pad(p.sample_logprobs, width_r, False, float("nan")) for p in parts]),
             torch.cat(group_ids), torch.cat([p.prompt_index for p in parts]),
-            torch.cat([p.rewards for p in parts]), parts[0].policy_version, values)
+            torch.cat([p.rewards for p in parts]), parts[0].policy_version, values,
+            texts=None if any(p.texts is None for p in parts) else
+            [t for p in parts for t in p.texts or []])
 
 
 def _binary(t: Tensor) -> bool:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from stateset_backend.native import grouped_llama
 
 
 def positions_from_mask(mask: Tensor) -> Tensor:
@@ -47,16 +49,33 @@ def group_generators(seed: int, update: int, groups: range) -> list[torch.Genera
     return [seeded(g) for g in groups]
 
 
-def _draw(probs: Tensor, generator: torch.Generator | Sequence[torch.Generator] | None,
-          group_size: int) -> Tensor:
-    """One token per row: from one generator for the batch, or each group from its own."""
+def uniforms(generator: torch.Generator | Sequence[torch.Generator] | None, rows: int,
+             steps: int, group_size: int) -> Tensor:
+    """[rows, steps] uniform draws in [0, 1): from one generator for the batch, or each group's
+    rows from its own. Drawn once per rollout, not once per token: a per-group draw at every
+    step cost more than the model's forward (3.5 ms a step for 16 groups)."""
     if generator is None or isinstance(generator, torch.Generator):
-        return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1)
-    rows = probs.cpu().split(group_size)
-    if len(rows) != len(generator):
-        raise ValueError(f"{len(rows)} groups but {len(generator)} generators")
-    return torch.cat([torch.multinomial(r, 1, generator=g) for r, g in
-                      zip(rows, generator, strict=True)]).squeeze(-1)
+        return torch.rand((rows, steps), generator=generator, dtype=torch.float64)
+    if rows != group_size * len(generator):
+        raise ValueError(f"{rows // max(group_size, 1)} groups but {len(generator)} generators")
+    return torch.cat([torch.rand((group_size, steps), generator=g, dtype=torch.float64)
+                      for g in generator])
+
+
+def draw(probs: Tensor, u: Tensor) -> Tensor:
+    """One token per row by inverse transform: the first token whose cumulative probability
+    exceeds ``u`` times the row's total. A token of probability zero (filtered by top-k or
+    top-p) has no interval of its own and is never drawn; float64 keeps a large vocabulary's
+    cumulative sum exact enough that no token's interval is lost."""
+    cdf = probs.double().cumsum(-1)
+    token = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1])[:, None], right=True)
+    token = token.squeeze(-1).clamp(max=probs.shape[-1] - 1)
+    # u * total rounding up to the total lands past the last token of nonzero probability
+    drawn_zero = probs.gather(-1, token[:, None]).squeeze(-1) <= 0
+    if bool(drawn_zero.any()):
+        last = (torch.arange(probs.shape[-1], device=probs.device) * (probs > 0)).argmax(-1)
+        token = torch.where(drawn_zero, last, token)
+    return token
 
 
 def _top_p_filter(probs: Tensor, top_p: float) -> Tensor:
@@ -100,6 +119,46 @@ def _prefill(model: Any, prompt_ids: Tensor, prompt_mask: Tensor,
     return last_logits, cache, prompt_mask.long().sum(-1)
 
 
+def _decoder(model: Any, prompt_ids: Tensor, prompt_mask: Tensor,
+             group_size: int) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """(the first token's logits, a step function: last sampled tokens -> next logits)."""
+    n = prompt_ids.shape[0]
+    if grouped_llama.supports(model):
+        lean = grouped_llama.GroupedLlama(model)
+        prompt = lean.encode_prompts(prompt_ids[::group_size], prompt_mask[::group_size])
+        position = prompt_mask.long().sum(-1)
+        past: list[tuple[Tensor, Tensor]] | None = None
+        done = 0
+
+        def grouped_step(tokens: Tensor) -> Tensor:
+            nonlocal past, done, position
+            hidden, new = lean.extend(prompt, group_size, tokens[:, None], position[:, None],
+                                      past, done)
+            past = new if past is None else [(torch.cat([pk, k], dim=2),
+                                              torch.cat([pv, v], dim=2))
+                                             for (pk, pv), (k, v) in zip(past, new, strict=True)]
+            done, position = done + 1, position + 1
+            return lean.logits(hidden[:, -1])
+
+        first = lean.logits(prompt.last_hidden).repeat_interleave(group_size, dim=0)
+        return first, grouped_step
+
+    cache_arg = _cache_name(model)
+    logits, cache, next_pos = _prefill(model, prompt_ids, prompt_mask, group_size)
+    attn = prompt_mask.long()
+
+    def step(tokens: Tensor) -> Tensor:
+        nonlocal cache, next_pos, attn
+        attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=attn.device)],
+                         dim=1)
+        out = model(input_ids=tokens[:, None], attention_mask=attn,
+                    position_ids=next_pos[:, None], use_cache=True, **{cache_arg: cache})
+        cache, next_pos = out[cache_arg], next_pos + 1
+        return out.logits[:, -1, :]
+
+    return logits, step
+
+
 @torch.no_grad()
 def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int,
            temperature: float, top_p: float, eos_id: int, pad_id: int,
@@ -116,9 +175,8 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
     model.eval()
     device = prompt_ids.device
     n = prompt_ids.shape[0]
-    cache_arg = _cache_name(model)
-    logits, cache, next_pos = _prefill(model, prompt_ids, prompt_mask, group_size)
-    attn = prompt_mask.long()
+    logits, advance = _decoder(model, prompt_ids, prompt_mask, group_size)
+    u = None if greedy else uniforms(generator, n, max_new_tokens, group_size)
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     ids, masks, logps = [], [], []
     for step in range(max_new_tokens):
@@ -127,7 +185,8 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
             token = log_probs.argmax(-1)
         else:
             probs = _top_p_filter(_top_k_filter(log_probs.exp(), top_k), top_p)
-            token = _draw(probs, generator, group_size).to(device)
+            assert u is not None
+            token = draw(probs, u[:, step])
         lp = log_probs.gather(-1, token[:, None]).squeeze(-1)
         live = ~finished
         ids.append(torch.where(live, token, torch.full_like(token, pad_id)))
@@ -136,12 +195,7 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
         finished = finished | (token == eos_id)
         if bool(finished.all()) or step == max_new_tokens - 1:
             break
-        attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=1)
-        out = model(input_ids=ids[-1][:, None], attention_mask=attn,
-                    position_ids=next_pos[:, None], use_cache=True, **{cache_arg: cache})
-        cache = out[cache_arg]
-        logits = out.logits[:, -1, :]
-        next_pos = next_pos + 1
+        logits = advance(ids[-1])
     if was_training:
         model.train()
     return torch.stack(ids, 1), torch.stack(masks, 1), torch.stack(logps, 1)
@@ -155,6 +209,9 @@ def response_logprobs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, respo
     Uses the same shared-prompt prefill as sampling; gradients flow through the shared
     prompt keys and values into every sample of the group.
     """
+    if grouped_llama.supports(model):
+        return _grouped_response_logprobs(grouped_llama.GroupedLlama(model), prompt_ids,
+                                          prompt_mask, response_ids, temperature, group_size)
     first_logits, cache, prompt_len = _prefill(model, prompt_ids, prompt_mask, group_size)
     logits = first_logits[:, None, :]
     t = response_ids.shape[1]
@@ -164,7 +221,28 @@ def response_logprobs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, respo
         out = model(input_ids=response_ids[:, :-1], attention_mask=attn,
                     position_ids=positions, use_cache=True, **{_cache_name(model): cache})
         logits = torch.cat([logits, out.logits], dim=1)
+    return _token_logprobs(logits, response_ids, temperature)
+
+
+def _token_logprobs(logits: Tensor, response_ids: Tensor,
+                    temperature: float) -> tuple[Tensor, Tensor]:
     log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
     token_logp = log_probs.gather(-1, response_ids[..., None]).squeeze(-1)
     entropy = -(log_probs.exp() * log_probs).sum(-1)
     return token_logp, entropy
+
+
+def _grouped_response_logprobs(lean: grouped_llama.GroupedLlama, prompt_ids: Tensor,
+                               prompt_mask: Tensor, response_ids: Tensor, temperature: float,
+                               group_size: int) -> tuple[Tensor, Tensor]:
+    """response_logprobs through the grouped forward: the prompt once per group, and the
+    response tokens against it in place (the same numbers, without the per-sample copies)."""
+    prompt = lean.encode_prompts(prompt_ids[::group_size], prompt_mask[::group_size])
+    logits = lean.logits(prompt.last_hidden).repeat_interleave(group_size, dim=0)[:, None]
+    t = response_ids.shape[1]
+    if t > 1:
+        start = prompt_mask.long().sum(-1)[:, None]
+        positions = start + torch.arange(t - 1, device=prompt_ids.device)
+        hidden, _ = lean.extend(prompt, group_size, response_ids[:, :-1], positions)
+        logits = torch.cat([logits, lean.logits(hidden)], dim=1)
+    return _token_logprobs(logits, response_ids, temperature)

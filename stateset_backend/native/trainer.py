@@ -170,6 +170,8 @@ class Trainer:
         elif spec.data.prompt_overflow == "truncate_right":
             self.tokenizer.truncation_side = "right"
         self.reference = frozen_reference(self.model) if spec.algorithm.kl is not None else None
+        # each prompt's token ids, tokenized once (fitting the prompts does it anyway)
+        self._prompt_tokens: dict[str, list[int]] = {}
         if self.conversations:
             train = load_split(spec.data.train, base)
             val = load_split(spec.data.validation, base) if spec.data.validation else []
@@ -281,13 +283,18 @@ class Trainer:
             self.scalars = ScalarLog(self.out.root / layout.TENSORBOARD_DIR)
         self.scalars.write(row)
 
-    def commit(self) -> None:
+    def commit(self, durable: bool = True) -> None:
+        """The run's progress record. Between checkpoints it is rewritten without fsync (two
+        fsyncs an update cost more than a small model's whole update); at a checkpoint and
+        at the end it is made durable, so after a power loss it agrees with the checkpoint a
+        resume starts from."""
         if not self.world.is_main:
             return
         atomic_write_json(self.out.root / layout.RUN_INFO_FILE, {
             "engine": "native", "run_id": self.settings.run_id,
             "experiment_digest": self.settings.experiment_digest,
-            "committed_updates": self.update_count, "resumed_from": self.resumed_from})
+            "committed_updates": self.update_count, "resumed_from": self.resumed_from},
+            durable=durable)
 
     # -- prompts -------------------------------------------------------------------------
     def _render(self, prompt: str) -> str:
@@ -309,8 +316,7 @@ class Trainer:
         data = self.spec.data
         if data.prompt_overflow in ("truncate_left", "truncate_right"):
             return rows
-        lengths = [len(ids) for ids in
-                   self._tokenize([self._render(r.prompt) for r in rows])["input_ids"]]
+        lengths = [len(ids) for ids in self._prompt_ids([self._render(r.prompt) for r in rows])]
         over = [r for r, n in zip(rows, lengths, strict=True) if n > data.max_prompt_tokens]
         if over and data.prompt_overflow == "error":
             raise DataError(f"data.{split}: {len(over)} prompt(s) exceed max_prompt_tokens "
@@ -322,13 +328,30 @@ class Trainer:
         return kept
 
     # -- rollout -------------------------------------------------------------------------
+    def _prompt_ids(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each prompt, from the cache; the ones not seen yet tokenized at once."""
+        new = [t for t in dict.fromkeys(texts) if t not in self._prompt_tokens]
+        if new:
+            self._prompt_tokens.update(zip(new, self._tokenize(new)["input_ids"], strict=True))
+        return [self._prompt_tokens[t] for t in texts]
+
     def _encode(self, rows: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
-        truncate = self.spec.data.prompt_overflow in ("truncate_left", "truncate_right")
-        enc = self._tokenize([self._render(r.prompt) for r in rows], padding=True,
-                             padding_side="left", truncation=truncate,
-                             max_length=self.spec.data.max_prompt_tokens if truncate else None,
-                             return_tensors="pt")
-        return enc["input_ids"].to(self.device), enc["attention_mask"].float().to(self.device)
+        """Left-padded prompt ids and mask, as the tokenizer pads them."""
+        texts = [self._render(r.prompt) for r in rows]
+        if self.spec.data.prompt_overflow in ("truncate_left", "truncate_right"):
+            enc = self._tokenize(texts, padding=True, padding_side="left", truncation=True,
+                                 max_length=self.spec.data.max_prompt_tokens,
+                                 return_tensors="pt")
+            return enc["input_ids"].to(self.device), enc["attention_mask"].float().to(self.device)
+        seqs = self._prompt_ids(texts)
+        width = max(len(ids) for ids in seqs)
+        ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width))
+        for row, tokens in enumerate(seqs):
+            if tokens:
+                ids[row, width - len(tokens):] = torch.tensor(tokens)
+                mask[row, width - len(tokens):] = 1.0
+        return ids.to(self.device), mask.to(self.device)
 
     def _rollout(self, indices: list[int], group_size: int, *, rows_source: list[Example],
                  decoding: Decoding,
@@ -360,7 +383,7 @@ class Trainer:
         index = torch.tensor([r.index for r in rows])  # the data-set row of each prompt
         return RolloutBatch(prompt_ids.cpu(), prompt_mask.cpu(), response_ids.cpu(),
                             response_mask.cpu(), logps.cpu(), groups, index, rewards.float(),
-                            self.update_count)
+                            self.update_count, texts=texts)
 
     def _converse(self, indices: list[int], group_size: int, *, rows_source: list[Example],
                   decoding: Decoding, generator: torch.Generator) -> conversation.Collected:
@@ -530,7 +553,7 @@ class Trainer:
                 if due or stopping:
                     self.save_checkpoint()
                     self._track_best(metrics)
-                self.commit()
+                self.commit(durable=due or stopping or self.update_count >= stop)
                 progress.advance(metrics)
                 if stopping:
                     raise StopRequested(self.update_count)
@@ -683,13 +706,15 @@ class Trainer:
     def _write_trajectories(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
         """Rank 0 writes every rank's samples, in global group order (ranks hold contiguous
         blocks), so the file is the one a single process writes."""
-        texts = self.tokenizer.batch_decode(
+        texts = batch.texts if batch.texts is not None else self.tokenizer.batch_decode(
             torch.where(batch.response_mask.bool(), batch.response_ids,
                         self.tokenizer.pad_token_id), skip_special_tokens=True)
         first = self.owned.start if self.world.parallel else 0
-        rows = [{"group": int(batch.group_ids[i]) + first,
-                 "prompt_index": int(batch.prompt_index[i]),
-                 "response": text, "reward": float(rewards[i])} for i, text in enumerate(texts)]
+        rows = [{"group": group + first, "prompt_index": index, "response": text,
+                 "reward": reward}
+                for group, index, text, reward in zip(
+                    batch.group_ids.tolist(), batch.prompt_index.tolist(), texts,
+                    rewards.double().tolist(), strict=True)]
         every = [row for part in self.world.all_gather(rows) for row in part]
         if not self.world.is_main:
             return

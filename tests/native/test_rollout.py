@@ -3,6 +3,7 @@ full-sequence forward, and sampling-time log-probs match the learner's."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from stateset_backend.native.rollout import positions_from_mask, response_logprobs, sample
@@ -46,3 +47,124 @@ def test_gradients_flow_through_the_shared_prompt(tiny, make_trainer):
     logp.sum().backward()
     grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
     assert grads and any(float(g.abs().sum()) > 0 for g in grads)
+
+
+# -- the grouped forward computes what the model's own forward does --------------------------
+
+def _llama_family(kind: str):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    # grouped-query attention (4 heads over 2 key/value heads); Qwen2 adds q/k/v biases
+    shape = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    if kind == "llama":
+        return LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=True))
+    return Qwen2ForCausalLM(Qwen2Config(**shape))
+
+
+def _grouped_batch(groups: int = 3, size: int = 4, prompt: int = 7, response: int = 5):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(4, 50, (groups, prompt), generator=g)
+    mask = torch.ones(groups, prompt)
+    mask[0, :3] = 0  # left padding of different widths
+    mask[1, :1] = 0
+    ids[mask == 0] = 0
+    rids = torch.randint(4, 50, (groups * size, response), generator=g)
+    rmask = torch.ones(groups * size, response)
+    rmask[2, 3:] = 0  # responses that ended early
+    rmask[5, 1:] = 0
+    rids[rmask == 0] = 0
+    return (ids.repeat_interleave(size, 0), mask.repeat_interleave(size, 0), rids, rmask, size)
+
+
+def _through(model, monkeypatch, grouped: bool):
+    from stateset_backend.native import grouped_llama
+
+    with monkeypatch.context() as m:
+        if not grouped:
+            m.setattr(grouped_llama, "supports", lambda model: False)
+        pids, pmask, rids, rmask, size = _grouped_batch()
+        model.zero_grad()
+        logp, entropy = response_logprobs(model, pids, pmask, rids, rmask, 0.8, size)
+        ((logp * rmask).sum() + 0.1 * (entropy * rmask).sum()).backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        kwargs = dict(max_new_tokens=6, temperature=1.0, top_p=0.95, eos_id=3, pad_id=0,
+                      group_size=size)
+        from stateset_backend.native.rollout import group_generators
+
+        sampled = sample(model, pids, pmask, generator=group_generators(1, 2, range(3)),
+                         **kwargs)
+        greedy = sample(model, pids, pmask, generator=None, greedy=True, **kwargs)
+    return logp, entropy, grads, sampled, greedy, rmask.bool()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_the_grouped_forward_computes_what_the_model_computes(kind, monkeypatch):
+    """Log-probs, entropies, every parameter's gradient, sampled and greedy tokens: the same
+    through the grouped forward as through the model's own (float32 rounding apart)."""
+    from stateset_backend.native import grouped_llama
+
+    model = _llama_family(kind)
+    assert grouped_llama.supports(model)
+    own = _through(model, monkeypatch, grouped=False)
+    grouped = _through(model, monkeypatch, grouped=True)
+    on = own[5]
+    assert torch.allclose(own[0][on], grouped[0][on], atol=1e-5)
+    assert torch.allclose(own[1][on], grouped[1][on], atol=1e-5)
+    for a, b in zip(own[2], grouped[2], strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    for a, b in ((own[3], grouped[3]), (own[4], grouped[4])):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        assert torch.allclose(torch.nan_to_num(a[2]), torch.nan_to_num(b[2]), atol=1e-5)
+
+
+def test_what_the_grouped_forward_does_not_reproduce_takes_the_models_own(tiny, make_trainer):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from stateset_backend.native import grouped_llama
+
+    assert grouped_llama.supports(make_trainer(tiny()).model)
+    llama = _llama_family("llama")
+    llama.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
+    assert not grouped_llama.supports(llama)
+    checkpointed = _llama_family("llama")
+    checkpointed.activation_checkpointing_enable()
+    assert not grouped_llama.supports(checkpointed)
+    windowed = MistralForCausalLM(MistralConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=16))
+    assert not grouped_llama.supports(windowed)
+
+
+# -- the sampler draws from the distribution it records ----------------------------------
+
+def test_the_draw_follows_the_probabilities_and_never_takes_a_filtered_token():
+    from stateset_backend.native.rollout import draw, uniforms
+
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0]]).repeat(20000, 1)
+    tokens = draw(probs, uniforms(torch.Generator().manual_seed(3), 20000, 1, 1)[:, 0])
+    counts = torch.bincount(tokens, minlength=5).double() / 20000
+    assert counts[1] == 0 and counts[4] == 0
+    assert torch.allclose(counts, probs[0].double(), atol=0.015)
+    # the very top of the unit interval still lands on a token that has probability
+    edge = draw(torch.tensor([[0.25, 0.75, 0.0]]), torch.tensor([1.0 - 1e-17]))
+    assert edge.tolist() == [1]
+
+
+def test_each_group_draws_from_its_own_generator_whatever_else_is_in_the_batch():
+    from stateset_backend.native.rollout import group_generators, uniforms
+
+    both = uniforms(group_generators(7, 1, range(2)), 8, 3, 4)
+    second_alone = uniforms(group_generators(7, 1, range(1, 2)), 4, 3, 4)
+    assert torch.equal(both[4:], second_alone)
+
+
+def test_prompts_tokenized_once_are_padded_as_the_tokenizer_pads_them(tiny, make_trainer):
+    trainer = make_trainer(tiny())
+    rows = [trainer.train_rows[i] for i in (3, 0, 3, 1)]
+    ids, mask = trainer._encode(rows)
+    enc = trainer.tokenizer([r.prompt for r in rows], padding=True, padding_side="left",
+                            return_tensors="pt")
+    assert torch.equal(ids, enc["input_ids"])
+    assert torch.equal(mask, enc["attention_mask"].float())

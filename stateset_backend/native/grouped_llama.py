@@ -1,0 +1,186 @@
+"""A Llama-family forward that runs each prompt once per group and never copies its keys.
+
+GRPO samples a group of completions of one prompt. Through Hugging Face's forward, sharing the
+prompt means expanding its KV cache to every sample (``batch_repeat_interleave``) and then
+concatenating each new token onto every copy: with 16 samples of a 48-token prompt and 2-token
+completions, those copies (and their backward) were the largest cost of an update, larger than
+the matrix products. Here a response token's attention is split in two: its group's prompt
+keys, read in place by one batched product per group, and its own response keys. One softmax
+runs over both, so the result is the same attention, computed without the copies.
+
+It reads the model's own parameters (no copy: checkpoints, the optimizer and LoRA-free
+training see the same tensors) and is used only where it computes exactly what the model's
+forward does: the architectures and settings ``supports`` accepts. Everything else goes
+through the model's own forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# model_type -> the config switches whose non-default values this forward does not implement
+_SUPPORTED = {"llama": (), "qwen2": ("use_sliding_window",), "mistral": ("sliding_window",)}
+
+
+def supports(model: Any) -> bool:
+    """True when ``model`` is a plain Llama-family causal LM this forward reproduces: default
+    RoPE, no attention dropout, no sliding window, no tensor-parallel split, not wrapped by an
+    adapter library, and not checkpointing activations (whose memory trade it would undo)."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "model_type", None) not in _SUPPORTED:
+        return False
+    checkpointing = getattr(model, "is_activation_checkpointing",  # transformers >= 5
+                            None)
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    if hasattr(model, "get_base_model") or checkpointing:
+        return False
+    if any(getattr(config, name, None) for name in _SUPPORTED[config.model_type]):
+        return False
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        return False
+    if getattr(config, "attention_dropout", 0.0) or getattr(config, "pretraining_tp", 1) != 1:
+        return False
+    base = getattr(model, "model", None)
+    return base is not None and all(
+        hasattr(base, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb"))
+
+
+@dataclass
+class PromptKeys:
+    """Per layer, the keys and values of each group's prompt: [G, kv_heads, P, head_dim]."""
+
+    keys: list[Tensor]
+    values: list[Tensor]
+    bias: Tensor  # [G, 1, 1, P]: 0 where a prompt token is real, -inf on left padding
+    last_hidden: Tensor  # [G, hidden]: the final hidden state at each prompt's last position
+
+
+class GroupedLlama:
+    """The model's parameters read as a function of (prompts, responses in groups)."""
+
+    def __init__(self, model: Any) -> None:
+        base = model.model
+        self.model = model
+        self.base = base
+        attn = base.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.scaling = attn.scaling
+        self.kv_heads = model.config.num_key_value_heads
+        self.rep = model.config.num_attention_heads // self.kv_heads
+
+    # -- the pieces, as the model's own modules compute them -----------------------------
+    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        rotary = self.base.rotary_emb
+        freqs = positions[..., None].float() * rotary.inv_freq.float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        scale = rotary.attention_scaling
+        return (emb.cos() * scale).to(dtype)[:, None], (emb.sin() * scale).to(dtype)[:, None]
+
+    @staticmethod
+    def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def _qkv(self, layer: Any, x: Tensor, cos: Tensor,
+             sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        attn = layer.self_attn
+        b, t, _ = x.shape
+        q = attn.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
+
+    @staticmethod
+    def _mlp(layer: Any, x: Tensor) -> Tensor:
+        mlp = layer.mlp
+        return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.model.lm_head(self.base.norm(hidden))
+
+    # -- prompts: once per group -----------------------------------------------------------
+    def encode_prompts(self, ids: Tensor, mask: Tensor) -> PromptKeys:
+        """Run the distinct prompts ([G, P], left-padded) and keep their keys and values."""
+        real = mask.bool()
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        p = ids.shape[1]
+        causal = torch.ones(p, p, dtype=torch.bool, device=ids.device).tril()
+        # a padding row attends to itself only, so no row is empty (an all-masked softmax
+        # would put NaN into values that real rows then multiply by zero)
+        allowed = (causal & real[:, None, None, :]) | torch.eye(p, dtype=torch.bool,
+                                                                 device=ids.device)
+        x = self.base.embed_tokens(ids)
+        cos, sin = self._rope(positions, x.dtype)
+        keys, values = [], []
+        for layer in self.base.layers:
+            h = layer.input_layernorm(x)
+            q, k, v = self._qkv(layer, h, cos, sin)
+            keys.append(k)
+            values.append(v)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, scale=self.scaling, enable_gqa=self.rep > 1)
+            x = x + layer.self_attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+            x = x + self._mlp(layer, layer.post_attention_layernorm(x))
+        bias = torch.zeros(real.shape, dtype=torch.float32, device=ids.device)
+        bias = bias.masked_fill(~real, float("-inf"))[:, None, None, :]
+        return PromptKeys(keys, values, bias, x[:, -1])
+
+    # -- responses: each attends to its group's prompt in place ---------------------------
+    def extend(self, prompt: PromptKeys, group_size: int, tokens: Tensor, positions: Tensor,
+               past: list[tuple[Tensor, Tensor]] | None = None,
+               past_len: int = 0) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+        """Hidden states of ``tokens`` ([G*S, T], rows grouped as the prompts are).
+
+        Each token attends to its group's prompt, its own earlier response tokens (``past``:
+        per layer, keys and values of the first ``past_len`` response tokens) and itself,
+        causally. Returns the hidden states and, per layer, this call's keys and values.
+        """
+        n, t = tokens.shape
+        g = n // group_size
+        x = self.base.embed_tokens(tokens)
+        cos, sin = self._rope(positions, x.dtype)
+        own_causal = torch.ones(t, past_len + t, dtype=torch.bool,
+                                device=tokens.device).tril(past_len)
+        own_bias = torch.zeros(own_causal.shape, dtype=torch.float32, device=tokens.device)
+        own_bias = own_bias.masked_fill(~own_causal, float("-inf"))
+        new_kv = []
+        for i, layer in enumerate(self.base.layers):
+            h = layer.input_layernorm(x)
+            q, k, v = self._qkv(layer, h, cos, sin)
+            new_kv.append((k, v))
+            if past is not None:
+                k = torch.cat([past[i][0], k], dim=2)
+                v = torch.cat([past[i][1], v], dim=2)
+            out = self._attend(q, k, v, prompt.keys[i], prompt.values[i], prompt.bias,
+                               own_bias, g, group_size)
+            x = x + layer.self_attn.o_proj(out)
+            x = x + self._mlp(layer, layer.post_attention_layernorm(x))
+        return x, new_kv
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, pk: Tensor, pv: Tensor,
+                prompt_bias: Tensor, own_bias: Tensor, g: int, s: int) -> Tensor:
+        """One softmax over [group prompt keys | own response keys]; returns [N, T, H*D]."""
+        n, heads, t, d = q.shape
+        kv, rep, p = self.kv_heads, self.rep, pk.shape[2]
+        # against the prompt: the group's S*rep*T query rows share one product per kv head
+        qg = q.reshape(g, s, kv, rep, t, d).transpose(1, 2).reshape(g, kv, s * rep * t, d)
+        prompt_scores = (qg @ pk.transpose(-1, -2)).float() * self.scaling + prompt_bias
+        prompt_scores = prompt_scores.view(g, kv, s, rep, t, p).transpose(1, 2)
+        # against its own response
+        own_scores = (q.reshape(n, kv, rep * t, d) @ k.transpose(-1, -2)).float() * self.scaling
+        own_scores = own_scores.view(n, kv, rep, t, -1) + own_bias
+        scores = torch.cat([prompt_scores.reshape(n, kv, rep, t, p), own_scores], dim=-1)
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        to_prompt, to_own = probs.split([p, probs.shape[-1] - p], dim=-1)
+        to_prompt = to_prompt.reshape(g, s, kv, rep, t, p).transpose(1, 2)
+        from_prompt = (to_prompt.reshape(g, kv, s * rep * t, p) @ pv).view(g, kv, s, rep, t, d)
+        from_prompt = from_prompt.transpose(1, 2).reshape(n, kv, rep, t, d)
+        out = from_prompt + to_own.reshape(n, kv, rep * t, -1).matmul(v).view(n, kv, rep, t, d)
+        return out.reshape(n, heads, t, d).transpose(1, 2).reshape(n, t, heads * d)
