@@ -6,7 +6,13 @@ the learner update (forward, backward, optimizer), validation, checkpoint writes
 records (metrics, receipts, trajectories). Each phase is timed by wrapping the function the
 trainer calls, so the trainer runs unmodified; "other" is the loop time no phase accounts for.
 
-    python benchmarks/profile_native.py [--updates 200] [--out FILE.json]
+Then a second, shorter run under torch's profiler answers how much of an update is spent
+outside torch's operators (Python, the tokenizer, the reward, records): the wall time of the
+training loop minus the time covered by top-level operator events (forward ops, the autograd
+engine's backward functions, the optimizer's kernels). The profiler's own bookkeeping counts
+partly outside, so the share is an upper bound.
+
+    python benchmarks/profile_native.py [--updates 200] [--threads 1] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -27,9 +33,15 @@ SPEC = EXAMPLES / "support-routing.json"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--profiled-updates", type=int, default=30,
+                        help="updates of the run under torch's profiler (default 30)")
     parser.add_argument("--out", type=Path,
                         default=ROOT / "benchmarks" / "results" / "profile_native.json")
     args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
 
     from stateset_backend.native import trainer as trainer_module
     from stateset_backend.native.trainer import RunSettings, Trainer
@@ -86,17 +98,57 @@ def main() -> None:
     total = time.perf_counter() - t0
     accounted = sum(spent.values())
     phases = {k: round(v, 3) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
-    report = {"updates": args.updates, "total_s": round(total, 3),
+    counted = dict(calls)  # before the profiled run, whose calls the wrappers also see
+    outside = outside_torch_share(spec, args.profiled_updates)
+    report = {"updates": args.updates, "threads": args.threads, "total_s": round(total, 3),
               "updates_per_second": round(args.updates / total, 3),
-              "phases_s": phases, "calls": dict(calls),
-              "other_s": round(total - accounted, 3)}
+              "phases_s": phases, "calls": counted,
+              "other_s": round(total - accounted, 3), "outside_torch": outside}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"{args.updates} updates in {total:.1f} s ({args.updates / total:.2f} updates/s)")
     for phase, seconds in phases.items():
         print(f"  {phase:22} {seconds:8.2f} s  {100 * seconds / total:5.1f}%  "
-              f"({calls[phase]} calls)")
+              f"({counted[phase]} calls)")
     print(f"  {'other':22} {total - accounted:8.2f} s")
+    print(f"outside torch's operators: {100 * outside['share']:.1f}% of the training loop "
+          f"({outside['updates']} updates under the profiler)")
+
+
+def outside_torch_share(spec: Any, updates: int) -> dict[str, Any]:
+    """The share of the training loop's wall time not covered by a top-level torch operator.
+
+    Checkpoints and evaluation are off in this run: it measures the update itself."""
+    import shutil
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from stateset_backend.native.trainer import RunSettings, Trainer
+    from stateset_backend.spec.digest import experiment_digest
+
+    spec = spec.model_copy(update={
+        "budget": spec.budget.model_copy(update={"total_updates": updates}),
+        "checkpoint": spec.checkpoint.model_copy(update={"every": None, "keep": None}),
+        "evaluation": spec.evaluation.model_copy(update={"every": None, "select_by": None})})
+    out = ROOT / "benchmarks" / "results" / "profile-torch-run"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    trainer = Trainer(RunSettings("profile", experiment_digest(spec), spec, EXAMPLES), out)
+    trainer.save_final = lambda: None  # the final save is not part of an update
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        trainer.train()
+        wall = time.perf_counter() - t0
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.cpu_parent is None and e.device_type.name == "CPU")
+    covered, reach = 0.0, float("-inf")
+    for start, end in spans:  # the union of the top-level operator intervals (us)
+        if end > reach:
+            covered += end - max(start, reach)
+            reach = end
+    inside = covered / 1e6
+    return {"updates": updates, "wall_s": round(wall, 3), "inside_s": round(inside, 3),
+            "share": round(max(0.0, 1 - inside / wall), 4)}
 
 
 if __name__ == "__main__":

@@ -143,11 +143,14 @@ def check_batch(batch: RolloutBatch, *, vocab_size: int, group_size: int,
     if not torch.equal(batch.group_ids, expected):
         raise BatchIntegrityError("groups are not contiguous: each group's samples must be "
                                   "adjacent (the learner shares their prompt prefill)")
-    for g in range(counts.numel()):
-        rows = (batch.group_ids == g).nonzero().squeeze(-1)
-        if bool((batch.prompt_index[rows] != batch.prompt_index[rows[0]]).any()) or \
-                bool((batch.prompt_ids[rows] != batch.prompt_ids[rows[0]]).any()):
-            raise BatchIntegrityError(f"group {g} mixes samples of different prompts")
+    # contiguous groups of group_size: each group's rows against its first row, all at once
+    groups = counts.numel()
+    index = batch.prompt_index.view(groups, group_size)
+    ids = batch.prompt_ids.view(groups, group_size, -1)
+    mixed = (index != index[:, :1]).any(-1) | (ids != ids[:, :1]).flatten(1).any(-1)
+    if bool(mixed.any()):
+        g = int(mixed.nonzero()[0].item())
+        raise BatchIntegrityError(f"group {g} mixes samples of different prompts")
     if critic or batch.values is not None:
         check_values(batch)
 

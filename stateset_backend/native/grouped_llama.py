@@ -34,11 +34,13 @@ def supports(model: Any) -> bool:
     config = getattr(model, "config", None)
     if config is None or getattr(config, "model_type", None) not in _SUPPORTED:
         return False
+    if hasattr(model, "get_base_model"):
+        return False
     checkpointing = getattr(model, "is_activation_checkpointing",  # transformers >= 5
                             None)
     if checkpointing is None:
         checkpointing = getattr(model, "is_gradient_checkpointing", False)
-    if hasattr(model, "get_base_model") or checkpointing:
+    if checkpointing:
         return False
     if any(getattr(config, name, None) for name in _SUPPORTED[config.model_type]):
         return False

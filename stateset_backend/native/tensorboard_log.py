@@ -17,7 +17,9 @@ class ScalarLog:
     def __init__(self, directory: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(directory), flush_secs=1)
+        # a queue that holds many rows: at its default of 10 events, each row of ~40 scalars
+        # waited on the writer thread
+        self.writer = SummaryWriter(log_dir=str(directory), flush_secs=1, max_queue=4096)
 
     def write(self, row: dict[str, Any]) -> None:
         """Every finite number of one metrics row at its ``step``."""
