@@ -136,13 +136,14 @@ class GroupedLlama:
 
     # -- responses: each attends to its group's prompt in place ---------------------------
     def extend(self, prompt: PromptKeys, group_size: int, tokens: Tensor, positions: Tensor,
-               past: list[tuple[Tensor, Tensor]] | None = None,
-               past_len: int = 0) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+               cache: list[tuple[Tensor, Tensor]] | None = None, past_len: int = 0) -> Tensor:
         """Hidden states of ``tokens`` ([G*S, T], rows grouped as the prompts are).
 
-        Each token attends to its group's prompt, its own earlier response tokens (``past``:
-        per layer, keys and values of the first ``past_len`` response tokens) and itself,
-        causally. Returns the hidden states and, per layer, this call's keys and values.
+        Each token attends to its group's prompt, its own earlier response tokens and itself,
+        causally. Sampling passes ``cache`` (new_cache: per layer, key and value buffers
+        holding ``past_len`` response tokens): this call's keys and values are written into
+        it in place, so a long completion never re-copies what it has generated; the learner
+        passes none and runs the whole response at once, with gradients.
         """
         n, t = tokens.shape
         g = n // group_size
@@ -152,31 +153,37 @@ class GroupedLlama:
                                 device=tokens.device).tril(past_len)
         own_bias = torch.zeros(own_causal.shape, dtype=torch.float32, device=tokens.device)
         own_bias = own_bias.masked_fill(~own_causal, float("-inf"))
-        new_kv = []
         for i, layer in enumerate(self.base.layers):
             h = layer.input_layernorm(x)
             q, k, v = self._qkv(layer, h, cos, sin)
-            new_kv.append((k, v))
-            if past is not None:
-                k = torch.cat([past[i][0], k], dim=2)
-                v = torch.cat([past[i][1], v], dim=2)
+            if cache is not None:
+                keys, values = cache[i]
+                keys[:, :, past_len:past_len + t] = k
+                values[:, :, past_len:past_len + t] = v
+                k, v = keys[:, :, :past_len + t], values[:, :, :past_len + t]
             out = self._attend(q, k, v, prompt.keys[i], prompt.values[i], prompt.bias,
                                own_bias, g, group_size)
             x = x + layer.self_attn.o_proj(out)
             x = x + self._mlp(layer, layer.post_attention_layernorm(x))
-        return x, new_kv
+        return x
+
+    def new_cache(self, rows: int, steps: int, like: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Empty per-layer key and value buffers for ``steps`` response tokens of each row."""
+        shape = (rows, self.kv_heads, steps, self.head_dim)
+        return [(like.new_empty(shape), like.new_empty(shape)) for _ in self.base.layers]
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, pk: Tensor, pv: Tensor,
                 prompt_bias: Tensor, own_bias: Tensor, g: int, s: int) -> Tensor:
         """One softmax over [group prompt keys | own response keys]; returns [N, T, H*D]."""
         n, heads, t, d = q.shape
         kv, rep, p = self.kv_heads, self.rep, pk.shape[2]
+        q = q * self.scaling  # on the queries: fewer numbers than the scores
         # against the prompt: the group's S*rep*T query rows share one product per kv head
         qg = q.reshape(g, s, kv, rep, t, d).transpose(1, 2).reshape(g, kv, s * rep * t, d)
-        prompt_scores = (qg @ pk.transpose(-1, -2)).float() * self.scaling + prompt_bias
+        prompt_scores = (qg @ pk.transpose(-1, -2)).float() + prompt_bias
         prompt_scores = prompt_scores.view(g, kv, s, rep, t, p).transpose(1, 2)
         # against its own response
-        own_scores = (q.reshape(n, kv, rep * t, d) @ k.transpose(-1, -2)).float() * self.scaling
+        own_scores = (q.reshape(n, kv, rep * t, d) @ k.transpose(-1, -2)).float()
         own_scores = own_scores.view(n, kv, rep, t, -1) + own_bias
         scores = torch.cat([prompt_scores.reshape(n, kv, rep, t, p), own_scores], dim=-1)
         probs = torch.softmax(scores, dim=-1).to(q.dtype)

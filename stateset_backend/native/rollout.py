@@ -119,24 +119,22 @@ def _prefill(model: Any, prompt_ids: Tensor, prompt_mask: Tensor,
     return last_logits, cache, prompt_mask.long().sum(-1)
 
 
-def _decoder(model: Any, prompt_ids: Tensor, prompt_mask: Tensor,
-             group_size: int) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
-    """(the first token's logits, a step function: last sampled tokens -> next logits)."""
+def _decoder(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int,
+             steps: int) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """(the first token's logits, a step function: last sampled tokens -> next logits), for
+    at most ``steps`` tokens."""
     n = prompt_ids.shape[0]
     if grouped_llama.supports(model):
         lean = grouped_llama.GroupedLlama(model)
         prompt = lean.encode_prompts(prompt_ids[::group_size], prompt_mask[::group_size])
         position = prompt_mask.long().sum(-1)
-        past: list[tuple[Tensor, Tensor]] | None = None
+        buffers = lean.new_cache(n, max(steps - 1, 1), prompt.last_hidden)
         done = 0
 
         def grouped_step(tokens: Tensor) -> Tensor:
-            nonlocal past, done, position
-            hidden, new = lean.extend(prompt, group_size, tokens[:, None], position[:, None],
-                                      past, done)
-            past = new if past is None else [(torch.cat([pk, k], dim=2),
-                                              torch.cat([pv, v], dim=2))
-                                             for (pk, pv), (k, v) in zip(past, new, strict=True)]
+            nonlocal done, position
+            hidden = lean.extend(prompt, group_size, tokens[:, None], position[:, None],
+                                 buffers, done)
             done, position = done + 1, position + 1
             return lean.logits(hidden[:, -1])
 
@@ -175,7 +173,7 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
     model.eval()
     device = prompt_ids.device
     n = prompt_ids.shape[0]
-    logits, advance = _decoder(model, prompt_ids, prompt_mask, group_size)
+    logits, advance = _decoder(model, prompt_ids, prompt_mask, group_size, max_new_tokens)
     u = None if greedy else uniforms(generator, n, max_new_tokens, group_size)
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     ids, masks, logps = [], [], []
@@ -243,6 +241,6 @@ def _grouped_response_logprobs(lean: grouped_llama.GroupedLlama, prompt_ids: Ten
     if t > 1:
         start = prompt_mask.long().sum(-1)[:, None]
         positions = start + torch.arange(t - 1, device=prompt_ids.device)
-        hidden, _ = lean.extend(prompt, group_size, response_ids[:, :-1], positions)
+        hidden = lean.extend(prompt, group_size, response_ids[:, :-1], positions)
         logits = torch.cat([logits, lean.logits(hidden)], dim=1)
     return _token_logprobs(logits, response_ids, temperature)
