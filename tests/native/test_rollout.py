@@ -57,7 +57,8 @@ def _llama_family(kind: str):
     torch.manual_seed(0)
     # grouped-query attention (4 heads over 2 key/value heads); Qwen2 adds q/k/v biases
     shape = dict(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                 pad_token_id=0)  # the padding row of the embedding gets no gradient
     if kind == "llama":
         return LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=True))
     return Qwen2ForCausalLM(Qwen2Config(**shape))
