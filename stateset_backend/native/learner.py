@@ -21,7 +21,7 @@ from stateset_backend.native import objectives
 from stateset_backend.native.batch import ConversationBatch, RolloutBatch
 from stateset_backend.native.multiturn.conversation import conversation_logprobs
 from stateset_backend.native.parallel.distributed import World, all_reduce_gradients
-from stateset_backend.native.rollout import response_logprobs
+from stateset_backend.native.rollout import response_logprobs, response_token_logprobs
 from stateset_backend.spec.model import Algorithm, Environment, Optim
 
 Batch = RolloutBatch | ConversationBatch
@@ -148,8 +148,13 @@ def policy_logprobs(model: Any, batch: Batch, idx: Tensor, temperature: float,
 def reference_logprobs(model: Any, reference: Any, batch: Batch, temperature: float,
                        group_size: int) -> Tensor:
     with _reference_mode(model, reference) as ref:
-        logp, _ = policy_logprobs(ref, batch, torch.arange(batch.size), temperature, group_size)
-    return logp
+        if isinstance(batch, ConversationBatch):
+            logp, _ = policy_logprobs(ref, batch, torch.arange(batch.size), temperature,
+                                      group_size)
+            return logp
+        return response_token_logprobs(ref, batch.prompt_ids, batch.prompt_mask,
+                                       batch.response_ids, batch.response_mask, temperature,
+                                       group_size)
 
 
 def split_groups(batch: Batch, group_size: int, parts: int, generator: torch.Generator, *,

@@ -207,9 +207,37 @@ def response_logprobs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, respo
     Uses the same shared-prompt prefill as sampling; gradients flow through the shared
     prompt keys and values into every sample of the group.
     """
+    log_probs = _log_probs(model, prompt_ids, prompt_mask, response_ids, response_mask,
+                           temperature, group_size)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return log_probs.gather(-1, response_ids[..., None]).squeeze(-1), entropy
+
+
+def response_token_logprobs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor,
+                            response_ids: Tensor, response_mask: Tensor, temperature: float,
+                            group_size: int = 1) -> Tensor:
+    """The log-prob of each response token alone: what the KL reference needs (its entropy
+    would be a pass over the whole vocabulary per token, computed to be thrown away)."""
+    log_probs = _log_probs(model, prompt_ids, prompt_mask, response_ids, response_mask,
+                           temperature, group_size)
+    return log_probs.gather(-1, response_ids[..., None]).squeeze(-1)
+
+
+def _log_probs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
+               response_mask: Tensor, temperature: float, group_size: int) -> Tensor:
+    """[N, T, vocab] log-probs of each response position, temperature applied."""
     if grouped_llama.supports(model):
-        return _grouped_response_logprobs(grouped_llama.GroupedLlama(model), prompt_ids,
-                                          prompt_mask, response_ids, temperature, group_size)
+        logits = _grouped_logits(grouped_llama.GroupedLlama(model), prompt_ids, prompt_mask,
+                                 response_ids, group_size)
+    else:
+        logits = _own_logits(model, prompt_ids, prompt_mask, response_ids, response_mask,
+                             group_size)
+    return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+
+def _own_logits(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
+                response_mask: Tensor, group_size: int) -> Tensor:
+    """Through the model's own forward: the shared prompt's cache expanded to the group."""
     first_logits, cache, prompt_len = _prefill(model, prompt_ids, prompt_mask, group_size)
     logits = first_logits[:, None, :]
     t = response_ids.shape[1]
@@ -219,22 +247,13 @@ def response_logprobs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, respo
         out = model(input_ids=response_ids[:, :-1], attention_mask=attn,
                     position_ids=positions, use_cache=True, **{_cache_name(model): cache})
         logits = torch.cat([logits, out.logits], dim=1)
-    return _token_logprobs(logits, response_ids, temperature)
+    return logits
 
 
-def _token_logprobs(logits: Tensor, response_ids: Tensor,
-                    temperature: float) -> tuple[Tensor, Tensor]:
-    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
-    token_logp = log_probs.gather(-1, response_ids[..., None]).squeeze(-1)
-    entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return token_logp, entropy
-
-
-def _grouped_response_logprobs(lean: grouped_llama.GroupedLlama, prompt_ids: Tensor,
-                               prompt_mask: Tensor, response_ids: Tensor, temperature: float,
-                               group_size: int) -> tuple[Tensor, Tensor]:
-    """response_logprobs through the grouped forward: the prompt once per group, and the
-    response tokens against it in place (the same numbers, without the per-sample copies)."""
+def _grouped_logits(lean: grouped_llama.GroupedLlama, prompt_ids: Tensor, prompt_mask: Tensor,
+                    response_ids: Tensor, group_size: int) -> Tensor:
+    """Through the grouped forward: the prompt once per group, and the response tokens
+    against it in place (the same numbers, without the per-sample copies)."""
     prompt = lean.encode_prompts(prompt_ids[::group_size], prompt_mask[::group_size])
     logits = lean.logits(prompt.last_hidden).repeat_interleave(group_size, dim=0)[:, None]
     t = response_ids.shape[1]
@@ -243,4 +262,4 @@ def _grouped_response_logprobs(lean: grouped_llama.GroupedLlama, prompt_ids: Ten
         positions = start + torch.arange(t - 1, device=prompt_ids.device)
         hidden = lean.extend(prompt, group_size, response_ids[:, :-1], positions)
         logits = torch.cat([logits, lean.logits(hidden)], dim=1)
-    return _token_logprobs(logits, response_ids, temperature)
+    return logits
