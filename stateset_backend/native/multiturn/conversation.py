@@ -43,9 +43,7 @@ from stateset_backend.native.rollout import (
     _cache_name,
     _top_k_filter,
     _top_p_filter,
-    draw,
     positions_from_mask,
-    uniforms,
 )
 
 ROLE_TAGS = {"system": "system:", "user": "user:", "assistant": "assistant:", "tool": "tool:"}
@@ -223,7 +221,8 @@ def _pick(logits: Tensor, decoding: Decoding, generator: torch.Generator | None)
         token = log_probs.argmax(-1)
     else:
         probs = _top_p_filter(_top_k_filter(log_probs.exp(), decoding.top_k), decoding.top_p)
-        token = draw(probs, uniforms(generator, probs.shape[0], 1, 1)[:, 0])
+        token = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1)
+        token = token.to(logits.device)
     return token, log_probs.gather(-1, token[:, None]).squeeze(-1)
 
 
