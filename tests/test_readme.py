@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from stateset_backend.cli import build_parser
 from stateset_backend.common import errors
 
@@ -99,3 +101,30 @@ def test_the_screen_shows_the_measured_main_job():
     measured = json.loads(bench.MEASURED.read_text(encoding="utf-8"))
     shown = bench.SCREEN_TIME.findall(README)
     assert shown == [bench.screen_time(measured)]
+
+
+def _benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark",
+                                                  ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["native_vs_trl", "profile_native"])
+def test_the_performance_sections_are_the_stored_measurements(name):
+    """The README's speed claims are rendered from a stored run of the benchmark, with its
+    machine and command, never typed in."""
+    bench = _benchmark(name)
+    measured = json.loads(bench.MEASURED.read_text(encoding="utf-8"))
+    start, end = README.index(bench.BEGIN), README.index(bench.END) + len(bench.END)
+    assert README[start:end] == bench.render(measured)
+    assert measured["command"].startswith(f"python benchmarks/{name}.py")
+
+
+def test_the_native_vs_trl_measurement_covers_every_shape_in_interleaved_rounds():
+    bench = _benchmark("native_vs_trl")
+    measured = json.loads(bench.MEASURED.read_text(encoding="utf-8"))
+    assert set(measured["shapes"]) == set(bench.SHAPES)
+    assert measured["rounds"] >= 3 and measured["machine"]["torch_threads"] >= 1
+    assert "hub" in measured
