@@ -23,6 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+# response tokens per row from which attention copies the prompt's keys to each sample and
+# runs torch's fused kernel: below it (token-by-token decoding, short completions) the copies
+# cost more than the scores they avoid materialising
+FUSED_FROM_TOKENS = 8
 # model_type -> the config switches whose non-default values this forward does not implement
 _SUPPORTED = {"llama": (), "qwen2": ("use_sliding_window",), "mistral": ("sliding_window",)}
 
@@ -224,6 +228,8 @@ class GroupedLlama:
         """One softmax over [group prompt keys | own response keys]; returns [N, T, H*D]."""
         n, heads, t, d = q.shape
         kv, rep, p = self.kv_heads, self.rep, pk.shape[2]
+        if t >= FUSED_FROM_TOKENS:
+            return self._attend_fused(q, k, v, pk, pv, prompt_bias, own_bias, s)
         q = q * self.scaling  # on the queries: fewer numbers than the scores
         # against the prompt: the group's S*rep*T query rows share one product per kv head
         qg = q.reshape(g, s, kv, rep, t, d).transpose(1, 2).reshape(g, kv, s * rep * t, d)
@@ -240,3 +246,19 @@ class GroupedLlama:
         from_prompt = from_prompt.transpose(1, 2).reshape(n, kv, rep, t, d)
         out = from_prompt + to_own.reshape(n, kv, rep * t, -1).matmul(v).view(n, kv, rep, t, d)
         return out.reshape(n, heads, t, d).transpose(1, 2).reshape(n, t, heads * d)
+
+    def _attend_fused(self, q: Tensor, k: Tensor, v: Tensor, pk: Tensor, pv: Tensor,
+                      prompt_bias: Tensor, own_bias: Tensor, s: int) -> Tensor:
+        """The same attention through torch's fused kernel, with the prompt's keys copied to
+        each sample: for many response tokens per row the score matrices, not the copies,
+        are what costs, and the fused kernel never materialises them (nor, in backward, their
+        gradients)."""
+        n, heads, t, d = q.shape
+        keys = torch.cat([pk.repeat_interleave(s, dim=0), k], dim=2)
+        values = torch.cat([pv.repeat_interleave(s, dim=0), v], dim=2)
+        allowed = torch.cat([
+            torch.isfinite(prompt_bias).repeat_interleave(s, dim=0).expand(n, 1, t, -1),
+            torch.isfinite(own_bias).expand(n, 1, t, -1)], dim=-1)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed,
+                                             scale=self.scaling, enable_gqa=self.rep > 1)
+        return out.transpose(1, 2).reshape(n, t, heads * d)

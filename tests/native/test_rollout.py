@@ -101,11 +101,14 @@ def _through(model, monkeypatch, grouped: bool):
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_the_grouped_forward_computes_what_the_model_computes(kind, monkeypatch):
+@pytest.mark.parametrize("fused_from", [1, 1000], ids=["fused-attention", "in-place-attention"])
+def test_the_grouped_forward_computes_what_the_model_computes(kind, fused_from, monkeypatch):
     """Log-probs, entropies, every parameter's gradient, sampled and greedy tokens: the same
-    through the grouped forward as through the model's own (float32 rounding apart)."""
+    through the grouped forward as through the model's own (float32 rounding apart), with
+    the prompt's keys read in place and through the fused kernel."""
     from stateset_backend.native import grouped_llama
 
+    monkeypatch.setattr(grouped_llama, "FUSED_FROM_TOKENS", fused_from)
     model = _llama_family(kind)
     assert grouped_llama.supports(model)
     own = _through(model, monkeypatch, grouped=False)
