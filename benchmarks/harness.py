@@ -5,10 +5,12 @@ regenerated from a stored measurement instead of typed in."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import statistics
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,16 @@ def pinned_env(threads: int) -> dict[str, str]:
     return env
 
 
+def set_threads(threads: int) -> None:
+    """Fix this process's torch thread pools (call before any torch work: the inter-op pool
+    can be sized only once, and only before it starts)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):  # already started: the caller checks the size
+        torch.set_num_interop_threads(threads)
+
+
 def child(argv: list[str], env: dict[str, str], marker: str = "RESULT=") -> str:
     """Run ``argv``; return the payload of its last ``marker`` line, or stop with its stderr."""
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
@@ -77,6 +89,17 @@ def child(argv: list[str], env: dict[str, str], marker: str = "RESULT=") -> str:
         raise SystemExit(f"{' '.join(argv[:6])} exited {proc.returncode}:\n"
                          f"{proc.stderr[-3000:]}")
     return lines[-1][len(marker):]
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    """Seconds ``argv`` takes, start-up included; stop with its stderr if it fails."""
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv[:6])} exited {proc.returncode}:\n"
+                         f"{proc.stderr[-3000:]}")
+    return seconds
 
 
 def replace_section(begin: str, end: str, text: str, readme: Path = README) -> None:
