@@ -38,6 +38,11 @@ def spread(values: Sequence[float], digits: int = 2) -> dict[str, float]:
             "min": round(min(values), digits), "max": round(max(values), digits)}
 
 
+def per_round(values: Sequence[float], digits: int = 2) -> dict[str, Any]:
+    """``spread`` with every kept round's value, for whoever checks the summary."""
+    return {**spread(values, digits), "rounds": [round(v, digits) for v in values]}
+
+
 def show(s: dict[str, float], unit: str = "", digits: int = 2) -> str:
     """``median (min to max)``, as the README writes a measurement."""
     return (f"{s['median']:.{digits}f}{unit} ({s['min']:.{digits}f}\u2013"

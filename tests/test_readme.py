@@ -123,8 +123,18 @@ def test_the_performance_sections_are_the_stored_measurements(name):
 
 
 def test_the_native_vs_trl_measurement_covers_every_shape_in_interleaved_rounds():
+    """Every shape and the hub's overhead, each with one value per kept round, the ratio
+    paired round by round, the threads fixed alike on both sides."""
     bench = _benchmark("native_vs_trl")
     measured = json.loads(bench.MEASURED.read_text(encoding="utf-8"))
+    rounds, machine = measured["rounds"], measured["machine"]
     assert set(measured["shapes"]) == set(bench.SHAPES)
-    assert measured["rounds"] >= 3 and measured["machine"]["torch_threads"] >= 1
-    assert "hub" in measured
+    assert rounds >= 3 and measured["warmup"] >= 0
+    assert machine["torch_threads"] >= 1 and machine["interop_threads"] == machine[
+        "torch_threads"]
+    for shape in measured["shapes"].values():
+        native, trl = (shape[side]["updates_per_s"]["rounds"] for side in bench.SIDES)
+        assert len(native) == len(trl) == len(shape["ratio"]["rounds"]) == rounds
+        assert shape["ratio"]["rounds"] == pytest.approx(
+            [n / t for n, t in zip(native, trl, strict=True)], rel=0.01, abs=0.01)
+    assert len(measured["hub"]["ratio"]["rounds"]) == rounds
