@@ -55,7 +55,8 @@ def supports(model: Any) -> bool:
         return False
     base = getattr(model, "model", None)
     return base is not None and all(
-        hasattr(base, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb"))
+        hasattr(base, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")) and \
+        hasattr(base.norm, "variance_epsilon") and hasattr(model, "lm_head")
 
 
 @dataclass
@@ -158,11 +159,15 @@ class GroupedLlama:
     def logits(self, hidden: Tensor) -> Tensor:
         return F.linear(_rms(hidden, self.norm), *self.head)
 
+    def first_logits(self, prompt: PromptKeys, group_size: int) -> Tensor:
+        """[G*S, vocab]: the logits of each sample's first token, from its group's prompt."""
+        return self.logits(prompt.last_hidden).repeat_interleave(group_size, dim=0)
+
     # -- prompts: once per group -----------------------------------------------------------
-    def encode_prompts(self, ids: Tensor, mask: Tensor) -> PromptKeys:
-        """Run the distinct prompts ([G, P], left-padded) and keep their keys and values."""
+    def encode_prompts(self, ids: Tensor, mask: Tensor, positions: Tensor) -> PromptKeys:
+        """Run the distinct prompts ([G, P], left-padded, with their token positions) and keep
+        their keys and values."""
         real = mask.bool()
-        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         p = ids.shape[1]
         causal = torch.ones(p, p, dtype=torch.bool, device=ids.device).tril()
         # a padding row attends to itself only, so no row is empty (an all-masked softmax

@@ -126,7 +126,7 @@ def _decoder(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, group_size: in
     n = prompt_ids.shape[0]
     if grouped_llama.supports(model):
         lean = grouped_llama.GroupedLlama(model)
-        prompt = lean.encode_prompts(prompt_ids[::group_size], prompt_mask[::group_size])
+        prompt = _encode_prompts(lean, prompt_ids, prompt_mask, group_size)
         position = prompt_mask.long().sum(-1)
         buffers = lean.new_cache(n, max(steps - 1, 1), prompt.last_hidden)
         done = 0
@@ -138,8 +138,7 @@ def _decoder(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, group_size: in
             done, position = done + 1, position + 1
             return lean.logits(hidden[:, -1])
 
-        first = lean.logits(prompt.last_hidden).repeat_interleave(group_size, dim=0)
-        return first, grouped_step
+        return lean.first_logits(prompt, group_size), grouped_step
 
     cache_arg = _cache_name(model)
     logits, cache, next_pos = _prefill(model, prompt_ids, prompt_mask, group_size)
@@ -254,8 +253,8 @@ def _grouped_logits(lean: grouped_llama.GroupedLlama, prompt_ids: Tensor, prompt
                     response_ids: Tensor, group_size: int) -> Tensor:
     """Through the grouped forward: the prompt once per group, and the response tokens
     against it in place (the same numbers, without the per-sample copies)."""
-    prompt = lean.encode_prompts(prompt_ids[::group_size], prompt_mask[::group_size])
-    logits = lean.logits(prompt.last_hidden).repeat_interleave(group_size, dim=0)[:, None]
+    prompt = _encode_prompts(lean, prompt_ids, prompt_mask, group_size)
+    logits = lean.first_logits(prompt, group_size)[:, None]
     t = response_ids.shape[1]
     if t > 1:
         start = prompt_mask.long().sum(-1)[:, None]
@@ -263,3 +262,10 @@ def _grouped_logits(lean: grouped_llama.GroupedLlama, prompt_ids: Tensor, prompt
         hidden = lean.extend(prompt, group_size, response_ids[:, :-1], positions)
         logits = torch.cat([logits, lean.logits(hidden)], dim=1)
     return logits
+
+
+def _encode_prompts(lean: grouped_llama.GroupedLlama, prompt_ids: Tensor, prompt_mask: Tensor,
+                    group_size: int) -> grouped_llama.PromptKeys:
+    """Each group's prompt once (rows come in contiguous groups of one prompt)."""
+    ids, mask = prompt_ids[::group_size], prompt_mask[::group_size]
+    return lean.encode_prompts(ids, mask, positions_from_mask(mask))
