@@ -29,7 +29,8 @@ pytest.importorskip("stateset_trl_engine.plugin", reason=TRL_PLUGIN_MISSING)
 pytest.importorskip("trl", reason=TRL_PLUGIN_MISSING)
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.slow
+# the tests share what the module-scoped fixtures build: one pytest-xdist worker runs them all
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(__name__)]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 UPDATES, STEPS_PER_UPDATE = 6, 2  # 2 mini-batches: 2 optimizer steps per update

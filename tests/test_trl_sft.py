@@ -25,6 +25,9 @@ from stateset_backend.cli import main
 from stateset_backend.spec.files import parse_spec
 from stateset_backend.translate.rules import explain_rows, translate
 
+# the tests share what the module-scoped fixtures build: one pytest-xdist worker runs them all
+pytestmark = pytest.mark.xdist_group(__name__)
+
 plugin = pytest.importorskip("stateset_trl_engine.plugin", reason=TRL_PLUGIN_MISSING)
 trl = pytest.importorskip("trl", reason=TRL_PLUGIN_MISSING)
 

@@ -56,9 +56,12 @@ def run_one(mutant: Mutant, timeout: float = 600) -> dict[str, object]:
         tmp = Path(tmp_name)
         _copy(tmp)
         apply(mutant, tmp)
+        # one failing check kills the mutant, so the kit stops at the first (pytest's -x: the
+        # kit's in-process pytest reads PYTEST_ADDOPTS); a survivor still runs every check
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(tmp), *filter(None, [os.environ.get("PYTHONPATH")])]),
-            "PYTHONDONTWRITEBYTECODE": "1"}
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTEST_ADDOPTS": " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-x"]))}
         report_path = tmp / "report.json"
         proc = subprocess.run(
             [sys.executable, "-m", "stateset_backend", "conformance", mutant.engine,
