@@ -21,7 +21,7 @@ import pytest
 from stateset_backend.common.jsonio import flatten
 from stateset_backend.conformance import checks, memo, readers, writers
 from stateset_backend.conformance.checks import COLLECTION_CASES, CheckFailed, Writer
-from stateset_backend.conformance.samples import SAMPLED, SampleFiles, write_sample_files
+from stateset_backend.conformance.samples import SAMPLED, Sample, SampleFiles, write_sample_files
 from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import EngineAdapter
 from stateset_backend.plan.launch_plan import LaunchPlan
@@ -179,6 +179,25 @@ class KitFixtures:
             pytest.fail(f"no claimed capability of {adapter.name} {version} plans: nothing "
                         "is translated", pytrace=False)
         return samples
+
+    def _first_samples(self, adapter: EngineAdapter, files: SampleFiles) -> dict[str, Sample]:
+        """Each checked version's first claimed sample, for checks that serve every version
+        at once; a version whose samples do not plan is left to its own checks."""
+        out = {}
+        for version in type(self).engine_versions:
+            def gap(capability: str, version: str = version) -> bool:
+                return self._gap(adapter, capability, version) is not None
+
+            try:
+                if not adapter.contract.supports(parse_version(version)):
+                    continue
+                samples = checks.claimed_plans(adapter, version, files,
+                                               self._overrides(adapter), gap)
+            except Exception:  # what fails here, the version's own checks report
+                continue
+            if samples:
+                out[version] = samples[0][0]
+        return out
 
     def _base(self, adapter: EngineAdapter, version: str, files: SampleFiles,
               **extra: Any) -> tuple[dict[str, Any], LaunchPlan]:
