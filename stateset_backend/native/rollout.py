@@ -68,7 +68,8 @@ def draw(probs: Tensor, u: Tensor) -> Tensor:
     top-p) has no interval of its own and is never drawn; float64 keeps a large vocabulary's
     cumulative sum exact enough that no token's interval is lost."""
     cdf = probs.double().cumsum(-1)
-    token = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1])[:, None], right=True)
+    u = u if u.device == cdf.device else u.to(cdf.device)
+    token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
     token = token.squeeze(-1).clamp(max=probs.shape[-1] - 1)
     # u * total rounding up to the total lands past the last token of nonzero probability
     drawn_zero = probs.gather(-1, token[:, None]).squeeze(-1) <= 0
@@ -168,8 +169,11 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
     log-prob is the token's under the unfiltered distribution. ``greedy`` takes the argmax.
     ``generator`` is one generator for the whole batch, or one per group (group_generators).
     """
-    was_training = model.training
-    model.eval()
+    # the model's own forward samples in eval mode; the grouped forward has no mode to set
+    # (it runs only for models without dropout), and setting one walks every module twice
+    toggled = model.training and not grouped_llama.supports(model)
+    if toggled:
+        model.eval()
     device = prompt_ids.device
     n = prompt_ids.shape[0]
     logits, advance = _decoder(model, prompt_ids, prompt_mask, group_size, max_new_tokens)
@@ -177,7 +181,7 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     ids, masks, logps = [], [], []
     for step in range(max_new_tokens):
-        log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+        log_probs = torch.log_softmax(_scaled(logits, temperature), dim=-1)
         if greedy:
             token = log_probs.argmax(-1)
         else:
@@ -185,15 +189,14 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
             assert u is not None
             token = draw(probs, u[:, step])
         lp = log_probs.gather(-1, token[:, None]).squeeze(-1)
-        live = ~finished
-        ids.append(torch.where(live, token, torch.full_like(token, pad_id)))
-        masks.append(live.float())
-        logps.append(torch.where(live, lp, torch.full_like(lp, float("nan"))))
+        ids.append(token.masked_fill(finished, pad_id))
+        masks.append((~finished).float())
+        logps.append(lp.masked_fill(finished, float("nan")))
         finished = finished | (token == eos_id)
         if bool(finished.all()) or step == max_new_tokens - 1:
             break
         logits = advance(ids[-1])
-    if was_training:
+    if toggled:
         model.train()
     return torch.stack(ids, 1), torch.stack(masks, 1), torch.stack(logps, 1)
 
@@ -231,7 +234,14 @@ def _log_probs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
     else:
         logits = _own_logits(model, prompt_ids, prompt_mask, response_ids, response_mask,
                              group_size)
-    return torch.log_softmax(logits.float() / temperature, dim=-1)
+    return torch.log_softmax(_scaled(logits, temperature), dim=-1)
+
+
+def _scaled(logits: Tensor, temperature: float) -> Tensor:
+    """``logits.float() / temperature``, without the operators that would return their input
+    unchanged (a float32 cast of float32 logits, a division by 1)."""
+    logits = logits if logits.dtype == torch.float32 else logits.float()
+    return logits if temperature == 1.0 else logits / temperature
 
 
 def _own_logits(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
