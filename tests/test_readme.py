@@ -75,13 +75,17 @@ def test_every_command_in_the_table_exists_and_lists_real_exit_codes():
     assert documented == set(commands), set(commands) ^ documented
 
 
-def _examples_benchmark():
-    """benchmarks/examples.py, which measures the example runs and renders the README's table."""
-    spec = importlib.util.spec_from_file_location("examples_benchmark",
-                                                  ROOT / "benchmarks" / "examples.py")
+def _benchmark(name: str):
+    """benchmarks/<name>.py, which measures something and renders the README's table of it."""
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark",
+                                                  ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _examples_benchmark():
+    return _benchmark("examples")
 
 
 def test_the_examples_table_is_the_stored_measurement_of_the_specs():
@@ -103,14 +107,6 @@ def test_the_screen_shows_the_measured_main_job():
     assert shown == [bench.screen_time(measured)]
 
 
-def _benchmark(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_benchmark",
-                                                  ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("name", ["native_vs_trl", "profile_native"])
 def test_the_performance_sections_are_the_stored_measurements(name):
     """The README's speed claims are rendered from a stored run of the benchmark, with its
@@ -128,3 +124,20 @@ def test_the_native_vs_trl_measurement_covers_every_shape_in_interleaved_rounds(
     assert set(measured["shapes"]) == set(bench.SHAPES)
     assert measured["rounds"] >= 3 and measured["machine"]["torch_threads"] >= 1
     assert "hub" in measured
+
+
+def test_the_cold_start_table_is_the_stored_measurement_of_every_command():
+    bench = _benchmark("cold_start")
+    measured = json.loads(bench.MEASURED.read_text(encoding="utf-8"))
+    start, end = README.index(bench.BEGIN), README.index(bench.END) + len(bench.END)
+    assert README[start:end] == bench.render(measured)
+    # every command and `runs` subcommand the parser has is timed, each against today's
+    # declaration of the dependencies it needs
+    timed = {tuple(row["argv"][:2 if row["argv"][0] == "runs" else 1])
+             for row in measured["commands"]}
+    commands = _commands()
+    assert timed == {(name,) for name, subs in commands.items() if not subs} | \
+        {(name, sub) for name, subs in commands.items() for sub in subs}
+    assert all(b["imports"] == bench.import_names(b["extra"]) for b in measured["baselines"])
+    assert all(len(row["wall_s"]) == measured["rounds"]
+               for row in measured["commands"] + measured["baselines"])

@@ -42,9 +42,9 @@ from stateset_backend.native.multiturn.environment import (
     EnvironmentLoadError,
     EnvironmentRef,
     Workers,
-    conversation_refusals,
     describe,
 )
+from stateset_backend.native.multiturn.settings import conversation_refusals
 from stateset_backend.native.parallel.distributed import World
 from stateset_backend.native.parallel.settings import data_parallel_refusals
 from stateset_backend.native.ppo.critic import learn_ppo, load_critic, rollout_values
