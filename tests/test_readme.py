@@ -141,3 +141,7 @@ def test_the_cold_start_table_is_the_stored_measurement_of_every_command():
     assert all(b["imports"] == bench.import_names(b["extra"]) for b in measured["baselines"])
     assert all(len(row["wall_s"]) == measured["rounds"]
                for row in measured["commands"] + measured["baselines"])
+    # each command against the modules of its dependencies it loads, timed in the same rounds
+    assert all(len(row["dependency_modules"]["wall_s"]) == measured["rounds"] and
+               row["dependency_modules"]["count"] > 0 for row in measured["commands"]
+               if row["argv"][:2] != ["schema", "spec"])
