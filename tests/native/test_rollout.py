@@ -172,3 +172,14 @@ def test_prompts_tokenized_once_are_padded_as_the_tokenizer_pads_them(tiny, make
                             return_tensors="pt")
     assert torch.equal(ids, enc["input_ids"])
     assert torch.equal(mask, enc["attention_mask"].float())
+
+
+def test_the_grouped_forward_is_built_once_per_model_and_again_after_a_move():
+    from stateset_backend.native import grouped_llama
+
+    model = _llama_family("llama")
+    lean = grouped_llama.GroupedLlama.of(model)
+    assert grouped_llama.GroupedLlama.of(model) is lean
+    model.to(torch.float64)
+    moved = grouped_llama.GroupedLlama.of(model)
+    assert moved is not lean and moved.layers[0].q[0].dtype == torch.float64
