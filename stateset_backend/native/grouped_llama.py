@@ -132,8 +132,14 @@ def _as(x: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def _rms(x: Tensor, norm: tuple[Tensor, float]) -> Tensor:
-    """RMSNorm as the Llama family computes it: in float32, then scaled in the input dtype."""
+    """RMSNorm as the Llama family computes it: in float32, then scaled in the input dtype.
+
+    On the CPU, in float32, torch's ``rms_norm`` is composed of these same operations in the
+    same order (the same numbers and gradients, which the tests check bit for bit), in one
+    call instead of six: a tenth of a small model's operators were these."""
     weight, eps = norm
+    if x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu":
+        return F.rms_norm(x, weight.shape, weight, eps)
     h = _as(x, torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * _as(h, x.dtype)
