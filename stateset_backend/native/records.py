@@ -1,10 +1,10 @@
 """The run's per-update records, written by one background thread in the order they were made.
 
-Encoding an update's trajectories, metrics row and receipt as JSON, the TensorBoard scalars and
-the progress record's rename took a small model's update as long as a tenth of its torch work,
-all of it Python holding the interpreter. Handed to this writer, that work runs while the
-training thread is inside torch's kernels (which release the interpreter) instead of between
-them.
+Encoding an update's trajectories, metrics row and receipt as JSON, the TensorBoard scalars, the
+progress record's rename and the progress line took a small model's update as long as a tenth
+of its torch work, on the training thread. Handed to this writer, the file system's calls no
+longer hold it up, and the Python runs whenever the training thread is inside one of torch's
+kernels (which release the interpreter).
 
 What the files say is unchanged: jobs run one at a time, in the order they were submitted, so
 every file is written exactly as the training thread would have written it. What is deferred is

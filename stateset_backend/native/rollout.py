@@ -126,7 +126,7 @@ def _decoder(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, group_size: in
     at most ``steps`` tokens."""
     n = prompt_ids.shape[0]
     if grouped_llama.supports(model):
-        lean = grouped_llama.GroupedLlama(model)
+        lean = grouped_llama.GroupedLlama.of(model)
         prompt = _encode_prompts(lean, prompt_ids, prompt_mask, group_size)
         position = prompt_mask.long().sum(-1)
         buffers = lean.new_cache(n, max(steps - 1, 1), prompt.last_hidden)
@@ -229,7 +229,7 @@ def _log_probs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
                response_mask: Tensor, temperature: float, group_size: int) -> Tensor:
     """[N, T, vocab] log-probs of each response position, temperature applied."""
     if grouped_llama.supports(model):
-        logits = _grouped_logits(grouped_llama.GroupedLlama(model), prompt_ids, prompt_mask,
+        logits = _grouped_logits(grouped_llama.GroupedLlama.of(model), prompt_ids, prompt_mask,
                                  response_ids, group_size)
     else:
         logits = _own_logits(model, prompt_ids, prompt_mask, response_ids, response_mask,

@@ -29,7 +29,7 @@ class Decoder:
         """The text of each row of ``ids`` ([N, T]) where ``mask`` is set, special tokens
         skipped: what ``batch_decode`` of the ids, padded where the mask is not set, gives."""
         pad = self.tokenizer.pad_token_id
-        rows = [tuple(r) for r in ids.masked_fill(~mask.bool(), pad).tolist()]
+        rows = list(map(tuple, ids.masked_fill(~mask.bool(), pad).tolist()))
         missing = [r for r in dict.fromkeys(rows) if r not in self.known]
         if missing:
             if len(self.known) + len(missing) > self.capacity:

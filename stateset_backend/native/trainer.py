@@ -572,7 +572,8 @@ class Trainer:
                     self.save_checkpoint()
                     self._track_best(metrics)
                 self.commit(durable=due or stopping or self.update_count >= stop)
-                progress.advance(metrics)
+                # the progress line too is written off the training thread, after the records
+                self.out.records.submit(functools.partial(progress.advance, metrics))
                 if stopping:
                     raise StopRequested(self.update_count)
         if self.update_count == total and main:
