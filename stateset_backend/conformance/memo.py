@@ -1,14 +1,15 @@
-"""What the kit's checks share: the base fitted to a release, a capability's sample planned,
-the base planned, and those launches read back. Every check of a class starts from the same
-samples, so each is planned and read once per set of sample files, not once per check.
+"""What the kit's checks share: the base fitted to a release, a capability's sample, every
+spec a check plans, the launches read back, what fresh interpreters made of the samples.
+Every check of a class starts from the same samples and many plan the same specs, so each is
+planned and read once per set of sample files, not once per check.
 
 A result is keyed on everything it is a function of: the adapter (its class when the instance
 holds no state of its own, else the instance itself), the release, the sample files, and the
-spec documents or overrides as their ``repr`` (which tells ``1`` from ``1.0`` and ``True``);
-a read also on the environment and working folder the reader sees (an interpolation may read
-a variable). An adapter plans and reads as a function of these alone, which the determinism
-checks prove on plans of their own, never on remembered ones. Callers copy what they may
-change; plans are frozen.
+validated spec, documents or overrides as their ``repr`` (which tells ``1`` from ``1.0`` and
+``True``); a read also on the environment and working folder the reader sees (an
+interpolation may read a variable). An adapter plans and reads as a function of these alone,
+which the determinism checks prove on plans of their own, never on remembered ones. Callers
+copy what they may change; plans are frozen.
 
 Results live as long as their sample files: a test class forgets them when its files go, and
 at most a few sets are kept for callers that never say (the matrix, one-off probes).
