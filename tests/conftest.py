@@ -22,6 +22,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "plugins"
 # real distributions through entry points, but never installs them where users work.
 TEST_PLUGINS = ("stateset-echo-engine", "stateset-broken-plugin")
 _session_site: Path | None = None
+SITE_ENV = "STATESET_TEST_PLUGIN_SITE"
 
 
 def _distribution_site(root: Path, projects: list[Path]) -> None:
@@ -51,7 +52,13 @@ def _distribution_site(root: Path, projects: list[Path]) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """Put the test plugins on the path of this process and of every CLI it starts."""
     global _session_site
+    if hasattr(config, "workerinput"):
+        # a pytest-xdist worker: its controller made the folder and set PYTHONPATH, which this
+        # worker and its CLIs inherit, but xdist gives the worker the controller's first sys.path
+        sys.path.insert(0, os.environ[SITE_ENV])
+        return
     _session_site = Path(tempfile.mkdtemp(prefix="stateset-test-plugins-"))
+    os.environ[SITE_ENV] = str(_session_site)
     _distribution_site(_session_site, [EXAMPLES / name for name in TEST_PLUGINS])
     sys.path.insert(0, str(_session_site))
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -96,3 +103,4 @@ def cli():
 def full(request: pytest.FixtureRequest) -> dict[str, Any]:
     """A spec with every optional section set (two of them: gae is PPO-only)."""
     return copy.deepcopy(FULL_DAPO if request.param == "dapo" else FULL_PPO)
+

@@ -21,6 +21,10 @@ from pathlib import Path
 import pytest
 
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo")
+# The tests that start daemons run on one pytest-xdist worker, one after another: a Ray head's
+# teardown (`ray stop --force`) stops every Ray process on the machine (the Ray a Slurm job starts
+# too), and the session's test Slurm is started once, not once per worker.
+ON_ONE_WORKER = pytest.mark.xdist_group("daemons")
 INSTALL = ("apt-get install slurmctld slurmd slurm-client munge (Debian's Slurm, run as root; "
            ".ci/run installs it)")
 

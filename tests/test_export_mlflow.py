@@ -22,6 +22,9 @@ from stateset_backend.publish.export import CLIENT_ENVIRONMENT, flatten, redact
 from stateset_backend.runs.evaluate import EVALUATION_SCHEMA_ID
 from stateset_backend.spec.content import sha256_file
 
+# the tests share what the module-scoped fixtures build: one pytest-xdist worker runs them all
+pytestmark = pytest.mark.xdist_group(__name__)
+
 pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
 pytest.importorskip("sqlalchemy", reason="MLflow's SQLite store needs sqlalchemy")
 

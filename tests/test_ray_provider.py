@@ -8,40 +8,48 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from slurm_cluster import ON_ONE_WORKER
 
 ray = pytest.importorskip("ray.job_submission", reason="ray is not installed")
+pytestmark = ON_ONE_WORKER
 
 DASHBOARD_PORT = 8399
 
 
 @pytest.fixture(scope="module")
-def ray_head(tmp_path_factory):
+def ray_head():
     ray_cli = Path(sys.executable).with_name("ray")
     if not ray_cli.exists():
         ray_cli = Path(shutil.which("ray") or "ray")
-    temp = tmp_path_factory.mktemp("ray")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    subprocess.run([str(ray_cli), "start", "--head", "--node-ip-address=127.0.0.1",
-                    "--port=6399", f"--dashboard-port={DASHBOARD_PORT}",
-                    "--dashboard-host=127.0.0.1", "--include-dashboard=true", "--num-cpus=2",
-                    f"--temp-dir={temp}", "--disable-usage-stats"],
-                   check=True, capture_output=True, env=env, timeout=180)
-    address = f"http://127.0.0.1:{DASHBOARD_PORT}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            ray.JobSubmissionClient(address).list_jobs()
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
-    yield address
-    subprocess.run([str(ray_cli), "stop", "--force"], capture_output=True, timeout=120)
+    # Ray's sockets live under its temp dir, and a Unix socket's path holds at most 107 bytes:
+    # a short folder of its own, not one under pytest's (longer with each xdist worker's name)
+    temp = Path(tempfile.mkdtemp(prefix="ray-"))
+    try:
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        subprocess.run([str(ray_cli), "start", "--head", "--node-ip-address=127.0.0.1",
+                        "--port=6399", f"--dashboard-port={DASHBOARD_PORT}",
+                        "--dashboard-host=127.0.0.1", "--include-dashboard=true", "--num-cpus=2",
+                        f"--temp-dir={temp}", "--disable-usage-stats"],
+                       check=True, capture_output=True, env=env, timeout=180)
+        address = f"http://127.0.0.1:{DASHBOARD_PORT}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                ray.JobSubmissionClient(address).list_jobs()
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+        yield address
+    finally:
+        subprocess.run([str(ray_cli), "stop", "--force"], capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_native_engine_runs_as_a_ray_job(cli, ray_head, tmp_path):

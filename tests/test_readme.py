@@ -75,13 +75,17 @@ def test_every_command_in_the_table_exists_and_lists_real_exit_codes():
     assert documented == set(commands), set(commands) ^ documented
 
 
-def _examples_benchmark():
-    """benchmarks/examples.py, which measures the example runs and renders the README's table."""
-    spec = importlib.util.spec_from_file_location("examples_benchmark",
-                                                  ROOT / "benchmarks" / "examples.py")
+def _benchmark(name: str):
+    """benchmarks/<name>.py, which measures something and renders the README's table of it."""
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark",
+                                                  ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _examples_benchmark():
+    return _benchmark("examples")
 
 
 def test_the_examples_table_is_the_stored_measurement_of_the_specs():
@@ -101,14 +105,6 @@ def test_the_screen_shows_the_measured_main_job():
     measured = json.loads(bench.MEASURED.read_text(encoding="utf-8"))
     shown = bench.SCREEN_TIME.findall(README)
     assert shown == [bench.screen_time(measured)]
-
-
-def _benchmark(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_benchmark",
-                                                  ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("name", ["native_vs_trl", "profile_native"])
@@ -138,3 +134,24 @@ def test_the_native_vs_trl_measurement_covers_every_shape_in_interleaved_rounds(
         assert shape["ratio"]["rounds"] == pytest.approx(
             [n / t for n, t in zip(native, trl, strict=True)], rel=0.01, abs=0.01)
     assert len(measured["hub"]["ratio"]["rounds"]) == rounds
+
+
+def test_the_cold_start_table_is_the_stored_measurement_of_every_command():
+    bench = _benchmark("cold_start")
+    measured = json.loads(bench.MEASURED.read_text(encoding="utf-8"))
+    start, end = README.index(bench.BEGIN), README.index(bench.END) + len(bench.END)
+    assert README[start:end] == bench.render(measured)
+    # every command and `runs` subcommand the parser has is timed, each against today's
+    # declaration of the dependencies it needs
+    timed = {tuple(row["argv"][:2 if row["argv"][0] == "runs" else 1])
+             for row in measured["commands"]}
+    commands = _commands()
+    assert timed == {(name,) for name, subs in commands.items() if not subs} | \
+        {(name, sub) for name, subs in commands.items() for sub in subs}
+    assert all(b["imports"] == bench.import_names(b["extra"]) for b in measured["baselines"])
+    assert all(len(row["wall_s"]) == measured["rounds"]
+               for row in measured["commands"] + measured["baselines"])
+    # each command against the modules of its dependencies it loads, timed in the same rounds
+    assert all(len(row["dependency_modules"]["wall_s"]) == measured["rounds"] and
+               row["dependency_modules"]["count"] > 0 for row in measured["commands"]
+               if row["argv"][:2] != ["schema", "spec"])

@@ -16,6 +16,9 @@ from stateset_backend.cli import main
 from stateset_backend.conformance.specs import MINIMAL
 from stateset_backend.spec.content import sha256_file
 
+# the tests share what the module-scoped fixtures build: one pytest-xdist worker runs them all
+pytestmark = pytest.mark.xdist_group(__name__)
+
 pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is not installed")
 
 

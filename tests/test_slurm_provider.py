@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from slurm_cluster import slurm  # noqa: F401  (the fixture)
+from slurm_cluster import ON_ONE_WORKER, slurm  # noqa: F401  (the fixture)
 
 from stateset_backend.common.errors import Unsupported
 from stateset_backend.providers.base import EXIT_STOPPED, STOP_REQUEST, PreparedLaunch
@@ -22,6 +22,7 @@ from stateset_backend.providers.slurm.job import JobState, SlurmProvider, to_exi
 from stateset_backend.providers.slurm.script import SCRIPT_FILE, render
 from stateset_backend.providers.slurm.settings import SlurmSettings
 
+pytestmark = ON_ONE_WORKER
 RUN_ID = "20261205T000000Z-abcdef01"
 
 

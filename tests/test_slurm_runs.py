@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import slurm  # noqa: F401  (the fixture)
+from slurm_cluster import ON_ONE_WORKER, slurm  # noqa: F401  (the fixture)
 
 from stateset_backend.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, ON_ONE_WORKER]
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 

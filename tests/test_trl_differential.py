@@ -21,6 +21,9 @@ from stateset_backend.native.model import load_policy  # noqa: E402
 from stateset_backend.native.rollout import response_logprobs  # noqa: E402
 from stateset_backend.spec.model import Model  # noqa: E402
 
+# the tests share what the module-scoped fixtures build: one pytest-xdist worker runs them all
+pytestmark = pytest.mark.xdist_group(__name__)
+
 TOL = 1e-5
 GROUP, PROMPTS, T = 4, 2, 5
 TRL_STD_EPSILON = 1e-4

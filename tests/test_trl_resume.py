@@ -13,14 +13,11 @@ import hashlib
 import json
 import math
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from interrupting import interrupt_when, write_holding_reward
 from optional_installs import TRL_PLUGIN_MISSING
 
 from stateset_backend.cli import main
@@ -29,7 +26,8 @@ pytest.importorskip("stateset_trl_engine.plugin", reason=TRL_PLUGIN_MISSING)
 pytest.importorskip("trl", reason=TRL_PLUGIN_MISSING)
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.slow
+# the tests share what the module-scoped fixtures build: one pytest-xdist worker runs them all
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(__name__)]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 UPDATES, STEPS_PER_UPDATE = 6, 2  # 2 mini-batches: 2 optimizer steps per update
@@ -60,8 +58,7 @@ def _spec(folder: Path) -> dict[str, Any]:
         path.write_text("".join(json.dumps(r) + "\n" for r in records))
         doc["data"][split].update(uri=str(path), sha256=_sha256(path))
     doc["data"]["test"]["uri"] = str(EXAMPLES / doc["data"]["test"]["uri"])
-    reward = folder / "reward.py"
-    reward.write_text(REWARD)
+    reward = write_holding_reward(folder / "reward.py", REWARD)
     doc["reward"].update(entrypoint=f"{reward}:score", sha256=_sha256(reward))
     doc["algorithm"]["group_size"] = 4
     doc["budget"].update(total_updates=UPDATES, prompts_per_update=4, mini_batches=2)
@@ -99,18 +96,8 @@ def interrupted(plan, tmp_path_factory) -> Path:
     """A run stopped with Ctrl-C once the checkpoint of update 2 is complete (sealed)."""
     path, run_id = plan
     runs = tmp_path_factory.mktemp("interrupted")
-    proc = subprocess.Popen([sys.executable, "-m", "stateset_backend", "run", "--runs-dir",
-                             str(runs), "--quiet", str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
     sealed = _checkpoint(runs / run_id, 1, RESUMED_AT) / "manifest.json"
-    deadline = time.monotonic() + 300
-    while not sealed.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
+    err = interrupt_when(["run", "--runs-dir", str(runs), "--quiet", str(path)], sealed)
     assert "resume from the checkpoint of update 2" in err, err
     return runs / run_id
 

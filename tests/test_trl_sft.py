@@ -10,20 +10,20 @@ import dataclasses
 import hashlib
 import json
 import math
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from interrupting import interrupt_when, write_holding_reward
 from optional_installs import TRL_PLUGIN_MISSING
 from test_trl_plugin import dialect, spec_doc
 
 from stateset_backend.cli import main
 from stateset_backend.spec.files import parse_spec
 from stateset_backend.translate.rules import explain_rows, translate
+
+# the tests share what the module-scoped fixtures build: one pytest-xdist worker runs them all
+pytestmark = pytest.mark.xdist_group(__name__)
 
 plugin = pytest.importorskip("stateset_trl_engine.plugin", reason=TRL_PLUGIN_MISSING)
 trl = pytest.importorskip("trl", reason=TRL_PLUGIN_MISSING)
@@ -255,6 +255,9 @@ def _small_sft(folder: Path) -> dict[str, Any]:
     """8 training rows, 4 per update: each pass is 2 updates, so the resumed attempt starts
     the second pass."""
     doc = sft_doc(total_updates=UPDATES, prompts_per_update=4)
+    reward = write_holding_reward(folder / "reward.py", Path(
+        doc["reward"]["entrypoint"].rpartition(":")[0]).read_text())
+    doc["reward"].update(entrypoint=f"{reward}:score", sha256=_sha256(reward))
     for split, rows in (("train", 8), ("validation", 16)):
         lines = Path(doc["data"][split]["uri"]).read_text().splitlines()[:rows]
         path = folder / f"{split}.jsonl"
@@ -331,19 +334,9 @@ def resumed(plan, tmp_path_factory) -> Path:
     with `run PLAN --resume`."""
     path, run_id = plan
     runs = tmp_path_factory.mktemp("interrupted")
-    proc = subprocess.Popen([sys.executable, "-m", "stateset_backend", "run", "--runs-dir",
-                             str(runs), "--quiet", str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
     sealed = runs / run_id / "attempts/1/checkpoints" / f"checkpoint-{RESUMED_AT}" / \
         "manifest.json"
-    deadline = time.monotonic() + 300
-    while not sealed.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
+    interrupt_when(["run", "--runs-dir", str(runs), "--quiet", str(path)], sealed)
     assert main(["run", "--runs-dir", str(runs), "--resume", "--quiet",
                  str(runs / run_id / "plan.json")]) == 0
     return runs / run_id

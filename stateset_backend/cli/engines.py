@@ -38,7 +38,8 @@ def cmd_engines(args: argparse.Namespace) -> int:
             "engine": name, "plugin": entry.plugin, "distribution": entry.distribution,
             "version": entry.version, "engine_distribution": contract.distribution,
             "supported": contract.supported, "installed": installed,
-            "contract_digest": contract.digest,
+            # hashing a contract's canonical JSON takes milliseconds; only --json shows it
+            "contract_digest": contract.digest if args.json else None,
             "capabilities": [{"versions": r.versions, "provides": sorted(r.provides)}
                              for r in contract.capabilities],
         })

@@ -106,9 +106,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
         else:
             version = engine_version(entry, args.engine_version, args.python, args.engine_home)
         columns.append(_explain_column(entry, spec, version))
-    if args.effective:
+    def effective() -> dict[str, Any]:
         table = effective_table(columns)
         table["counts"] = counts(table)  # over every setting, whether --differs filters rows
+        return table
+
+    if args.effective:
+        table = effective()
         if args.differs:
             table = {**table, "rows": [r for r in table["rows"] if not r["same_everywhere"]]}
         emit(args, table, lambda: print_effective(table, args.differs))
@@ -116,7 +120,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     engines = [{"engine": c.engine, "engine_version": c.version, "dialect": c.dialect.name,
                 "fields": [r.to_json() for r in c.rows]} for c in columns]
     doc: dict[str, Any] = {"engines": engines} if args.all_engines else engines[0]
-    emit(args, doc, lambda: print_side_by_side(engines))
+    emit(args, doc, lambda: print_side_by_side(engines, effective, args.spec))
     return 0
 
 

@@ -1,36 +1,43 @@
 """What ``explain`` prints for a person, kept apart from what it computes so that ``--json``
 and the tables read the same columns: prose outcomes side by side where the terminal is wide
-enough, and the effective table, which fits 80 columns with any number of engines."""
+enough (else the effective table), and the effective table, which fits 80 columns with any
+number of engines."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from stateset_backend.cli.shared import rich_console
 
 
-def print_side_by_side(engines: list[dict[str, Any]]) -> None:
+def print_side_by_side(engines: list[dict[str, Any]], effective: Callable[[], dict[str, Any]],
+                       spec: str) -> None:
     """Side by side where the terminal is wide enough to read prose in every column (about
-    30 characters each), else one table per engine; --effective compares at any width."""
+    30 characters each). Narrower, several engines are compared in the effective table, which
+    fits 80 columns with any number of them, and the screen says how to read one engine's
+    prose: five prose tables one under the other would run to some 1,700 lines."""
     from rich.table import Table
 
     console = rich_console()
-    groups = [engines] if console.width >= 30 * (2 + len(engines)) else \
-        [[e] for e in engines]
-    if len(groups) > 1:
-        console.print("one table per engine at this width (--effective compares them "
-                      "in one)", markup=False)
-    for group in groups:
-        t = Table(title=", ".join(f"{e['engine']} {e['engine_version']}" for e in group))
-        t.add_column("field", overflow="fold")
-        t.add_column("value", overflow="fold")
-        for e in group:
-            t.add_column(f"{e['engine']} {e['engine_version']}", overflow="fold")
-        for i, row in enumerate(group[0]["fields"]):
-            t.add_row(row["field"], json.dumps(row["value"]),
-                      *(_outcome_text(e["fields"][i]) for e in group))
-        console.print(t)
+    wide = 30 * (2 + len(engines))
+    if len(engines) > 1 and console.width < wide:
+        print_effective(effective(), differs=False)
+        console.print(f"at {console.width} columns the engines are compared by state; what "
+                      "each one's launch sets, and why: stateset-backend explain --engine "
+                      f"ENGINE {spec} (or a terminal at least {wide} columns wide)",
+                      markup=False)
+        return
+    t = Table(title=", ".join(f"{e['engine']} {e['engine_version']}" for e in engines))
+    t.add_column("field", overflow="fold")
+    t.add_column("value", overflow="fold")
+    for e in engines:
+        t.add_column(f"{e['engine']} {e['engine_version']}", overflow="fold")
+    for i, row in enumerate(engines[0]["fields"]):
+        t.add_row(row["field"], json.dumps(row["value"]),
+                  *(_outcome_text(e["fields"][i]) for e in engines))
+    console.print(t)
 
 
 def _outcome_text(row: dict[str, Any]) -> str:

@@ -40,6 +40,11 @@ def add_parsers(commands: Commands) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if not args.quiet and not args.json and sys.stderr.isatty():
+        # a person watching sees something before the runner, the plugins and the spec load;
+        # a pipe keeps bad input to its one line
+        target = f"{args.document} on {args.engine}" if args.engine else args.document
+        print(f"stateset-backend: checking {target}", file=sys.stderr, flush=True)
     from stateset_backend.common.errors import InvalidInput
     from stateset_backend.runs.runner import (
         completed,
@@ -50,11 +55,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     from stateset_backend.runs.store import RunStore, runs_dir_from
 
-    if not args.quiet and not args.json and sys.stderr.isatty():
-        # a person watching sees something before the plugins and the spec load; a pipe
-        # keeps bad input to its one line
-        target = f"{args.document} on {args.engine}" if args.engine else args.document
-        print(f"stateset-backend: checking {target}", file=sys.stderr, flush=True)
     registry = load_registry()
     store = RunStore(runs_dir_from(args.runs_dir))
     if args.resume and args.engine is not None:

@@ -11,6 +11,7 @@ last are never passed: the kit's pytest plugin reads them from the skip reason's
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -18,9 +19,9 @@ from typing import Any, ClassVar
 import pytest
 
 from stateset_backend.common.jsonio import flatten
-from stateset_backend.conformance import checks, readers, writers
+from stateset_backend.conformance import checks, memo, readers, writers
 from stateset_backend.conformance.checks import COLLECTION_CASES, CheckFailed, Writer
-from stateset_backend.conformance.samples import SAMPLED, SampleFiles, write_sample_files
+from stateset_backend.conformance.samples import SAMPLED, Sample, SampleFiles, write_sample_files
 from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import EngineAdapter
 from stateset_backend.plan.launch_plan import LaunchPlan
@@ -103,8 +104,20 @@ class KitFixtures:
                                                                 dict[str, Any]] | None:
         """What the engine reads from a plan's launch: the kit's own reader for a built-in
         engine, else ``kit_support().parse_launch``. Without one, the checks that need it are
-        reported ``unverified``."""
-        return readers.reader_for(adapter.name, adapter.kit_support().parse_launch)
+        reported ``unverified``. A launch several checks share (a sample's, the base's) is
+        read once."""
+        declared = adapter.kit_support().parse_launch
+        reader = readers.reader_for(adapter.name, declared)
+        if reader is None:
+            return None
+        source = readers.BUILTIN.get(adapter.name, declared)
+
+        def read(plan: LaunchPlan) -> dict[str, Any]:
+            assert reader is not None
+            shared = memo.read_once(source, reader, plan)
+            return reader(plan) if shared is None else copy.deepcopy(shared)
+
+        return read
 
     def option_key(self, adapter: EngineAdapter, plan: LaunchPlan) -> str:
         """A free-text ``engine_options`` key no spec field maps to, for the hostile-value
@@ -127,9 +140,11 @@ class KitFixtures:
 
     @pytest.fixture(scope="class")
     @classmethod
-    def sample_files(cls, tmp_path_factory: pytest.TempPathFactory) -> SampleFiles:
-        return write_sample_files(tmp_path_factory.mktemp("conformance-samples"),
-                                  cls.data_format)
+    def sample_files(cls, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SampleFiles]:
+        files = write_sample_files(tmp_path_factory.mktemp("conformance-samples"),
+                                   cls.data_format)
+        yield files
+        memo.forget(files)
 
     def _overrides(self, adapter: EngineAdapter) -> dict[str, Any]:
         """``kit_support().base`` with the class's ``base`` merged over it: the CLI (which has
@@ -164,6 +179,25 @@ class KitFixtures:
             pytest.fail(f"no claimed capability of {adapter.name} {version} plans: nothing "
                         "is translated", pytrace=False)
         return samples
+
+    def _first_samples(self, adapter: EngineAdapter, files: SampleFiles) -> dict[str, Sample]:
+        """Each checked version's first claimed sample, for checks that serve every version
+        at once; a version whose samples do not plan is left to its own checks."""
+        out = {}
+        for version in type(self).engine_versions:
+            def gap(capability: str, version: str = version) -> bool:
+                return self._gap(adapter, capability, version) is not None
+
+            try:
+                if not adapter.contract.supports(parse_version(version)):
+                    continue
+                samples = checks.claimed_plans(adapter, version, files,
+                                               self._overrides(adapter), gap)
+            except Exception:  # what fails here, the version's own checks report
+                continue
+            if samples:
+                out[version] = samples[0][0]
+        return out
 
     def _base(self, adapter: EngineAdapter, version: str, files: SampleFiles,
               **extra: Any) -> tuple[dict[str, Any], LaunchPlan]:

@@ -68,11 +68,23 @@ def _update(tree: dict[str, Any], parts: list[str], value: Any) -> None:
         tree[last] = value
 
 
+def _plain(node: Any) -> bool:
+    """Nothing OmegaConf would change: JSON values under string keys, and no ``${`` (an
+    interpolation, or its escape) in any key or string."""
+    if isinstance(node, dict):
+        return all(isinstance(k, str) and "${" not in k and _plain(v) for k, v in node.items())
+    if isinstance(node, list):
+        return all(_plain(item) for item in node)
+    if isinstance(node, str):
+        return "${" not in node
+    return node is None or isinstance(node, bool | int | float)
+
+
 def hydra(plan: LaunchPlan, *, in_place_resolves: int) -> dict[str, Any]:
     """Hydra's own override parser, applied to an empty config, resolved in place
-    ``in_place_resolves`` times, then read with resolution; a flat mapping of dotted keys."""
-    from omegaconf import OmegaConf
-
+    ``in_place_resolves`` times, then read with resolution; a flat mapping of dotted keys.
+    A config with nothing to resolve reads as it was built: OmegaConf would hand back the
+    same values, at a cost that dominates the kit's reads."""
     tree: dict[str, Any] = {}
     for element in _overrides(plan):
         parsed = _parsed(element)
@@ -82,6 +94,10 @@ def hydra(plan: LaunchPlan, *, in_place_resolves: int) -> dict[str, Any]:
         if deletes:
             raise LaunchUnreadable(f"the launch deletes {key} (~)")
         _update(tree, key.split("."), copy.deepcopy(value))
+    if _plain(tree):
+        return flatten(tree)
+    from omegaconf import OmegaConf
+
     cfg = OmegaConf.create(tree)
     for _ in range(in_place_resolves):
         OmegaConf.resolve(cfg)
@@ -126,17 +142,24 @@ def argparse_from_surface(options: dict[str, Any]) -> argparse.ArgumentParser:
     return parser
 
 
+@functools.lru_cache(maxsize=32)
+def _openrlhf_parser(version: str) -> argparse.ArgumentParser | None:
+    """The release's parser, built once: parsing leaves an argparse parser as it was."""
+    doc = surface("openrlhf", version)
+    return None if doc is None else argparse_from_surface(doc["options"])
+
+
 def openrlhf(plan: LaunchPlan) -> dict[str, Any]:
     """The flags after the launched module, parsed by the release's parser; only the options
     the launch sets (a parsed value keyed by the option string)."""
-    doc = surface("openrlhf", plan.engine_version)
-    if doc is None:
+    parser = _openrlhf_parser(plan.engine_version)
+    if parser is None:
         raise LaunchUnreadable(f"no OpenRLHF {plan.engine_version} surface is known")
     argv = list(plan.argv)
     start = next((i + 1 for i, a in enumerate(argv) if a.endswith(".py") or
                   a == "openrlhf.cli.train_ppo_ray"), len(argv))
     try:
-        parsed, rest = argparse_from_surface(doc["options"]).parse_known_args(argv[start:])
+        parsed, rest = parser.parse_known_args(argv[start:])
     except _Refusal as exc:
         raise LaunchUnreadable(f"OpenRLHF {plan.engine_version}'s parser refuses the launch: "
                                f"{exc}") from None

@@ -10,7 +10,6 @@ With the surface, such a value is refused at plan time, naming the option and wh
 
 from __future__ import annotations
 
-import difflib
 import json
 from functools import cache
 from importlib import resources
@@ -105,6 +104,8 @@ def check_options(engine: str, version: str, options: dict[str, Any]) -> None:
         where = f"engine_options.{engine}.{name}"
         option = known.get(name)
         if option is None:
+            import difflib  # only an unknown option needs it
+
             close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
             raise InvalidInput(f"{where}: {engine} {version} has no option {name!r}" +
                                (f"; did you mean {close[0]!r}?" if close else

@@ -16,6 +16,7 @@ through the model's own forward.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,28 +35,49 @@ _SUPPORTED = {"llama": (), "qwen2": ("use_sliding_window",), "mistral": ("slidin
 def supports(model: Any) -> bool:
     """True when ``model`` is a plain Llama-family causal LM this forward reproduces: default
     RoPE, no attention dropout, no sliding window, no tensor-parallel split, not wrapped by an
-    adapter library, and not checkpointing activations (whose memory trade it would undo)."""
+    adapter library, and not checkpointing activations (whose memory trade it would undo).
+
+    The architecture's part of the answer is taken once per model: its config and modules do
+    not change while it trains, and asking again at every forward cost a small model's update
+    as much as a layer's operators. Whether it checkpoints activations, a switch that turns on
+    and off, is read at every call."""
+    try:
+        switches = _ARCHITECTURES[model]
+    except KeyError:
+        switches = _ARCHITECTURES[model] = _architecture(model)
+    except TypeError:  # not weakly referenceable: asked every time
+        switches = _architecture(model)
+    return switches is not None and not any(m.gradient_checkpointing for m in switches)
+
+
+# model -> the modules whose ``gradient_checkpointing`` switch it has (transformers' own
+# ``is_activation_checkpointing`` reads the same ones), or None when the forward does not fit it
+_ARCHITECTURES: weakref.WeakKeyDictionary[Any, tuple[Any, ...] | None] = \
+    weakref.WeakKeyDictionary()
+
+
+_BUILT: weakref.WeakKeyDictionary[Any, GroupedLlama] = weakref.WeakKeyDictionary()
+
+
+def _architecture(model: Any) -> tuple[Any, ...] | None:
     config = getattr(model, "config", None)
     if config is None or getattr(config, "model_type", None) not in _SUPPORTED:
-        return False
+        return None
     if hasattr(model, "get_base_model"):
-        return False
-    checkpointing = getattr(model, "is_activation_checkpointing",  # transformers >= 5
-                            None)
-    if checkpointing is None:
-        checkpointing = getattr(model, "is_gradient_checkpointing", False)
-    if checkpointing:
-        return False
+        return None
     if any(getattr(config, name, None) for name in _SUPPORTED[config.model_type]):
-        return False
+        return None
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     if rope.get("rope_type", rope.get("type", "default")) != "default":
-        return False
+        return None
     if getattr(config, "attention_dropout", 0.0) or getattr(config, "pretraining_tp", 1) != 1:
-        return False
+        return None
     base = getattr(model, "model", None)
-    return base is not None and all(
-        hasattr(base, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb"))
+    if base is None or not all(hasattr(base, name) for name in
+                               ("embed_tokens", "layers", "norm", "rotary_emb")) or \
+            not hasattr(base.norm, "variance_epsilon") or not hasattr(model, "lm_head"):
+        return None
+    return tuple(m for m in model.modules() if hasattr(m, "gradient_checkpointing"))
 
 
 @dataclass
@@ -97,19 +119,47 @@ class _Layer:
 
         return _Layer(norm(layer.input_layernorm), norm(layer.post_attention_layernorm),
                       lin(attn.q_proj), lin(attn.k_proj), lin(attn.v_proj), lin(attn.o_proj),
-                      lin(mlp.gate_proj), lin(mlp.up_proj), lin(mlp.down_proj), mlp.act_fn)
+                      lin(mlp.gate_proj), lin(mlp.up_proj), lin(mlp.down_proj),
+                      # the activation's own function, without a module call (as the layers')
+                      getattr(mlp.act_fn, "forward", mlp.act_fn))
+
+
+def _as(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x.to(dtype)``, without the operator call where ``x`` already has it (the call then
+    returns ``x`` itself, but costs a dispatch: a tenth of a small model's operators were
+    such calls)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def _rms(x: Tensor, norm: tuple[Tensor, float]) -> Tensor:
-    """RMSNorm as the Llama family computes it: in float32, then scaled in the input dtype."""
+    """RMSNorm as the Llama family computes it: in float32, then scaled in the input dtype.
+
+    On the CPU, in float32, torch's ``rms_norm`` is composed of these same operations in the
+    same order (the same numbers and gradients, which the tests check bit for bit), in one
+    call instead of six: a tenth of a small model's operators were these."""
     weight, eps = norm
-    h = x.to(torch.float32)
+    if x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu":
+        return F.rms_norm(x, weight.shape, weight, eps)
+    h = _as(x, torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    return weight * _as(h, x.dtype)
 
 
 class GroupedLlama:
     """The model's parameters read as a function of (prompts, responses in groups)."""
+
+    @staticmethod
+    def of(model: Any) -> GroupedLlama:
+        """The grouped forward of ``model``, built at its first use and kept with it: it holds
+        the model's own parameter tensors, which stay the model's (weights load into them in
+        place; the optimizer steps the same tensors), and reading them again through the
+        modules at every forward cost a small model's update more than a layer's operators.
+        It is built again when the model has moved to another device or dtype (its rotary
+        buffer is then a new tensor)."""
+        lean = _BUILT.get(model)
+        if lean is None or lean.rotary is not model.model.rotary_emb.inv_freq:
+            lean = _BUILT[model] = GroupedLlama(model)
+        return lean
 
     def __init__(self, model: Any) -> None:
         base = model.model
@@ -117,8 +167,17 @@ class GroupedLlama:
         self.embed = (base.embed_tokens.weight, base.embed_tokens.padding_idx)
         self.norm = (base.norm.weight, base.norm.variance_epsilon)
         self.head = (model.lm_head.weight, model.lm_head.bias)
-        self.inv_freq = base.rotary_emb.inv_freq
-        self.rope_scale = base.rotary_emb.attention_scaling
+        # both halves of the rotary frequencies, and the scale with the rotation's sign folded
+        # in (see _rope): computed once here instead of in every call
+        self.rotary = base.rotary_emb.inv_freq
+        inv_freq = _as(self.rotary, torch.float32)
+        self.inv_freq = torch.cat((inv_freq, inv_freq))
+        scale = base.rotary_emb.attention_scaling
+        half = inv_freq.shape[0]
+        self.cos_scale = None if scale == 1.0 else scale
+        self.sin_scale = torch.full((2 * half,), scale, dtype=torch.float32,
+                                    device=inv_freq.device)
+        self.sin_scale[:half] = -scale
         self.layers = [_Layer.of(layer) for layer in base.layers]
         attn = base.layers[0].self_attn
         self.head_dim = attn.head_dim
@@ -128,15 +187,21 @@ class GroupedLlama:
 
     # -- the pieces, as the model's own modules compute them -----------------------------
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        freqs = positions[..., None].float() * self.inv_freq.float()
-        emb = torch.cat((freqs, freqs), dim=-1)
-        scale = self.rope_scale
-        return (emb.cos() * scale).to(dtype)[:, None], (emb.sin() * scale).to(dtype)[:, None]
+        """(cos, signed sin) of each position's rotary angles, scaled as the model scales them.
+
+        The model rotates with ``x * cos + rotate_half(x) * sin``, where rotate_half negates
+        the second half of ``x`` and swaps the halves. Negating the first half of ``sin``
+        instead gives the same numbers (a negation is exact) with one ``roll`` of ``x`` in
+        place of a negation, two slices and a concatenation for each of the queries and keys
+        of every layer."""
+        emb = positions[..., None].float() * self.inv_freq
+        cos = emb.cos() if self.cos_scale is None else emb.cos() * self.cos_scale
+        sin = emb.sin() * self.sin_scale
+        return _as(cos, dtype)[:, None], _as(sin, dtype)[:, None]
 
     @staticmethod
     def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+        return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
     def _qkv(self, layer: _Layer, x: Tensor, cos: Tensor,
              sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -158,11 +223,15 @@ class GroupedLlama:
     def logits(self, hidden: Tensor) -> Tensor:
         return F.linear(_rms(hidden, self.norm), *self.head)
 
+    def first_logits(self, prompt: PromptKeys, group_size: int) -> Tensor:
+        """[G*S, vocab]: the logits of each sample's first token, from its group's prompt."""
+        return self.logits(prompt.last_hidden).repeat_interleave(group_size, dim=0)
+
     # -- prompts: once per group -----------------------------------------------------------
-    def encode_prompts(self, ids: Tensor, mask: Tensor) -> PromptKeys:
-        """Run the distinct prompts ([G, P], left-padded) and keep their keys and values."""
+    def encode_prompts(self, ids: Tensor, mask: Tensor, positions: Tensor) -> PromptKeys:
+        """Run the distinct prompts ([G, P], left-padded, with their token positions) and keep
+        their keys and values."""
         real = mask.bool()
-        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         p = ids.shape[1]
         causal = torch.ones(p, p, dtype=torch.bool, device=ids.device).tril()
         # a padding row attends to itself only, so no row is empty (an all-masked softmax
@@ -233,14 +302,14 @@ class GroupedLlama:
         q = q * self.scaling  # on the queries: fewer numbers than the scores
         # against the prompt: the group's S*rep*T query rows share one product per kv head
         qg = q.reshape(g, s, kv, rep, t, d).transpose(1, 2).reshape(g, kv, s * rep * t, d)
-        prompt_scores = (qg @ pk.transpose(-1, -2)).float() + prompt_bias
+        prompt_scores = _as(qg @ pk.transpose(-1, -2), torch.float32) + prompt_bias
         prompt_scores = prompt_scores.view(g, kv, s, rep, t, p).transpose(1, 2)
         # against its own response
-        own_scores = (q.reshape(n, kv, rep * t, d) @ k.transpose(-1, -2)).float()
+        own_scores = _as(q.reshape(n, kv, rep * t, d) @ k.transpose(-1, -2), torch.float32)
         own_scores = own_scores.view(n, kv, rep, t, -1) + own_bias
         scores = torch.cat([prompt_scores.reshape(n, kv, rep, t, p), own_scores], dim=-1)
-        probs = torch.softmax(scores, dim=-1).to(q.dtype)
-        to_prompt, to_own = probs.split([p, probs.shape[-1] - p], dim=-1)
+        probs = _as(torch.softmax(scores, dim=-1), q.dtype)
+        to_prompt, to_own = probs.split_with_sizes([p, probs.shape[-1] - p], dim=-1)
         to_prompt = to_prompt.reshape(g, s, kv, rep, t, p).transpose(1, 2)
         from_prompt = (to_prompt.reshape(g, kv, s * rep * t, p) @ pv).view(g, kv, s, rep, t, d)
         from_prompt = from_prompt.transpose(1, 2).reshape(n, kv, rep, t, d)

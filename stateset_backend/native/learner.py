@@ -183,6 +183,12 @@ def split_groups(batch: Batch, group_size: int, parts: int, generator: torch.Gen
     return out
 
 
+def _times(value: Tensor, share: float) -> Tensor:
+    """``value * share``; one process's share is exactly 1, whose product is ``value`` itself
+    (and whose gradient is the gradient), so no operator is spent on it."""
+    return value if share == 1.0 else value * share
+
+
 def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: Batch,
            advantages: Tensor, ref_logp: Tensor | None, cfg: LearnerConfig,
            generator: torch.Generator, *, world: World | None = None,
@@ -200,7 +206,8 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
     kl_in_loss = alg.kl is not None and alg.kl.placement == "loss"
     loss_knobs = {"dual_clip": alg.clip.dual_clip} if loss_name == "clipped" else {}
     old_logp = torch.nan_to_num(batch.sample_logprobs, nan=0.0)
-    model.train()
+    if not model.training:  # the engine sets the whole model's mode; setting it walks it all
+        model.train()
     totals = {"loss/policy": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0,
               "grad_norm": 0.0}
     steps = 0
@@ -212,7 +219,7 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
                                 n_groups=n_groups, owned=owned):
             mask = batch.response_mask[idx]
             local_units = objectives.aggregation_units(mask)
-            units = world.all_reduce(local_units.clone())
+            units = world.all_reduce(local_units.clone()) if world.parallel else local_units
             share = objectives.local_share(local_units, units, agg)
             token_share = objectives.local_share(local_units, units, "token_mean")
             optimizer.zero_grad(set_to_none=True)
@@ -225,21 +232,23 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
                                                     group_size)
                 pl = loss_fn(logp, old_logp[idx], advantages[idx], mask,
                              clip_low=alg.clip.low, clip_high=alg.clip.high, **loss_knobs)
-                policy_loss = objectives.aggregate(pl.loss, mask, agg,
-                                                   cfg.max_response_tokens) * share
+                policy_loss = _times(objectives.aggregate(pl.loss, mask, agg,
+                                                          cfg.max_response_tokens), share)
                 loss = policy_loss
                 kl_value = torch.zeros(())
                 if ref_logp is not None and alg.kl is not None:
                     kl_tokens = objectives.kl_estimate(logp, ref_logp[idx], alg.kl.estimator,
                                                        alg.kl.clamp)
-                    kl_value = objectives.aggregate(kl_tokens, mask, agg,
-                                                    cfg.max_response_tokens) * share
+                    kl_value = _times(objectives.aggregate(kl_tokens, mask, agg,
+                                                           cfg.max_response_tokens), share)
                     if kl_in_loss:
                         loss = loss + alg.kl.coef * kl_value
-                mean_entropy = objectives.aggregate(entropy, mask, "token_mean", 1) * token_share
+                mean_entropy = _times(objectives.aggregate(entropy, mask, "token_mean", 1),
+                                      token_share)
                 if alg.entropy_coef > 0:
                     loss = loss - alg.entropy_coef * mean_entropy
-                clipped = objectives.aggregate(pl.clipped, mask, "token_mean", 1) * token_share
+                clipped = _times(objectives.aggregate(pl.clipped, mask, "token_mean", 1),
+                                 token_share)
                 stats = torch.stack([loss.detach(), policy_loss.detach(), kl_value.detach(),
                                      mean_entropy.detach(), clipped.detach()]).double()
             world.all_reduce(stats)

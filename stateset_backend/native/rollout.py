@@ -68,7 +68,8 @@ def draw(probs: Tensor, u: Tensor) -> Tensor:
     top-p) has no interval of its own and is never drawn; float64 keeps a large vocabulary's
     cumulative sum exact enough that no token's interval is lost."""
     cdf = probs.double().cumsum(-1)
-    token = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1])[:, None], right=True)
+    u = u if u.device == cdf.device else u.to(cdf.device)
+    token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
     token = token.squeeze(-1).clamp(max=probs.shape[-1] - 1)
     # u * total rounding up to the total lands past the last token of nonzero probability
     drawn_zero = probs.gather(-1, token[:, None]).squeeze(-1) <= 0
@@ -125,8 +126,8 @@ def _decoder(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, group_size: in
     at most ``steps`` tokens."""
     n = prompt_ids.shape[0]
     if grouped_llama.supports(model):
-        lean = grouped_llama.GroupedLlama(model)
-        prompt = lean.encode_prompts(prompt_ids[::group_size], prompt_mask[::group_size])
+        lean = grouped_llama.GroupedLlama.of(model)
+        prompt = _encode_prompts(lean, prompt_ids, prompt_mask, group_size)
         position = prompt_mask.long().sum(-1)
         buffers = lean.new_cache(n, max(steps - 1, 1), prompt.last_hidden)
         done = 0
@@ -138,8 +139,7 @@ def _decoder(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, group_size: in
             done, position = done + 1, position + 1
             return lean.logits(hidden[:, -1])
 
-        first = lean.logits(prompt.last_hidden).repeat_interleave(group_size, dim=0)
-        return first, grouped_step
+        return lean.first_logits(prompt, group_size), grouped_step
 
     cache_arg = _cache_name(model)
     logits, cache, next_pos = _prefill(model, prompt_ids, prompt_mask, group_size)
@@ -169,8 +169,11 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
     log-prob is the token's under the unfiltered distribution. ``greedy`` takes the argmax.
     ``generator`` is one generator for the whole batch, or one per group (group_generators).
     """
-    was_training = model.training
-    model.eval()
+    # the model's own forward samples in eval mode; the grouped forward has no mode to set
+    # (it runs only for models without dropout), and setting one walks every module twice
+    toggled = model.training and not grouped_llama.supports(model)
+    if toggled:
+        model.eval()
     device = prompt_ids.device
     n = prompt_ids.shape[0]
     logits, advance = _decoder(model, prompt_ids, prompt_mask, group_size, max_new_tokens)
@@ -178,7 +181,7 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     ids, masks, logps = [], [], []
     for step in range(max_new_tokens):
-        log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+        log_probs = torch.log_softmax(_scaled(logits, temperature), dim=-1)
         if greedy:
             token = log_probs.argmax(-1)
         else:
@@ -186,15 +189,14 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
             assert u is not None
             token = draw(probs, u[:, step])
         lp = log_probs.gather(-1, token[:, None]).squeeze(-1)
-        live = ~finished
-        ids.append(torch.where(live, token, torch.full_like(token, pad_id)))
-        masks.append(live.float())
-        logps.append(torch.where(live, lp, torch.full_like(lp, float("nan"))))
+        ids.append(token.masked_fill(finished, pad_id))
+        masks.append((~finished).float())
+        logps.append(lp.masked_fill(finished, float("nan")))
         finished = finished | (token == eos_id)
         if bool(finished.all()) or step == max_new_tokens - 1:
             break
         logits = advance(ids[-1])
-    if was_training:
+    if toggled:
         model.train()
     return torch.stack(ids, 1), torch.stack(masks, 1), torch.stack(logps, 1)
 
@@ -227,12 +229,19 @@ def _log_probs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, response_ids
                response_mask: Tensor, temperature: float, group_size: int) -> Tensor:
     """[N, T, vocab] log-probs of each response position, temperature applied."""
     if grouped_llama.supports(model):
-        logits = _grouped_logits(grouped_llama.GroupedLlama(model), prompt_ids, prompt_mask,
+        logits = _grouped_logits(grouped_llama.GroupedLlama.of(model), prompt_ids, prompt_mask,
                                  response_ids, group_size)
     else:
         logits = _own_logits(model, prompt_ids, prompt_mask, response_ids, response_mask,
                              group_size)
-    return torch.log_softmax(logits.float() / temperature, dim=-1)
+    return torch.log_softmax(_scaled(logits, temperature), dim=-1)
+
+
+def _scaled(logits: Tensor, temperature: float) -> Tensor:
+    """``logits.float() / temperature``, without the operators that would return their input
+    unchanged (a float32 cast of float32 logits, a division by 1)."""
+    logits = logits if logits.dtype == torch.float32 else logits.float()
+    return logits if temperature == 1.0 else logits / temperature
 
 
 def _own_logits(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,
@@ -254,8 +263,8 @@ def _grouped_logits(lean: grouped_llama.GroupedLlama, prompt_ids: Tensor, prompt
                     response_ids: Tensor, group_size: int) -> Tensor:
     """Through the grouped forward: the prompt once per group, and the response tokens
     against it in place (the same numbers, without the per-sample copies)."""
-    prompt = lean.encode_prompts(prompt_ids[::group_size], prompt_mask[::group_size])
-    logits = lean.logits(prompt.last_hidden).repeat_interleave(group_size, dim=0)[:, None]
+    prompt = _encode_prompts(lean, prompt_ids, prompt_mask, group_size)
+    logits = lean.first_logits(prompt, group_size)[:, None]
     t = response_ids.shape[1]
     if t > 1:
         start = prompt_mask.long().sum(-1)[:, None]
@@ -263,3 +272,10 @@ def _grouped_logits(lean: grouped_llama.GroupedLlama, prompt_ids: Tensor, prompt
         hidden = lean.extend(prompt, group_size, response_ids[:, :-1], positions)
         logits = torch.cat([logits, lean.logits(hidden)], dim=1)
     return logits
+
+
+def _encode_prompts(lean: grouped_llama.GroupedLlama, prompt_ids: Tensor, prompt_mask: Tensor,
+                    group_size: int) -> grouped_llama.PromptKeys:
+    """Each group's prompt once (rows come in contiguous groups of one prompt)."""
+    ids, mask = prompt_ids[::group_size], prompt_mask[::group_size]
+    return lean.encode_prompts(ids, mask, positions_from_mask(mask))

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stateset_backend.native.scenarios import support_agent, support_routing
-
 ASSETS = Path(__file__).resolve().parent / "assets"
 BUILTIN_PREFIX = "builtin:"
 SPECIALS = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
@@ -57,6 +55,8 @@ def write_tiny_llama(out: Path, words: list[str], max_positions: int = 64) -> No
 
 
 if __name__ == "__main__":
+    from stateset_backend.native.scenarios import support_agent, support_routing
+
     write_tiny_llama(ASSETS / "tiny-llama-support", support_routing.vocabulary())
     # conversations are longer than one routing prompt: room for a few turns and observations
     write_tiny_llama(ASSETS / "tiny-llama-agent", support_agent.vocabulary(), max_positions=128)

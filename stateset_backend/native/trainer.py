@@ -5,6 +5,7 @@ checkpoints. Each step lives in its own module; this file only composes them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import time
@@ -41,9 +42,9 @@ from stateset_backend.native.multiturn.environment import (
     EnvironmentLoadError,
     EnvironmentRef,
     Workers,
-    conversation_refusals,
     describe,
 )
+from stateset_backend.native.multiturn.settings import conversation_refusals
 from stateset_backend.native.parallel.distributed import World
 from stateset_backend.native.parallel.settings import data_parallel_refusals
 from stateset_backend.native.ppo.critic import learn_ppo, load_critic, rollout_values
@@ -54,9 +55,11 @@ from stateset_backend.native.quarantine_guard import (
     learner_update_guard,
     quarantine_on_failure,
 )
+from stateset_backend.native.records import RecordWriter, append_line, write_lines
 from stateset_backend.native.reward import RewardFn, load_reward
 from stateset_backend.native.rollout import group_generators, sample
 from stateset_backend.native.tensorboard_log import ScalarLog
+from stateset_backend.native.texts import Decoder
 from stateset_backend.providers.base import STOP_REQUEST
 from stateset_backend.runs.lineage import STAGED_CHECKPOINT
 from stateset_backend.spec.digest import experiment_digest
@@ -126,7 +129,8 @@ def load_settings(path: Path) -> RunSettings:
 
 @dataclass
 class Outputs:
-    """Where the engine writes, all inside the attempt directory."""
+    """Where the engine writes, all inside the attempt directory. The per-update records go
+    through ``records``, in order, off the training thread (records.RecordWriter)."""
 
     root: Path
     metrics: Path = field(init=False)
@@ -134,6 +138,7 @@ class Outputs:
     trajectories: Path = field(init=False)
     checkpoints: Path = field(init=False)
     final: Path = field(init=False)
+    records: RecordWriter = field(init=False, default_factory=RecordWriter)
 
     def __post_init__(self) -> None:
         self.metrics = self.root / layout.METRICS_FILE
@@ -143,8 +148,10 @@ class Outputs:
         self.final = self.root / layout.FINAL_DIR
 
     def append(self, path: Path, row: dict[str, Any]) -> None:
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row) + "\n")
+        self.records.submit(functools.partial(append_line, path, row))
+
+    def write_lines(self, path: Path, rows: list[dict[str, Any]]) -> None:
+        self.records.submit(functools.partial(write_lines, path, rows))
 
 
 class Trainer:
@@ -170,8 +177,10 @@ class Trainer:
         elif spec.data.prompt_overflow == "truncate_right":
             self.tokenizer.truncation_side = "right"
         self.reference = frozen_reference(self.model) if spec.algorithm.kl is not None else None
-        # each prompt's token ids, tokenized once (fitting the prompts does it anyway)
+        # each prompt's token ids, tokenized once (fitting the prompts does it anyway), and
+        # each distinct response decoded once
         self._prompt_tokens: dict[str, list[int]] = {}
+        self.decode = Decoder(self.tokenizer)
         if self.conversations:
             train = load_split(spec.data.train, base)
             val = load_split(spec.data.validation, base) if spec.data.validation else []
@@ -242,6 +251,7 @@ class Trainer:
              "generator_sha256": checkpoint.generator_digest(self.generator)})
         if not self.world.is_main:
             return None
+        self.out.records.flush()  # no checkpoint exists whose records are not on disk
         with quarantine_on_failure(self.out.root, "checkpoint_write", update=self.update_count):
             shared = [(p["sampler"], p["generator_sha256"]) for p in positions]
             if any(s != shared[0] for s in shared):
@@ -278,23 +288,33 @@ class Trainer:
         """One row to metrics.jsonl (the record) and to TensorBoard (a view of it)."""
         if not self.world.is_main:
             return
+        row = dict(row)  # written later, as it is now
         self.out.append(self.out.metrics, row)
+        self.out.records.submit(functools.partial(self._write_scalars, row))
+
+    def _write_scalars(self, row: dict[str, Any]) -> None:
         if self.scalars is None:
             self.scalars = ScalarLog(self.out.root / layout.TENSORBOARD_DIR)
         self.scalars.write(row)
 
     def commit(self, durable: bool = True) -> None:
         """The run's progress record. Between checkpoints it is rewritten without fsync (two
-        fsyncs an update cost more than a small model's whole update); at a checkpoint and
-        at the end it is made durable, so after a power loss it agrees with the checkpoint a
-        resume starts from."""
+        fsyncs an update cost more than a small model's whole update), by the record writer
+        after the update's other records; at a checkpoint and at the end it is made durable,
+        after every record before it is written, so after a power loss it agrees with the
+        checkpoint a resume starts from."""
         if not self.world.is_main:
             return
-        atomic_write_json(self.out.root / layout.RUN_INFO_FILE, {
+        write = functools.partial(atomic_write_json, self.out.root / layout.RUN_INFO_FILE, {
             "engine": "native", "run_id": self.settings.run_id,
             "experiment_digest": self.settings.experiment_digest,
             "committed_updates": self.update_count, "resumed_from": self.resumed_from},
             durable=durable)
+        if durable:
+            self.out.records.flush()
+            write()
+        else:
+            self.out.records.submit(write)
 
     # -- prompts -------------------------------------------------------------------------
     def _render(self, prompt: str) -> str:
@@ -345,12 +365,10 @@ class Trainer:
             return enc["input_ids"].to(self.device), enc["attention_mask"].float().to(self.device)
         seqs = self._prompt_ids(texts)
         width = max(len(ids) for ids in seqs)
-        ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width))
-        for row, tokens in enumerate(seqs):
-            if tokens:
-                ids[row, width - len(tokens):] = torch.tensor(tokens)
-                mask[row, width - len(tokens):] = 1.0
+        pad = self.tokenizer.pad_token_id
+        # built as lists and made tensors at once: row by row it was a dozen operators a row
+        ids = torch.tensor([[pad] * (width - len(t)) + t for t in seqs], dtype=torch.long)
+        mask = torch.tensor([[0.0] * (width - len(t)) + [1.0] * len(t) for t in seqs])
         return ids.to(self.device), mask.to(self.device)
 
     def _rollout(self, indices: list[int], group_size: int, *, rows_source: list[Example],
@@ -369,9 +387,7 @@ class Trainer:
                 top_k=decoding.top_k, eos_id=self.tokenizer.eos_token_id,
                 pad_id=self.tokenizer.pad_token_id, generator=generator,
                 greedy=decoding.temperature == 0, group_size=group_size)
-        texts = self.tokenizer.batch_decode(
-            torch.where(response_mask.bool(), response_ids, self.tokenizer.pad_token_id),
-            skip_special_tokens=True)
+        texts = self.decode(response_ids, response_mask)
         rewards = torch.tensor([self.reward_fn(r.prompt, t, r.answer)
                                 for r, t in zip(rows, texts, strict=True)])
         overlong = spec.algorithm.overlong
@@ -409,6 +425,7 @@ class Trainer:
         except conversation.FailedShareExceeded:  # what failed is the evidence: keep it
             if self.world.is_main:
                 self._write_conversations(collected)
+                self.out.records.flush()
             raise
         batch = collected.batch
         if batch is not None and spec.algorithm.advantage.zero_variance_groups == "exclude":
@@ -500,8 +517,9 @@ class Trainer:
                            self.spec.evaluation.samples, rows_source=rows, decoding=decoding,
                            generator=generator)
             for start in range(0, len(rows), chunk)])
-        if record:
+        if record:  # on disk before the validation reports, or fails
             self._write_conversations(every, f"validation-update-{self.update_count:06d}.jsonl")
+            self.out.records.flush()
         conversation.refuse_failed_share(every, self.spec.environment.max_failed_share,
                                          what=split)
         returns = [r for r in every.returns if r is not None]
@@ -554,7 +572,8 @@ class Trainer:
                     self.save_checkpoint()
                     self._track_best(metrics)
                 self.commit(durable=due or stopping or self.update_count >= stop)
-                progress.advance(metrics)
+                # the progress line too is written off the training thread, after the records
+                self.out.records.submit(functools.partial(progress.advance, metrics))
                 if stopping:
                     raise StopRequested(self.update_count)
         if self.update_count == total and main:
@@ -569,12 +588,16 @@ class Trainer:
         return asked
 
     def close(self) -> None:
-        """Stop the environment's worker processes (a later rollout starts new ones)."""
-        if self.conversations:
-            self.env_workers.close()
-        if self.scalars is not None:
-            self.scalars.close()
-            self.scalars = None
+        """Write the records still queued (raising a failed write's error), and stop the
+        environment's worker processes (a later rollout starts new ones)."""
+        try:
+            self.out.records.close()
+        finally:
+            if self.conversations:
+                self.env_workers.close()
+            if self.scalars is not None:
+                self.scalars.close()
+                self.scalars = None
 
     def learn(self, batch: Batch | None) -> dict[str, float]:
         extra = self._conversation_metrics() if self.conversations else {}
@@ -695,20 +718,17 @@ class Trainer:
         assert got is not None
         path = self.out.trajectories / (name or f"update-{self.update_count + 1:06d}.jsonl")
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as fh:
-            for n, c in enumerate(got.conversations):
-                fh.write(json.dumps({
-                    "conversation": n, "group": got.groups[n], "prompt_index": c.task_index,
-                    "messages": c.messages, "turn_rewards": c.turn_rewards,
-                    "return": got.returns[n], "ended_by": c.ended_by, "error": c.error,
-                    "excluded": got.excluded.get(n)}) + "\n")
+        self.out.write_lines(path, [{
+            "conversation": n, "group": got.groups[n], "prompt_index": c.task_index,
+            "messages": c.messages, "turn_rewards": c.turn_rewards,
+            "return": got.returns[n], "ended_by": c.ended_by, "error": c.error,
+            "excluded": got.excluded.get(n)} for n, c in enumerate(got.conversations)])
 
     def _write_trajectories(self, batch: RolloutBatch, rewards: torch.Tensor) -> None:
         """Rank 0 writes every rank's samples, in global group order (ranks hold contiguous
         blocks), so the file is the one a single process writes."""
-        texts = batch.texts if batch.texts is not None else self.tokenizer.batch_decode(
-            torch.where(batch.response_mask.bool(), batch.response_ids,
-                        self.tokenizer.pad_token_id), skip_special_tokens=True)
+        texts = batch.texts if batch.texts is not None else \
+            self.decode(batch.response_ids, batch.response_mask)
         first = self.owned.start if self.world.parallel else 0
         rows = [{"group": group + first, "prompt_index": index, "response": text,
                  "reward": reward}
@@ -718,10 +738,8 @@ class Trainer:
         every = [row for part in self.world.all_gather(rows) for row in part]
         if not self.world.is_main:
             return
-        path = self.out.trajectories / f"update-{self.update_count + 1:06d}.jsonl"
-        with open(path, "w", encoding="utf-8") as fh:
-            for row in every:
-                fh.write(json.dumps(row) + "\n")
+        self.out.write_lines(
+            self.out.trajectories / f"update-{self.update_count + 1:06d}.jsonl", every)
 
     def save_final(self) -> None:
         """The trained model (adapters only under LoRA), renamed into place when complete."""

@@ -14,15 +14,17 @@ files no longer match it is damaged: exit 6, like any checkpoint that cannot be 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stateset_backend.common.errors import InvalidInput, ResumeImpossible
 from stateset_backend.common.jsonio import read_json
 from stateset_backend.engines.adapter import Checkpoint, EngineAdapter, stage_checkpoint
-from stateset_backend.engines.registry import Registry
-from stateset_backend.runs.store import RunStore
 from stateset_backend.spec.content import sha256_file
 from stateset_backend.spec.model import ExperimentSpec, FromRun
+
+if TYPE_CHECKING:  # the plugin API re-exports STAGED_CHECKPOINT: no run store (sqlite3) at load
+    from stateset_backend.engines.registry import Registry
+    from stateset_backend.runs.store import RunStore
 
 STAGED_CHECKPOINT = "from_run"  # inside the attempt directory
 MANIFEST = "manifest.json"

@@ -8,6 +8,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stateset_backend.common.errors import (
     EngineFailed,
@@ -38,9 +39,8 @@ from stateset_backend.providers.base import (
     Provider,
     RayProvider,
 )
-from stateset_backend.providers.kuberay.settings import KubeRaySettings
 from stateset_backend.providers.local import Exit
-from stateset_backend.runs import history, kuberay_attempt, lineage, quarantine
+from stateset_backend.runs import history, lineage, quarantine
 from stateset_backend.runs.results import (
     Check,
     Metrics,
@@ -57,6 +57,9 @@ from stateset_backend.runs.store import Attempt, RunStore
 from stateset_backend.runs.verify import verified_fallback
 from stateset_backend.spec.inputs import verify_inputs
 from stateset_backend.spec.model import ExperimentSpec
+
+if TYPE_CHECKING:  # a kuberay plan's machinery loads for a kuberay plan only (run_plan)
+    from stateset_backend.providers.kuberay.settings import KubeRaySettings
 
 CANONICAL_SERIES = "canonical_metrics.jsonl"
 
@@ -150,8 +153,11 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
                           f"{plan.adapter.version} but {entry.distribution} {entry.version} "
                           "is installed; make a new plan")
     on_cluster = plan.provider == "kuberay"
-    # a kuberay plan's engine is the image's (provider_settings.image), not this machine's
-    kuberay = kuberay_attempt.preflight(plan, adapter, store, apply) if on_cluster else None
+    kuberay: KubeRaySettings | None = None
+    if on_cluster:  # its engine is the image's (provider_settings.image), not this machine's
+        from stateset_backend.runs import kuberay_attempt
+
+        kuberay = kuberay_attempt.preflight(plan, adapter, store, apply)
     if not on_cluster:
         verify_engine_version(plan, adapter.installed_version(python, engine_home))
 
@@ -222,6 +228,8 @@ def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, atte
     engine left: the data path of one attempt, in that order."""
     provider: Provider
     if kuberay is not None:
+        from stateset_backend.runs import kuberay_attempt
+
         prepared, manifest = kuberay_attempt.prepare(plan, adapter, attempt, resume_from,
                                                      kuberay, echo_stderr)
         if not apply:  # nothing is executed, so nothing is collected or succeeds

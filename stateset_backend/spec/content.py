@@ -6,8 +6,6 @@ import hashlib
 import os
 from pathlib import Path
 
-from stateset_backend.spec.digest import sha256_of
-
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Lower-case hex SHA-256 of a file's bytes, read in blocks."""
@@ -24,6 +22,8 @@ def directory_digest(root: str | os.PathLike[str]) -> str:
     This is what ``model.revision`` holds for a local model directory: renaming, adding,
     removing or changing any file changes it; file times and order do not.
     """
+    from stateset_backend.spec.digest import sha256_of  # with the spec's models: not for a file
+
     base = Path(root)
     files = {p.relative_to(base).as_posix(): sha256_file(p)
              for p in sorted(base.rglob("*")) if p.is_file()}

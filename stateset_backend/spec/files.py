@@ -6,7 +6,6 @@ an unknown key is a near-miss of a real one (``grup_size`` → ``group_size``).
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -50,6 +49,8 @@ def format_errors(exc: ValidationError, model: type[BaseModel] = ExperimentSpec)
             continue
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
+            import difflib  # only a spec with an unknown key needs it
+
             known = _fields_at(model, loc[:-1])
             close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
             msg = "unknown key" + (f"; did you mean '{close[0]}'?" if close else "")

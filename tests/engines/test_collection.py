@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -129,28 +130,66 @@ def test_openrlhf_resume_stages_the_checkpoint_in_the_new_attempt_and_loads_it(t
 
 
 # -- verl: the file logger's jsonl, written by verl's own FileLogger ------------------------------
+# each run: its environment, folder, project and experiment names (JSON on stdin), written in
+# turn by one interpreter (importing verl is most of a run's time)
 VERL_WRITER = """
-import os, sys
+import json, os, sys
 from verl.utils.tracking import FileLogger
-logger = FileLogger(project_name=sys.argv[1], experiment_name=sys.argv[2])
-for step in range(1, 4):
-    logger.log({"critic/score/mean": 0.1 * step, "actor/pg_loss": 0.5 / step,
-                "actor/kl_loss": 0.01, "actor/entropy": 1.2, "actor/pg_clipfrac": 0.0,
-                "actor/grad_norm": 0.3, "actor/lr": 1e-6, "response_length/mean": 40.0,
-                "perf/throughput": 1000.0}, step=step)
-logger.finish()
+for run in json.loads(sys.stdin.read()):
+    os.environ.clear()
+    os.environ.update(run["env"])
+    os.chdir(run["cwd"])
+    logger = FileLogger(project_name=run["project"], experiment_name=run["experiment"])
+    for step in range(1, 4):
+        logger.log({"critic/score/mean": 0.1 * step, "actor/pg_loss": 0.5 / step,
+                    "actor/kl_loss": 0.01, "actor/entropy": 1.2, "actor/pg_clipfrac": 0.0,
+                    "actor/grad_norm": 0.3, "actor/lr": 1e-6, "response_length/mean": 40.0,
+                    "perf/throughput": 1000.0}, step=step)
+    logger.finish()
 """
+HOSTILE_NAMES = ["../../escaped", "/abs/elsewhere", "a/b", "${oc.env:HOME}"]
+
+
+@pytest.fixture(scope="module")
+def verl_logged(tmp_path_factory) -> dict[str | None, tuple[Path, object]]:
+    """verl's own FileLogger run for the golden run (None: logging under
+    VERL_FILE_LOGGER_ROOT) and for a plan of each hostile name (given the plan's environment
+    and project name, in its attempt folder): each run's folder, and its plan."""
+    root = tmp_path_factory.mktemp("verl-logged")
+    entry = AdapterEntry(VerlAdapter(), "builtin", "stateset-backend", "0.1.0")
+    runs, out = [], {}
+    folder = root / "golden"
+    folder.mkdir()
+    runs.append({"env": {**os.environ, "VERL_FILE_LOGGER_ROOT": str(folder / "logs")},
+                 "cwd": os.getcwd(), "project": "golden",
+                 "experiment": identity_name(RUN_ID, DIGEST)})
+    out[None] = (folder, None)
+    for i, name in enumerate(HOSTILE_NAMES):
+        plan = make_plan(parse_spec({**verl_golden({"objective": "grpo"}), "name": name}), entry,
+                         "0.9.1", base_dir=Path("/"))
+        folder = root / f"hostile{i}"
+        attempt = folder / "attempt"
+        attempt.mkdir(parents=True)
+        env = {**os.environ, **{k: v.replace("{run_dir}", str(attempt))
+                                for k, v in plan.set_env.items()}}
+        env.pop("VERL_FILE_LOGGER_ROOT", None)
+        runs.append({"env": env, "cwd": str(attempt),
+                     "project": plan.native["trainer.project_name"],
+                     "experiment": plan.native["trainer.experiment_name"]})
+        out[name] = (folder, plan)
+    proc = subprocess.run([VERL_PYTHON or "", "-c", VERL_WRITER], input=json.dumps(runs),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
 
 
 @needs_verl
-def test_verl_file_logger_is_collected(tmp_path):
+@pytest.mark.xdist_group(__name__)
+def test_verl_file_logger_is_collected(verl_logged, tmp_path):
     adapter = VerlAdapter()
     ctx = _ctx(adapter, "0.9.1")
-    env = {**os.environ, "VERL_FILE_LOGGER_ROOT": str(tmp_path / "logs")}
-    proc = subprocess.run([VERL_PYTHON or "", "-c", VERL_WRITER, "golden",
-                           identity_name(RUN_ID, DIGEST)], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    logged, _ = verl_logged[None]
+    shutil.copytree(logged / "logs", tmp_path / "logs")  # what verl wrote, in this attempt
     (tmp_path / "checkpoints" / "global_step_3" / "actor").mkdir(parents=True)
     (tmp_path / "checkpoints" / "global_step_3" / "actor" / "model.pt").write_bytes(b"w")
     (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("3")
@@ -169,24 +208,14 @@ def test_verl_file_logger_is_collected(tmp_path):
 
 
 @needs_verl
-@pytest.mark.parametrize("name", ["../../escaped", "/abs/elsewhere", "a/b", "${oc.env:HOME}"])
-def test_a_hostile_name_never_chooses_where_verls_file_logger_writes(tmp_path, name):
+@pytest.mark.xdist_group(__name__)
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_a_hostile_name_never_chooses_where_verls_file_logger_writes(verl_logged, name):
     """verl's own FileLogger, given the plan's environment and project name: the metrics land
     at the one path the plan names inside the attempt folder, and collection finds them."""
     adapter = VerlAdapter()
-    entry = AdapterEntry(adapter, "builtin", "stateset-backend", "0.1.0")
-    plan = make_plan(parse_spec({**verl_golden({"objective": "grpo"}), "name": name}), entry,
-                     "0.9.1", base_dir=Path("/"))
+    tmp_path, plan = verl_logged[name]
     attempt = tmp_path / "attempt"
-    attempt.mkdir()
-    env = {**os.environ, **{k: v.replace("{run_dir}", str(attempt))
-                            for k, v in plan.set_env.items()}}
-    env.pop("VERL_FILE_LOGGER_ROOT", None)
-    proc = subprocess.run([VERL_PYTHON or "", "-c", VERL_WRITER,
-                           plan.native["trainer.project_name"],
-                           plan.native["trainer.experiment_name"]], env=env, cwd=attempt,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
     written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     assert written == [Path("attempt") / f"{plan.native['trainer.experiment_name']}.jsonl"]
     ctx = LaunchContext(plan.run_id, plan.experiment_digest, "0.9.1", plan.resolved_dialect())

@@ -47,6 +47,10 @@ from stateset_backend.plan.launch_plan import LaunchPlan, make_plan
 from stateset_backend.spec.files import parse_spec
 from stateset_backend.translate import overrides
 
+# the tests read the batches each engine's parser reads once (read_verl, read_openrlhf,
+# read_nemo): one pytest-xdist worker runs them all, so each batch is read once
+pytestmark = pytest.mark.xdist_group(__name__)
+
 HERE = Path(__file__).resolve().parent
 VERL_PYTHON = os.environ.get("STATESET_TEST_VERL_PYTHON")
 VERL_WHEELS = os.environ.get("STATESET_TEST_VERL_WHEELS")

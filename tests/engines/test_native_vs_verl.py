@@ -28,7 +28,10 @@ from stateset_backend.native import objectives as O
 
 VERL_PYTHON = os.environ.get("STATESET_TEST_VERL_PYTHON")
 PROBE = Path(__file__).with_name("verl_core_algos.py")
-pytestmark = pytest.mark.skipif(VERL_PYTHON is None, reason=VERL_PYTHON_MISSING)
+# every test reads the one batch verl's interpreter computes (verl_results): one pytest-xdist
+# worker runs them all, so it is computed once
+pytestmark = [pytest.mark.skipif(VERL_PYTHON is None, reason=VERL_PYTHON_MISSING),
+              pytest.mark.xdist_group(__name__)]
 
 TOLERANCE = {"float64": 1e-6, "float32": 1e-5}
 DTYPES = {"float32": torch.float32, "float64": torch.float64}

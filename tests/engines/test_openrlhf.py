@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -111,12 +112,62 @@ def _run_parser(version: str, *args: str) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _parse(plan, version: str, run_dir: Path) -> dict[str, Any]:
-    argv = [a.replace("{run_dir}", str(run_dir)) for a in plan.argv[3:]]
-    return _run_parser(version, "--", *argv)
+def _argv(plan, run_dir: Path) -> list[str]:
+    return [a.replace("{run_dir}", str(run_dir)) for a in plan.argv[3:]]
 
 
 needs_wheels = pytest.mark.skipif(WHEELS is None, reason=OPENRLHF_WHEELS_MISSING)
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A golden spec on one release: its plan and the folder that stands for its run
+    directory, what the release's parser made of the launch (``error``: it refused), or why
+    the spec was refused before launch."""
+
+    plan: Any = None
+    run_dir: Path | None = None
+    got: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    refused: str | None = None
+
+
+@pytest.fixture(scope="module")
+def parsers(tmp_path_factory) -> tuple[dict[str, dict[str, Any]],
+                                       dict[tuple[str, str], Parsed]]:
+    """Every release parser's defaults, and every golden spec planned for every release and
+    read by that release's parser: one interpreter runs them all (starting one is most of a
+    parse's time). The tests that read it are one xdist_group, so one worker builds it."""
+    root = tmp_path_factory.mktemp("openrlhf-parsed")
+    jobs: list[dict[str, Any]] = [{"wheel": str(_wheel(v)), "defaults": True}
+                                  for v in sorted(RELEASES)]
+    planned: dict[tuple[str, str], Parsed] = {}
+    for version in sorted(RELEASES):
+        for name, doc in GOLDEN.items():
+            try:
+                plan = _plan(doc, version)
+            except Unsupported as exc:
+                planned[(name, version)] = Parsed(refused=str(exc))
+                continue
+            run_dir = root / version / name
+            run_dir.mkdir(parents=True)
+            planned[(name, version)] = Parsed(plan, run_dir)
+            jobs.append({"wheel": str(_wheel(version)), "argv": _argv(plan, run_dir)})
+    proc = subprocess.run([sys.executable, str(PARSER), "--batch"], input=json.dumps(jobs),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = iter(json.loads(proc.stdout.strip().splitlines()[-1]))
+    defaults = {}
+    for version in sorted(RELEASES):
+        result = next(results)
+        assert "error" not in result, result["error"][-3000:]
+        defaults[version] = result["result"]
+    for key, parsed in planned.items():
+        if parsed.plan is not None:
+            result = next(results)
+            planned[key] = Parsed(parsed.plan, parsed.run_dir, result.get("result", {}),
+                                  result.get("error"))
+    return defaults, planned
 
 FLAT = {"model": "pretrain", "estimator": "advantage_estimator", "n": "n_samples_per_prompt",
         "kl": "init_kl_coef", "kl_est": "kl_estimator", "kl_loss": "use_kl_loss",
@@ -179,30 +230,33 @@ def _normal(value: Any) -> Any:
 
 
 @needs_wheels
+@pytest.mark.xdist_group(__name__)
 @pytest.mark.parametrize("version", sorted(RELEASES))
-def test_recorded_defaults_are_the_parsers_own(version):
+def test_recorded_defaults_are_the_parsers_own(version, parsers):
     """Every default the contract records is what that release's parser really defaults to."""
     dialect = OpenRLHFAdapter().contract.dialect(Version(version))
-    real = _run_parser(version, "--defaults")
+    real = parsers[0][version]
     assert {k: _normal(real[k]) for k in dialect.defaults} == dialect.defaults
     # and every switch the launch fixes is a real option of this release
     assert not set(OpenRLHFAdapter().keys(dialect).fixed) - set(real)
 
 
 @needs_wheels
+@pytest.mark.xdist_group(__name__)
 @pytest.mark.parametrize("version", sorted(RELEASES))
 @pytest.mark.parametrize("name", sorted(GOLDEN))
-def test_real_parser_accepts_our_argv_and_parses_back(name, version, tmp_path):
+def test_real_parser_accepts_our_argv_and_parses_back(name, version, parsers):
     doc = GOLDEN[name]
     spec = parse_spec(doc)
     names = RELEASES[version]
-    try:
-        plan = _plan(doc, version)
-    except Unsupported as exc:
-        pytest.skip(f"refused before launch: {exc}")
+    parsed = parsers[1][(name, version)]
+    if parsed.refused is not None:
+        pytest.skip(f"refused before launch: {parsed.refused}")
+    plan, run_dir = parsed.plan, parsed.run_dir
     dialect = plan.resolved_dialect()
     assert set(dialect.defaults) <= set(plan.native)  # every recorded default is pinned
-    got = _parse(plan, version, tmp_path)
+    assert parsed.error is None, parsed.error[-3000:]
+    got = parsed.got
 
     def v(key: str) -> Any:
         return got[names[key]]
@@ -266,9 +320,9 @@ def test_real_parser_accepts_our_argv_and_parses_back(name, version, tmp_path):
         flag = OpenRLHFAdapter().keys(dialect).target_modules
         assert got[flag.removeprefix("--")] == plan.native[flag] == ["all-linear"]
     assert v("run") == f"{plan.run_id}.{plan.experiment_digest.removeprefix('sha256:')}"
-    assert v("ckpt") == f"{tmp_path}/checkpoints"
+    assert v("ckpt") == f"{run_dir}/checkpoints"
     rm = v("rm")
-    assert (rm if isinstance(rm, str) else rm[0]) == f"{tmp_path}/stateset_reward.py"
+    assert (rm if isinstance(rm, str) else rm[0]) == f"{run_dir}/stateset_reward.py"
     if a.overlong is not None:
         assert v("overlong") == 64
     assert (v("gamma"), v("lambd")) == ((a.gae.gamma, a.gae.lam) if a.gae else (1.0, 1.0))
@@ -297,10 +351,11 @@ def test_shipped_surfaces_are_the_release_parsers_own(version):
 
 
 @needs_wheels
-def test_every_flag_is_an_exact_option_string(tmp_path):
+@pytest.mark.xdist_group(__name__)
+def test_every_flag_is_an_exact_option_string(parsers):
     """argparse would accept an abbreviation; ours must be the option strings themselves."""
     for version in RELEASES:
-        options = set(_run_parser(version, "--defaults"))
+        options = set(parsers[0][version])
         for name, doc in GOLDEN.items():
             try:
                 flags = [a.split("=", 1)[0] for a in _plan(doc, version).argv

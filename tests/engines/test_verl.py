@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,8 @@ GOLDEN = {
 }
 GOLDEN["no_validation"]["data"].pop("validation")
 EPS = _with(golden({"objective": "grpo"}), optim={"eps": 1e-6})
+UNKNOWN_KEY = {**golden({"objective": "grpo"}),
+               "engine_options": {"verl": {"trainer.no_such_key": 1}}}
 TRUNCATE_LEFT = _with(golden({"objective": "grpo"}), data={"prompt_overflow": "truncate_left"})
 
 
@@ -115,24 +118,13 @@ def _overrides(plan, run_dir: Path) -> list[str]:
     return [a.replace("{run_dir}", str(run_dir)) for a in plan.argv[at + 1:]]
 
 
-def _compose(plan, run_dir: Path) -> dict[str, Any]:
-    assert VERL_PYTHON is not None
-    proc = subprocess.run([VERL_PYTHON, str(PROBE)], input=json.dumps(_overrides(plan, run_dir)),
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(autouse=True)
-def hub_cache(tmp_path, monkeypatch):
+def _hub_cache(cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A Hugging Face cache holding the pinned snapshot, as a machine that pre-fetched it has
     (verl reads the model's config while validating); the weights are not needed for that."""
     import shutil
 
     from stateset_backend.native.tiny_model import ASSETS
 
-    cache = tmp_path / "hub"
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     snapshot = Path(hub_snapshot("Qwen/Qwen2.5-0.5B-Instruct", COMMIT))
     shutil.copytree(ASSETS / "tiny-llama-support", snapshot)
@@ -140,6 +132,54 @@ def hub_cache(tmp_path, monkeypatch):
     config["architectures"] = ["LlamaForCausalLM"]  # what a saved checkpoint records
     (snapshot / "config.json").write_text(json.dumps(config))
     return cache
+
+
+@pytest.fixture(autouse=True)
+def hub_cache(tmp_path, monkeypatch):
+    return _hub_cache(tmp_path / "hub", monkeypatch)
+
+
+@dataclass(frozen=True)
+class Composed:
+    """A spec's plan (made with ``cache`` as the Hugging Face cache), the folder that stands
+    for its run directory, and what verl made of the launch (``error``: verl refused it)."""
+
+    cache: Path
+    plan: Any
+    run_dir: Path
+    probe: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def composed(tmp_path_factory) -> dict[str, Composed]:
+    """GOLDEN, EPS and UNKNOWN_KEY planned, and composed by one verl interpreter: importing
+    verl is most of a composition's time. The tests that read it are one xdist_group, so one
+    pytest-xdist worker builds it."""
+    assert VERL_PYTHON is not None
+    root = tmp_path_factory.mktemp("verl-composed")
+    docs = {**GOLDEN, "eps": EPS, "unknown_key": UNKNOWN_KEY}
+    with pytest.MonkeyPatch.context() as mp:
+        cache = _hub_cache(root / "hub", mp)
+        plans = {name: _plan(doc) for name, doc in docs.items()}
+    for name in plans:
+        (root / name).mkdir()
+    jobs = [_overrides(plan, root / name) for name, plan in plans.items()]
+    proc = subprocess.run([VERL_PYTHON, str(PROBE)], input=json.dumps(jobs),
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    probes = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {name: Composed(cache, plan, root / name, probe)
+            for (name, plan), probe in zip(plans.items(), probes, strict=True)}
+
+
+def _composition(composed: dict[str, Composed], name: str,
+                 monkeypatch: pytest.MonkeyPatch) -> Composed:
+    """The spec's composition, with the cache it was planned against as this test's own."""
+    got = composed[name]
+    monkeypatch.setenv("HF_HUB_CACHE", str(got.cache))
+    assert "error" not in got.probe, got.probe["error"][-3000:]
+    return got
 
 
 needs_verl = pytest.mark.skipif(VERL_PYTHON is None,
@@ -161,12 +201,13 @@ def _spec_lr(spec, update: int) -> float:
 
 
 @needs_verl
+@pytest.mark.xdist_group(__name__)
 @pytest.mark.parametrize("name", sorted(GOLDEN))
-def test_golden_spec_composes_and_means_what_the_spec_meant(name, tmp_path):
+def test_golden_spec_composes_and_means_what_the_spec_meant(name, composed, monkeypatch):
     doc = GOLDEN[name]
     spec = parse_spec(doc)
-    plan = _plan(doc)
-    probe = _compose(plan, tmp_path)
+    got = _composition(composed, name, monkeypatch)
+    plan, probe, run_dir = got.plan, got.probe, got.run_dir
     assert probe["verl_version"] == "0.9.1"
     cfg, engine = probe["config"], probe["engine"]
     actor, rollout, alg = (cfg["actor_rollout_ref"]["actor"], cfg["actor_rollout_ref"]["rollout"],
@@ -290,27 +331,24 @@ def test_golden_spec_composes_and_means_what_the_spec_meant(name, tmp_path):
     # identity and outputs inside verl's own naming
     assert cfg["trainer"]["experiment_name"] == identity_name(plan.run_id,
                                                                 plan.experiment_digest)
-    assert cfg["trainer"]["default_local_dir"] == f"{tmp_path}/checkpoints"
+    assert cfg["trainer"]["default_local_dir"] == f"{run_dir}/checkpoints"
     reward_fn = cfg["reward"]["custom_reward_function"]
-    assert (reward_fn["path"], reward_fn["name"]) == (f"{tmp_path}/stateset_reward.py",
+    assert (reward_fn["path"], reward_fn["name"]) == (f"{run_dir}/stateset_reward.py",
                                                       "compute_score")
 
 
 @needs_verl
-def test_a_spec_eps_reaches_verls_adamw(tmp_path):
-    probe = _compose(_plan(EPS), tmp_path)
+@pytest.mark.xdist_group(__name__)
+def test_a_spec_eps_reaches_verls_adamw(composed, monkeypatch):
+    probe = _composition(composed, "eps", monkeypatch).probe
     assert probe["engine"]["eps"] == 1e-6
 
 
 @needs_verl
-def test_an_unknown_key_from_engine_options_is_refused_by_verl(tmp_path):
-    doc = golden({"objective": "grpo"})
-    doc["engine_options"] = {"verl": {"trainer.no_such_key": 1}}
-    plan = _plan(doc)
-    proc = subprocess.run([VERL_PYTHON or "", str(PROBE)],
-                          input=json.dumps(_overrides(plan, tmp_path)),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "no_such_key" in proc.stderr
+@pytest.mark.xdist_group(__name__)
+def test_an_unknown_key_from_engine_options_is_refused_by_verl(composed):
+    refused = composed["unknown_key"].probe
+    assert "error" in refused and "no_such_key" in refused["error"]
 
 
 # -- what verl cannot honour, or honours with a declared deviation --------------------------------

@@ -3,12 +3,15 @@ run verl's validate_config, and report the composed config plus the registries v
 does not check against. The actor config is also turned into verl's own dataclass, its
 optimizer built by verl's build_optimizer on a one-element parameter, and the learning rate of
 every update read from verl's own scheduler functions with the arguments its FSDP engine
-passes, so the test sees what verl will really use. Reads a JSON list of overrides on stdin;
-prints JSON on stdout."""
+passes, so the test sees what verl will really use. Reads a JSON list of override lists on
+stdin and prints a JSON list on stdout: for each, that report, or ``{"error": traceback}`` when
+verl refuses it. Each is composed on its own; they share one interpreter because importing verl
+is most of a probe's time."""
 
 import json
 import os
 import sys
+import traceback
 
 import verl
 from hydra import compose, initialize_config_dir
@@ -47,12 +50,13 @@ def _vllm_free_lora_check() -> None:
     sys.modules[utils.__name__] = utils
 
 
-_vllm_free_lora_check()
-overrides = json.loads(sys.stdin.read())
-config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-with initialize_config_dir(config_dir=config_dir, version_base=None):
-    cfg = compose(config_name="ppo_trainer", overrides=overrides)
-validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+def _composed(overrides: list) -> object:
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg),
+                    use_critic=need_critic(cfg))
+    return cfg
 
 
 def _engine_view(cfg) -> dict:
@@ -91,12 +95,25 @@ def _engine_view(cfg) -> dict:
             "model_dtype": actor.fsdp_config.model_dtype}
 
 
-print(json.dumps({
-    "engine": _engine_view(cfg),
-    "config": OmegaConf.to_container(cfg, resolve=True),
-    "known_estimators": sorted(str(k) for k in core_algos.ADV_ESTIMATOR_REGISTRY),
-    "known_loss_modes": sorted(core_algos.POLICY_LOSS_REGISTRY),
-    "need_critic": need_critic(cfg),
-    "need_reference_policy": need_reference_policy(cfg),
-    "verl_version": verl.__version__,
-}))
+def probe(overrides: list) -> dict:
+    cfg = _composed(overrides)
+    return {
+        "engine": _engine_view(cfg),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "known_estimators": sorted(str(k) for k in core_algos.ADV_ESTIMATOR_REGISTRY),
+        "known_loss_modes": sorted(core_algos.POLICY_LOSS_REGISTRY),
+        "need_critic": need_critic(cfg),
+        "need_reference_policy": need_reference_policy(cfg),
+        "verl_version": verl.__version__,
+    }
+
+
+def _reported(overrides: list) -> dict:
+    try:
+        return probe(overrides)
+    except Exception:
+        return {"error": traceback.format_exc()}
+
+
+_vllm_free_lora_check()
+print(json.dumps([_reported(overrides) for overrides in json.loads(sys.stdin.read())]))

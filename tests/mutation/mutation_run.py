@@ -49,6 +49,16 @@ def apply(mutant: Mutant, tmp: Path) -> None:
         path.write_text(text.replace(old, new), encoding="utf-8")
 
 
+def _other_plugins_off() -> list[str]:
+    """``-p no:NAME`` for every installed pytest plugin but the kit's own: the kit's module
+    uses none of them, and importing them (Hypothesis, Hydra's, with assertion rewriting of
+    their packages) costs each mutant's run about a second."""
+    from importlib.metadata import entry_points
+
+    return [f"-p no:{ep.name}" for ep in entry_points(group="pytest11")
+            if not ep.value.startswith("stateset_backend.")]
+
+
 def run_one(mutant: Mutant, timeout: float = 600) -> dict[str, object]:
     """Apply one mutant to a fresh copy and run the kit; killed when it does not exit 0."""
     started = time.monotonic()
@@ -56,9 +66,13 @@ def run_one(mutant: Mutant, timeout: float = 600) -> dict[str, object]:
         tmp = Path(tmp_name)
         _copy(tmp)
         apply(mutant, tmp)
+        # one failing check kills the mutant, so the kit stops at the first (pytest's -x: the
+        # kit's in-process pytest reads PYTEST_ADDOPTS); a survivor still runs every check
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(tmp), *filter(None, [os.environ.get("PYTHONPATH")])]),
-            "PYTHONDONTWRITEBYTECODE": "1"}
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTEST_ADDOPTS": " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-x",
+                                                     *_other_plugins_off()]))}
         report_path = tmp / "report.json"
         proc = subprocess.run(
             [sys.executable, "-m", "stateset_backend", "conformance", mutant.engine,

@@ -19,6 +19,9 @@ from stateset_backend.native.batch import (
 )
 from stateset_backend.native.multiturn.conversation import Decoding, collect, conversation_logprobs
 
+# the tests share what the module-scoped fixtures build: one pytest-xdist worker runs them all
+pytestmark = pytest.mark.xdist_group(__name__)
+
 
 @pytest.fixture(scope="module")
 def rolled(tmp_path_factory):

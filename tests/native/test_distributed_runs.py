@@ -20,7 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-pytestmark = pytest.mark.slow
+# the tests share what the module-scoped fixtures build: one pytest-xdist worker runs them all
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(__name__)]
 
 UPDATES = 12
 

@@ -13,7 +13,8 @@ import pytest
 
 from stateset_backend.cli import main
 
-pytestmark = pytest.mark.slow
+# the tests share what the module-scoped fixtures build: one pytest-xdist worker runs them all
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(__name__)]
 
 
 def _tiny_spec(**changes):

@@ -22,6 +22,9 @@ from stateset_backend.spec.files import parse_spec
 
 from .conftest import EXAMPLES, tiny_spec
 
+# the tests share what the module-scoped fixtures build: one pytest-xdist worker runs them all
+pytestmark = pytest.mark.xdist_group(__name__)
+
 FROM = {"run_id": "20260101T000000Z-00000000", "checkpoint": "update-000002",
         "sha256": "e" * 64}
 # TRL runs both (SFTTrainer, and a model loaded from the run): tests/test_trl_sft.py

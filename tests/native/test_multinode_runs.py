@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow
+# the tests share what the module-scoped fixtures build: one pytest-xdist worker runs them all
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(__name__)]
 
 UPDATES = 6
 RUN_ID = "20260101T000000Z-0000abcd"

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# the tests share what the module-scoped fixtures build: one pytest-xdist worker runs them all
+pytestmark = pytest.mark.xdist_group(__name__)
+
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):

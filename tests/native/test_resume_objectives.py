@@ -15,7 +15,10 @@ from safetensors.torch import load_file
 from stateset_backend.cli import main
 from stateset_backend.native import checkpoint
 
-pytestmark = pytest.mark.slow
+from .conftest import tiny_spec
+
+# the tests share what the module-scoped fixtures build: one pytest-xdist worker runs them all
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(__name__)]
 
 
 def _ppo(tiny):
@@ -34,10 +37,11 @@ def _sft(tiny):
     return doc
 
 
-@pytest.fixture(params=["ppo", "sft"])
-def finished(request, tiny, tmp_path_factory):
-    """One uninterrupted run (6 updates, checkpoints every 2)."""
-    doc = _ppo(tiny) if request.param == "ppo" else _sft(tiny)
+@pytest.fixture(scope="module", params=["ppo", "sft"])
+def finished(request, tmp_path_factory):
+    """One uninterrupted run (6 updates, checkpoints every 2), shared by the tests below: each
+    resumes a copy of it."""
+    doc = _ppo(tiny_spec) if request.param == "ppo" else _sft(tiny_spec)
     tmp = tmp_path_factory.mktemp(request.param)
     spec, plan, runs = tmp / "spec.json", tmp / "plan.json", tmp / "runs"
     spec.write_text(json.dumps(doc))

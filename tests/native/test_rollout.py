@@ -172,3 +172,32 @@ def test_prompts_tokenized_once_are_padded_as_the_tokenizer_pads_them(tiny, make
                             return_tensors="pt")
     assert torch.equal(ids, enc["input_ids"])
     assert torch.equal(mask, enc["attention_mask"].float())
+
+
+def test_the_grouped_forward_is_built_once_per_model_and_again_after_a_move():
+    from stateset_backend.native import grouped_llama
+
+    model = _llama_family("llama")
+    lean = grouped_llama.GroupedLlama.of(model)
+    assert grouped_llama.GroupedLlama.of(model) is lean
+    model.to(torch.float64)
+    moved = grouped_llama.GroupedLlama.of(model)
+    assert moved is not lean and moved.layers[0].q[0].dtype == torch.float64
+
+
+def test_rms_norm_in_one_call_is_the_llama_formula_bit_for_bit():
+    """The grouped forward's CPU float32 RMSNorm goes through torch's rms_norm: the same
+    numbers and gradients as the formula the model's own RMSNorm computes."""
+    from stateset_backend.native.grouped_llama import _rms
+
+    g = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(5, 7, 32, generator=g)).requires_grad_()
+    weight = torch.randn(32, generator=g).requires_grad_()
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    formula = weight * h
+    fused = _rms(x, (weight, 1e-6))
+    assert torch.equal(fused, formula)
+    up = torch.randn(5, 7, 32, generator=g)
+    for a, b in zip(torch.autograd.grad(fused, (x, weight), up),
+                    torch.autograd.grad(formula, (x, weight), up), strict=True):
+        assert torch.equal(a, b)

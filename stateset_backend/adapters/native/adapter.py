@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stateset_backend.native import layout
-from stateset_backend.native.multiturn.environment import conversation_refusals
+from stateset_backend.native.multiturn.settings import conversation_refusals
 from stateset_backend.native.parallel.settings import data_parallel_refusals
 from stateset_backend.native.ppo.settings import ppo_refusals
 from stateset_backend.plugin import (

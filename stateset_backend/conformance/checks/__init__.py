@@ -7,6 +7,7 @@ follow a sample through the pipeline, each holding the checks that prove one thi
 - ``planning``: the samples plan; a claimed capability plans with nothing dropped, an
   unclaimed one is refused; the gaps an adapter declares;
 - ``determinism``: a plan depends on its spec and release alone;
+- ``interpreters``: nor on the interpreter that made it (its hash seed);
 - ``injection``: user strings are data; ``engine_options`` cannot reach a key the launch sets;
 - ``engine_reads``: the launch as the engine reads it, held to the launch, the release and
   the spec; each setting reaches exactly the keys it claims;
@@ -20,7 +21,6 @@ from __future__ import annotations
 from stateset_backend.conformance.checks.determinism import (
     check_deterministic_and_pure,
     check_launchers_compile,
-    check_plans_agree_across_processes,
     normalized,
 )
 from stateset_backend.conformance.checks.engine_reads import (
@@ -47,6 +47,7 @@ from stateset_backend.conformance.checks.injection import (
     rotations,
     spellings,
 )
+from stateset_backend.conformance.checks.interpreters import check_plans_agree_across_processes
 from stateset_backend.conformance.checks.outputs import (
     COLLECTION_CASES,
     HEALTHY,

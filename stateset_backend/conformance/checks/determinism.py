@@ -1,6 +1,6 @@
 """A plan depends on its spec and release alone: two plans of one spec are the same (up to
-run id and time), in this process and in fresh interpreters under other hash seeds; planning
-changes neither the spec nor the spec's folder; the launchers a plan writes compile.
+run id and time); planning changes neither the spec nor the spec's folder; the launchers a plan
+writes compile. (Fresh interpreters under other hash seeds: ``interpreters``.)
 """
 
 from __future__ import annotations
@@ -81,60 +81,3 @@ def check_launchers_compile(plan: LaunchPlan, where: str) -> None:
             except SyntaxError as exc:
                 raise CheckFailed(f"{where}: the launch writes {name}, which is not valid "
                                   f"Python (line {exc.lineno}: {exc.msg})") from None
-
-
-_CHILD = """
-import importlib, json, sys
-from pathlib import Path
-from stateset_backend.conformance import checks
-from stateset_backend.conformance.samples import SampleFiles
-job = json.loads(sys.stdin.read())
-module, _, qualname = job["adapter"].partition(":")
-cls = importlib.import_module(module)
-for part in qualname.split("."):
-    cls = getattr(cls, part)
-files = SampleFiles(Path(job["root"]), job["data_format"], job["sha256"])
-plan = checks.plan_doc(cls(), job["version"], job["doc"], files)
-sys.stdout.write(checks.normalized(plan))
-"""
-
-
-def check_plans_agree_across_processes(adapter: EngineAdapter, version: str, sample: Sample,
-                                       files: SampleFiles) -> str | None:
-    """The sample planned in two fresh interpreters with different ``PYTHONHASHSEED`` gives
-    byte-identical plans (up to run id and time): nothing depends on set or dict order, ids
-    or the process. None when it agrees; a reason when the adapter cannot be imported by
-    name in a fresh interpreter (then nothing was checked)."""
-    import os
-    import subprocess
-    import sys
-
-    cls = type(adapter)
-    if "<locals>" in cls.__qualname__:
-        return f"{cls.__qualname__} is defined inside a function: a fresh interpreter " \
-               "cannot import it"
-    job = json.dumps({"adapter": f"{cls.__module__}:{cls.__qualname__}", "version": version,
-                      "doc": sample.doc, "root": str(files.root),
-                      "data_format": files.data_format, "sha256": files.sha256})
-    outputs = []
-    for seed in ("1", "2"):
-        env = {**os.environ, "PYTHONHASHSEED": seed,
-               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        proc = subprocess.run([sys.executable, "-c", _CHILD], input=job, capture_output=True,
-                              text=True, env=env, timeout=300)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            if "ModuleNotFoundError" in last or "AttributeError" in last:
-                return f"{cls.__module__}:{cls.__qualname__} cannot be imported in a fresh " \
-                       f"interpreter ({last})"
-            raise CheckFailed(f"{sample.capability}: planning in a fresh interpreter failed: "
-                              f"{last}")
-        outputs.append(proc.stdout)
-    if outputs[0] != outputs[1]:
-        a, b = outputs
-        at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                  min(len(a), len(b)))
-        raise CheckFailed(f"{sample.capability}: plans made under PYTHONHASHSEED 1 and 2 "
-                          f"differ: ...{a[max(0, at - 80):at + 80]}... vs "
-                          f"...{b[max(0, at - 80):at + 80]}...; sort what you iterate")
-    return None

@@ -244,13 +244,16 @@ def check_distinct_launches(adapter: EngineAdapter, version: str, base: dict[str
     origin = plan_doc(adapter, version, base, files)
     full = origin.validated_spec().model_dump(mode="json")
     compared = 0
+    reads: dict[str, dict[str, Any] | None] = {}  # each pair's sides recur in other pairs
 
     def launches(doc: dict[str, Any]) -> dict[str, Any] | None:
-        plan = plan_or_none(adapter, version, doc, files)
-        if plan is None:
-            return None
-        out = flatten(normalize_values(read(plan), plan))
-        return {k: v for k, v in out.items() if "<run-id>" not in str(v)}
+        key = repr(doc)
+        if key not in reads:
+            plan = plan_or_none(adapter, version, doc, files)
+            reads[key] = None if plan is None else {
+                k: v for k, v in flatten(normalize_values(read(plan), plan)).items()
+                if "<run-id>" not in str(v)}
+        return reads[key]
 
     for path, values in DISTINCT_LEAVES.items():
         if path.startswith("algorithm.kl.") and full["algorithm"].get("kl") is None:

@@ -161,14 +161,20 @@ def check_option_keys(adapter: EngineAdapter, version: str, base: dict[str, Any]
     """Every key the launch sets, in every spelling, as an ``engine_options`` entry: each
     must be refused with exit 2 at plan time. Returns how many entries were refused."""
     tried = 0
+    refused: set[str] = set()  # keys of several spellings ("+k", "k") share entries
     for key in owned_keys(plan, option_key):
         for spelled, value in spellings(key):
+            entry = repr((spelled, value))
+            if entry in refused:
+                tried += 1
+                continue
             doc = copy.deepcopy(base)
             doc["engine_options"] = {adapter.name: {spelled: value}}
             try:
                 plan_doc(adapter, version, doc, files)
             except InvalidInput:
                 tried += 1
+                refused.add(entry)
                 continue
             except Exception as exc:
                 raise CheckFailed(f"engine_options {spelled!r} (reaches {key}): expected "

@@ -9,13 +9,16 @@ with exit 3 before anything could launch.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from stateset_backend.common.errors import AdapterBug, InvalidInput, Unsupported
+from stateset_backend.conformance import memo
 from stateset_backend.conformance.samples import (
     Sample,
     SampleFiles,
@@ -69,7 +72,13 @@ def declared_unsupported(unsupported: Iterable[str] | Mapping[str, str], capabil
 # -- planning samples ------------------------------------------------------------------------------
 def plan_doc(adapter: EngineAdapter, version: str, doc: dict[str, Any],
              files: SampleFiles) -> LaunchPlan:
-    return make_plan(parse_spec(doc), entry_for(adapter), version, base_dir=files.root)
+    """The document planned through the adapter. A plan is a function of the validated spec,
+    so a spec that plans is planned once per sample files, however many checks and documents
+    ask for it (a refusal is asked again: it is cheap, and checks read its details)."""
+    spec = parse_spec(doc)
+    key = ("plan", memo.adapter_key(adapter), version, repr(spec.model_dump(mode="json")))
+    return memo.once(files, key, lambda: make_plan(spec, entry_for(adapter), version,
+                                                   base_dir=files.root))
 
 
 def describe(exc: BaseException) -> str:
@@ -87,7 +96,17 @@ def plan_or_none(adapter: EngineAdapter, version: str, doc: dict[str, Any],
 def plannable_sample(adapter: EngineAdapter, version: str, capability: str, files: SampleFiles,
                      overrides: dict[str, Any] | None = None) -> tuple[Sample, LaunchPlan]:
     """The first sample needing a claimed ``capability`` that plans, or CheckFailed naming why
-    each sample was refused."""
+    each sample was refused. Planned once per sample files: the capability check and every
+    check that starts from the claimed samples share it."""
+    key = ("sample", memo.adapter_key(adapter), version, capability, repr(overrides))
+    sample, plan = memo.once(files, key, lambda: _plannable_sample(
+        adapter, version, capability, files, overrides), remembered=(CheckFailed,))
+    return replace(sample, doc=copy.deepcopy(sample.doc)), plan
+
+
+def _plannable_sample(adapter: EngineAdapter, version: str, capability: str,
+                      files: SampleFiles,
+                      overrides: dict[str, Any] | None) -> tuple[Sample, LaunchPlan]:
     samples = samples_for(adapter.contract, version, capability, files, overrides,
                           fitted_base(adapter, version, files, overrides))
     if not samples:
@@ -184,7 +203,15 @@ def claimed_plans(adapter: EngineAdapter, version: str, files: SampleFiles,
 def fitted_base(adapter: EngineAdapter, version: str, files: SampleFiles,
                 overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The base, with every setting the release hard-codes (and refuses otherwise) moved to
-    the release's value, so the base plans without per-engine hand-written specs."""
+    the release's value, so the base plans without per-engine hand-written specs. Fitted once
+    per sample files: every sample starts from it."""
+    key = ("fitted base", memo.adapter_key(adapter), version, repr(overrides))
+    return copy.deepcopy(memo.once(files, key, lambda: _fitted_base(adapter, version, files,
+                                                                    overrides)))
+
+
+def _fitted_base(adapter: EngineAdapter, version: str, files: SampleFiles,
+                 overrides: dict[str, Any] | None) -> dict[str, Any]:
     from stateset_backend.translate.rules import Hardcoded, rule_for
 
     doc = base_doc(adapter.contract, version, files, overrides)
@@ -231,6 +258,17 @@ def _has(doc: dict[str, Any], path: str) -> bool:
 def base_plan(adapter: EngineAdapter, version: str, files: SampleFiles,
               overrides: dict[str, Any] | None, **extra: Any) -> tuple[dict[str, Any],
                                                                        LaunchPlan]:
+    """The fitted base with ``extra`` merged in, planned; once per sample files, as most
+    checks start from it."""
+    key = ("base", memo.adapter_key(adapter), version, repr(overrides), repr(extra))
+    doc, plan = memo.once(files, key, lambda: _base_plan(adapter, version, files, overrides,
+                                                         extra), remembered=(CheckFailed,))
+    return copy.deepcopy(doc), plan
+
+
+def _base_plan(adapter: EngineAdapter, version: str, files: SampleFiles,
+               overrides: dict[str, Any] | None,
+               extra: dict[str, Any]) -> tuple[dict[str, Any], LaunchPlan]:
     doc = deep_merge(fitted_base(adapter, version, files, overrides), extra)
     try:
         return doc, plan_doc(adapter, version, doc, files)

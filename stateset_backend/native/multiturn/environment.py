@@ -53,28 +53,6 @@ class Failure:
     reason: str
 
 
-def conversation_refusals(spec: Any) -> list[str]:
-    """Settings the native engine implements no meaning of for conversations (torch-free, so
-    the adapter refuses them at plan time and the trainer again before anything loads)."""
-    alg, problems = spec.algorithm, list[str]()
-    if spec.environment.kind == "single_turn":
-        return problems
-    if alg.kl is not None and alg.kl.placement == "reward":
-        problems.append("algorithm.kl.placement reward: for conversations the native engine "
-                        "puts KL in the loss only (a per-turn reward-to-go has no KL term)")
-    if alg.overlong is not None:
-        problems.append("algorithm.overlong: the soft overlong penalty is defined on one "
-                        "response, not on a conversation")
-    if alg.dynamic_sampling is not None:
-        problems.append("algorithm.dynamic_sampling: the native engine does not refill "
-                        "batches of conversations")
-    if spec.data.prompt_overflow in ("truncate_left", "truncate_right"):
-        problems.append(f"data.prompt_overflow {spec.data.prompt_overflow}: an environment's "
-                        "opening is never truncated (one over max_prompt_tokens fails its "
-                        "conversation)")
-    return problems
-
-
 def load_class(ref: EnvironmentRef) -> type:
     """Import the environment class after proving its file is the one the spec pins."""
     if not ref.path.is_file():
