@@ -17,6 +17,12 @@ import pytest
 
 from stateset_backend.conformance.specs import FULL_DAPO, FULL_PPO, MINIMAL
 
+# One torch thread in each test process and in each engine it starts: the suite runs one
+# worker per core, so a second thread per process only oversubscribes the cores, and OpenMP's
+# spin-waits then burn the time the other worker needed. A test that sets its own count wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # set before its first parallel region, which reads the variable
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "plugins"
 # Plugins that exist to be tested (one of them is broken on purpose): the suite loads them as
 # real distributions through entry points, but never installs them where users work.
