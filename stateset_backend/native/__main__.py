@@ -57,7 +57,7 @@ def main() -> int:
     from stateset_backend.native.sft.trainer import trainer_for
     from stateset_backend.native.trainer import StopRequested, load_settings
 
-    world = World()
+    world, code = World(), 0
     try:
         settings = load_settings(args.config)
         world = join(settings.spec.resources.world_size)
@@ -75,17 +75,24 @@ def main() -> int:
                   file=sys.stderr)
         from stateset_backend.providers.base import EXIT_STOPPED
 
-        return EXIT_STOPPED
+        code = EXIT_STOPPED
     except Exception as exc:  # the process boundary: one line, non-zero exit
         rank = f" (rank {world.rank} on node {world.node})" if world.parallel else ""
         print(f"native engine{rank}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        code = 1
     finally:
         world.close()
-    if world.is_main:
+    if code == 0 and world.is_main:
         print(f"native engine: {trainer.update_count} updates committed", file=sys.stderr)
-    return 0
-
+    if world.parallel:
+        # Even after the group is destroyed, gloo's threads can still abort the interpreter's
+        # finalization the same way, turning a finished (or stopped) rank into a crash. By
+        # now every record, checkpoint and the final model are written and closed, so a rank
+        # of a parallel run leaves with its code without that finalization.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 if __name__ == "__main__":
     sys.exit(main())
