@@ -2,29 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
-import signal
-import subprocess
-import sys
-import time
+from pathlib import Path
+
+from interrupting import interrupt_when, write_holding_reward
 
 
 def test_interrupt_then_resume(cli, tiny, spec_file, tmp_path):
     plan, runs = tmp_path / "plan.json", tmp_path / "runs"
     doc = tiny(**{"budget.total_updates": 40, "evaluation.every": None})
+    reward = write_holding_reward(tmp_path / "reward.py", Path(
+        doc["reward"]["entrypoint"].rpartition(":")[0]).read_text())
+    doc["reward"].update(entrypoint=f"{reward}:score",
+                         sha256=hashlib.sha256(reward.read_bytes()).hexdigest())
     assert cli("plan", "--engine", "native", spec_file(doc), "-o", plan).returncode == 0
     run_id = json.loads(plan.read_text())["run_id"]
-    proc = subprocess.Popen([sys.executable, "-m", "stateset_backend", "run", "--runs-dir",
-                             str(runs), "--quiet", str(plan)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
     ckpts = runs / run_id / "attempts" / "1" / "checkpoints"
-    deadline = time.monotonic() + 120
-    while not (ckpts / "update-000004" / "manifest.json").exists():
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    err = interrupt_when(["run", "--runs-dir", str(runs), "--quiet", str(plan)],
+                         ckpts / "update-000004" / "manifest.json")
     first = json.loads((runs / run_id / "result.json").read_text())
     assert first["status"] == "interrupted" and first["committed_updates"] < 40
     # The message names the exact command that continues the run, and that command works.
