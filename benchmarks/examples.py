@@ -188,11 +188,7 @@ def write_readme(measured: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--write-readme", action="store_true",
-                        help=f"store the measurement in {MEASURED.relative_to(ROOT)} and "
-                             "regenerate the README's table from it")
-    parser.add_argument("--render-only", action="store_true",
-                        help="regenerate the README's table from the stored measurement")
+    harness.readme_options(parser, MEASURED)
     args = parser.parse_args()
     if args.render_only:
         write_readme(json.loads(MEASURED.read_text()))

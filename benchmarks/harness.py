@@ -5,6 +5,7 @@ regenerated from a stored measurement instead of typed in."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import platform
@@ -105,6 +106,16 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
         raise SystemExit(f"{' '.join(argv[:6])} exited {proc.returncode}:\n"
                          f"{proc.stderr[-3000:]}")
     return seconds
+
+
+def readme_options(parser: argparse.ArgumentParser, measured: Path) -> None:
+    """``--write-readme`` and ``--render-only``: every benchmark's README section is generated
+    from the measurement it stores in ``measured``, never typed in."""
+    parser.add_argument("--write-readme", action="store_true",
+                        help=f"store the measurement in {measured.relative_to(ROOT)} and "
+                             "regenerate the README's section from it")
+    parser.add_argument("--render-only", action="store_true",
+                        help="regenerate the README's section from the stored measurement")
 
 
 def replace_section(begin: str, end: str, text: str, readme: Path = README) -> None:

@@ -279,11 +279,7 @@ def main() -> None:
                         help="updates per run for every shape (a quick check; by default "
                              "each shape's own)")
     parser.add_argument("--no-hub", action="store_true", help="skip the hub-overhead rounds")
-    parser.add_argument("--write-readme", action="store_true",
-                        help=f"store the measurement in {MEASURED.relative_to(ROOT)} and "
-                             "regenerate the README's section from it")
-    parser.add_argument("--render-only", action="store_true",
-                        help="regenerate the README's section from the stored measurement")
+    harness.readme_options(parser, MEASURED)
     args = parser.parse_args()
     if args.render_only:
         harness.replace_section(BEGIN, END, render(json.loads(MEASURED.read_text())))

@@ -94,5 +94,6 @@ def main() -> int:
         os._exit(code)
     return code
 
+
 if __name__ == "__main__":
     sys.exit(main())
