@@ -160,6 +160,17 @@ def test_effective_table_fits_80_columns(cli, write_json, minimal):
     assert "settings differ between engines" in text
 
 
+def test_explain_tables_show_user_strings_as_written(cli, write_json, minimal):
+    """A spec's strings are data: square brackets in a name are printed, never read as the
+    table library's markup, in the effective table and in the prose side by side."""
+    minimal["name"] = "grpo-[bold]run[/]-[red]"
+    path = write_json(minimal)
+    for extra, columns in ((["--effective"], "80"), ([], "250"), ([], "80")):
+        proc = cli("explain", "--all-engines", *extra, path, env={"COLUMNS": columns})
+        assert proc.returncode == 0, proc.stderr
+        assert "grpo-[bold]run[/]-[red]" in "".join(proc.stdout.split()), (extra, columns)
+
+
 def test_effective_needs_all_engines(cli, write_json, minimal):
     proc = cli("explain", "--engine", "verl", "--effective", write_json(minimal))
     assert proc.returncode == 2 and "--all-engines" in proc.stderr

@@ -78,3 +78,32 @@ def test_module_loads_only_what_its_importers_need(module, not_loaded):
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
+
+
+GC_PROBE = """
+import gc, json, sys
+before = gc.get_threshold(), gc.get_freeze_count()
+from stateset_backend.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "same": (gc.get_threshold(), gc.get_freeze_count()) == before}))
+try:
+    main()  # as the console script runs it: the process is the CLI's
+except SystemExit:
+    pass
+print(json.dumps({"threshold": gc.get_threshold(), "frozen": gc.get_freeze_count() > 0,
+                  "enabled": gc.isenabled()}))
+"""
+
+
+def test_only_the_cli_process_tunes_the_cyclic_collector(write_json, minimal):
+    """The console script raises the collector's first threshold and exits without a final
+    collection; main() called from Python (a test, an embedding tool) leaves the host's
+    collector as it was. The collector stays enabled either way: a command that supervises
+    an engine for hours still collects its cycles."""
+    path = str(write_json(minimal))
+    proc = subprocess.run([sys.executable, "-c", GC_PROBE, "digest", path],
+                          capture_output=True, text=True, timeout=60)
+    embedded, own = (json.loads(line) for line in proc.stdout.splitlines()
+                     if line.startswith("{"))
+    assert embedded == {"code": 0, "same": True}, proc.stderr
+    assert own["enabled"] and own["frozen"] and own["threshold"][0] > 700, own

@@ -19,6 +19,7 @@ def print_side_by_side(engines: list[dict[str, Any]], effective: Callable[[], di
     fits 80 columns with any number of them, and the screen says how to read one engine's
     prose: five prose tables one under the other would run to some 1,700 lines."""
     from rich.table import Table
+    from rich.text import Text
 
     console = rich_console()
     wide = 30 * (2 + len(engines))
@@ -35,8 +36,9 @@ def print_side_by_side(engines: list[dict[str, Any]], effective: Callable[[], di
     for e in engines:
         t.add_column(f"{e['engine']} {e['engine_version']}", overflow="fold")
     for i, row in enumerate(engines[0]["fields"]):
-        t.add_row(row["field"], json.dumps(row["value"]),
-                  *(_outcome_text(e["fields"][i]) for e in engines))
+        # Text, not markup: a value or reason holding "[...]" is shown as it is
+        t.add_row(Text(row["field"]), Text(json.dumps(row["value"])),
+                  *(Text(_outcome_text(e["fields"][i])) for e in engines))
     console.print(t)
 
 
@@ -59,6 +61,10 @@ _LEGEND = ("same: the engine's default already is the spec's value; pinned: the 
            "the setting moot (for example validation decoding when nothing validates)")
 
 
+# between two engines' states: the padding rich puts between two columns of this table
+_GAP = "  "
+
+
 def _ascii_head() -> Any:
     """The rule under a table's header in ASCII: as many bytes as columns in a log or pipe."""
     from rich import box
@@ -71,14 +77,18 @@ def print_effective(table: dict[str, Any], differs: bool) -> None:
     with the spec's value beside them; the values and reasons of declared and refused cells
     go in numbered notes under the table."""
     from rich.table import Table
+    from rich.text import Text
 
     engines = [e["engine"] for e in table["engines"]]
     width = max(7, *(len(name) for name in engines))
     t = Table(box=_ascii_head(), pad_edge=False, collapse_padding=True, title=", ".join(
         f"{e['engine']} {e['engine_version']}" for e in table["engines"]))
     t.add_column("setting = spec value", overflow="fold", ratio=1)
-    for name in engines:
-        t.add_column(name, overflow="fold", min_width=width, max_width=width, no_wrap=True)
+    # The engines' states are one block of fixed-width fields: drawn as one column of plain
+    # Text, rich lays out two cells a row instead of one per engine, which is most of the
+    # command's own time with five engines (the output is the same, byte for byte).
+    t.add_column(_GAP.join(f"{name:<{width}}" for name in engines),
+                 width=len(engines) * (width + len(_GAP)) - len(_GAP), no_wrap=True)
     notes: list[str] = []
     section = None
     for row in table["rows"]:
@@ -86,7 +96,7 @@ def print_effective(table: dict[str, Any], differs: bool) -> None:
             continue
         head, _, rest = row["field"].partition(".")
         if rest and head != section:
-            t.add_row(f"[bold]{head}[/]", *([""] * len(engines)))
+            t.add_row(Text(head, style="bold"), "")
         section = head if rest else None
         cells = []
         for name in engines:
@@ -97,9 +107,9 @@ def print_effective(table: dict[str, Any], differs: bool) -> None:
                     f"{json.dumps(cell['effective'])} ({cell['reason']})"
                     if cell["state"] == "declared" else cell["reason"]))
                 text = f"{text[:width - 4]} {len(notes)}"
-            cells.append(text)
+            cells.append(f"{text:<{width}}")
         label = f"  {rest}" if rest else head
-        t.add_row(f"{label} = {json.dumps(row['value'])}", *cells)
+        t.add_row(Text(f"{label} = {json.dumps(row['value'])}"), Text(_GAP.join(cells)))
     console = rich_console()
     console.print(t)
     for i, note in enumerate(notes, 1):

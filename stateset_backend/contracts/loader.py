@@ -32,6 +32,7 @@ def parse_version(text: str, *, what: str = "engine version") -> Version:
         raise InvalidInput(f"{what} {text!r} is not a PEP 440 version (e.g. 0.9.1)") from None
 
 
+@functools.cache  # contracts test the same few ranges against many versions
 def _specifier(text: str) -> SpecifierSet:
     try:
         return SpecifierSet(text)

@@ -156,8 +156,10 @@ def build_registry(*, strict: bool | None = None,
         for ep in entry_points:
             if only is not None and ep.name not in only and ep.name != BUILTIN:
                 continue
-            dist_name = ep.dist.name if ep.dist is not None else None
-            dist_version = ep.dist.version if ep.dist is not None else "unknown"
+            # one parse of the distribution's METADATA (its .name and .version each parse it)
+            meta = ep.dist.metadata if ep.dist is not None else None
+            dist_name = meta["Name"] if meta is not None else None
+            dist_version = meta["Version"] if meta is not None else "unknown"
             try:
                 plugin = ep.load()
                 pm.register(plugin, name=ep.name)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +40,14 @@ def render(schema: dict[str, Any]) -> str:
 
 
 def packaged(name: str) -> str:
-    """The checked-in schema text, as shipped in the wheel."""
+    """The checked-in schema text, as shipped in the wheel: a plain file beside the package's
+    ``__init__`` (the wheel installs as files), read without ``importlib.resources``, whose
+    import alone is most of this command's time."""
+    from stateset_backend import schemas
+
     if name not in NAMES:
         raise InvalidInput(f"unknown schema {name!r} (one of: {', '.join(NAMES)})")
-    return resources.files("stateset_backend.schemas").joinpath(f"{name}.json").read_text(
-        encoding="utf-8")
+    return Path(schemas.__file__).with_name(f"{name}.json").read_text(encoding="utf-8")
 
 
 def write_all(directory: Path) -> None:
