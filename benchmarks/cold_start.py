@@ -184,17 +184,8 @@ for name in sys.argv[1:]:
 # raised first threshold, everything frozen before exit). Those settings also speed up the
 # libraries' own imports and teardown, so against the plain baseline the ratio credits the
 # project with part of that; against this one it is what the project's code alone adds.
-BASELINE_SAME_GC = """
-import gc, importlib, json, sys
-gc.set_threshold(*json.loads(sys.argv[1]))
-for name in sys.argv[2:]:
-    if name not in sys.modules:
-        try:
-            importlib.import_module(name)
-        except Exception:
-            pass
-gc.freeze()
-"""
+BASELINE_SAME_GC = ("import gc, json, sys\ngc.set_threshold(*json.loads(sys.argv.pop(1)))\n" +
+                    BASELINE + "gc.freeze()\n")
 
 
 def dependency_modules(argv: list[str], env: dict[str, str], expect: int,
