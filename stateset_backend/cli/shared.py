@@ -66,7 +66,12 @@ def rich_console() -> Any:
             self.quiet = True
             raise BrokenPipeError
 
-    return PipeConsole(soft_wrap=False)
+    console = PipeConsole(soft_wrap=False)
+    if console.color_system is None:
+        # a pipe or a log: nothing is coloured, and the highlighter's patterns over every
+        # line of prose were a third of drawing explain's notes, for the same bytes
+        console = PipeConsole(soft_wrap=False, highlight=False)
+    return console
 
 
 def read_spec(path: str) -> ExperimentSpec:
