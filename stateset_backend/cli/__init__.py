@@ -67,10 +67,10 @@ def one_line(message: str) -> str:
 
 
 # The cyclic collector's first threshold for the CLI's own process (700 by default). Starting
-# a command builds a few hundred thousand long-lived objects (pydantic's validators, rich, the
-# adapters' tables) and none of them is garbage, yet at 700 allocations a pass the collector
-# walks them over and over; mypy raises it for the same reason. It still runs, so a command
-# that supervises an engine for hours collects its cycles.
+# a command builds a few hundred thousand objects that live as long as it does (pydantic's
+# validators, rich, the adapters' tables), and at 700 allocations a pass the collector walks
+# them again and again to find almost no garbage; mypy raises it for the same reason. It still
+# runs, so a command that supervises an engine for hours collects its cycles.
 GC_THRESHOLD = (200_000, 30, 30)
 
 
