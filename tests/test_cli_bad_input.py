@@ -244,3 +244,37 @@ def test_a_bad_objective_is_the_one_problem_reported(capsys, write_json, minimal
     assert main(["validate", str(write_json(minimal))]) == 2
     expected = "Field required" if objective is None else "Input should be 'grpo'"
     assert f"1 problem(s): algorithm.objective: {expected}" in capsys.readouterr().err
+
+
+def _commands(parser: object) -> list[str]:
+    import argparse
+
+    sub = next(a for a in parser._actions  # type: ignore[attr-defined]
+               if isinstance(a, argparse._SubParsersAction))
+    return list(sub.choices)
+
+
+def test_each_group_names_the_commands_it_adds():
+    """The CLI builds only the group that owns the command it is given: each group's
+    COMMANDS must be exactly what its add_parsers adds, and together every command."""
+    from stateset_backend.cli import GROUPS, build_parser
+
+    every = _commands(build_parser())
+    assert [n for g in GROUPS for n in g.COMMANDS] == every
+    for group in GROUPS:
+        for name in group.COMMANDS:
+            assert _commands(build_parser(name)) == list(group.COMMANDS)
+
+
+@pytest.mark.parametrize("argv", [
+    ["validate", "s.json"], ["--json", "digest", "s.json"], ["schema", "spec"],
+    ["check", "--engine", "verl", "--engine-version", "0.9.1", "s.json"],
+    ["explain", "--all-engines", "--effective", "--differs", "s.json"],
+    ["run", "p.json", "--resume", "--runs-dir", "r"], ["runs", "list", "--limit", "5"],
+    ["runs", "--json", "show", "abc"], ["evaluate", "--split", "test", "abc"],
+    ["conformance", "native", "--json", "out.json"], ["--debug", "report", "abc", "-o", "x"]])
+def test_a_command_parses_the_same_with_only_its_group(argv):
+    from stateset_backend.cli import _command_word, build_parser
+
+    assert vars(build_parser(_command_word(argv)).parse_args(argv)) == \
+        vars(build_parser().parse_args(argv))

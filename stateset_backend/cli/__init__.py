@@ -30,8 +30,16 @@ from stateset_backend.cli import (
 )
 from stateset_backend.cli.shared import PROG, Commands, Parser
 
+# the command groups, in the order `--help` lists their commands
+GROUPS = (spec, engines, experiment, run, runs, publish, conformance)
+_OWNER = {name: group for group in GROUPS for name in group.COMMANDS}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; given the command word, only its group's subcommands are added, as pip
+    builds only the command it runs: the other groups' parsers (some 120 options, each
+    checked through a help formatter) cost every start about 2 ms. An unknown word, or none,
+    gets them all, for the listing and for the error that names every choice."""
     # The flags work before or after the subcommand. A subcommand's copy leaves the
     # namespace alone unless given (SUPPRESS), so it never resets what the top level read.
     top = Parser(add_help=False)
@@ -49,10 +57,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = Commands(parser.add_subparsers(dest="command", required=True,
                                               parser_class=Parser), common)
-    # the order here is the order `--help` lists the commands in
-    for group in (spec, engines, experiment, run, runs, publish, conformance):
+    owner = _OWNER.get(command) if command is not None else None
+    for group in GROUPS if owner is None else (owner,):
         group.add_parsers(commands)
     return parser
+
+
+def _command_word(raw: list[str]) -> str | None:
+    """The command a command line names: its first word after the top-level flags."""
+    for token in raw:
+        if token not in ("--json", "--debug"):
+            return None if token.startswith("-") else token
+    return None
 
 
 # C0 and C1 controls (U+0085 is a line break to splitlines() and terminals; U+009B starts a
@@ -82,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     debug, as_json = "--debug" in raw, "--json" in raw
     try:
-        args = build_parser().parse_args(raw)
+        args = build_parser(_command_word(raw)).parse_args(raw)
         code = int(args.func(args))
     except StatesetError as exc:
         if debug:

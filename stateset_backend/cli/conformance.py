@@ -9,6 +9,10 @@ import json
 
 from stateset_backend.cli.shared import Commands, load_registry
 
+# the top-level commands add_parsers adds: the CLI builds only the parsers of the group
+# that owns the command it is given
+COMMANDS = ("conformance",)
+
 
 def add_parsers(commands: Commands) -> None:
     p = commands.sub.add_parser("conformance",

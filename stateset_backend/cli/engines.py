@@ -10,6 +10,10 @@ from typing import Any
 
 from stateset_backend.cli.shared import Commands, emit, load_registry, rich_console
 
+# the top-level commands add_parsers adds: the CLI builds only the parsers of the group
+# that owns the command it is given
+COMMANDS = ("schema", "engines")
+
 
 def add_parsers(commands: Commands) -> None:
     p = commands.add("schema", cmd_schema, "print a JSON Schema (spec, plan, result, contract)")

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from stateset_backend.spec.model import ExperimentSpec
 
 
+# the top-level commands add_parsers adds: the CLI builds only the parsers of the group
+# that owns the command it is given
+COMMANDS = ("check", "explain", "plan")
+
+
 def add_parsers(commands: Commands) -> None:
     p = commands.add("check", cmd_check, "check an engine version can run a spec: "
                                          "capabilities, every setting's translation, the "

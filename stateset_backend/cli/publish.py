@@ -9,6 +9,10 @@ import json
 
 from stateset_backend.cli.shared import RUNS_DIR_HELP, Commands, emit, load_registry, store_and_run
 
+# the top-level commands add_parsers adds: the CLI builds only the parsers of the group
+# that owns the command it is given
+COMMANDS = ("evaluate", "report", "attest")
+
 
 def add_parsers(commands: Commands) -> None:
     p = commands.add("evaluate", cmd_evaluate, "score a checkpoint of a run on a held-out split "

@@ -20,6 +20,10 @@ from stateset_backend.cli.shared import (
     store_and_run,
 )
 
+# the top-level commands add_parsers adds: the CLI builds only the parsers of the group
+# that owns the command it is given
+COMMANDS = ("runs",)
+
 
 def add_parsers(commands: Commands) -> None:
     p = commands.add("runs", cmd_runs, "find, inspect and compare runs in the run store")

@@ -7,6 +7,10 @@ import argparse
 
 from stateset_backend.cli.shared import Commands, emit, read_spec
 
+# the top-level commands add_parsers adds: the CLI builds only the parsers of the group
+# that owns the command it is given
+COMMANDS = ("validate", "digest")
+
 
 def add_parsers(commands: Commands) -> None:
     p = commands.add("validate", cmd_validate, "check a spec; every problem as path: message")
