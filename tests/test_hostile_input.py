@@ -247,7 +247,7 @@ def test_any_error_message_is_printed_on_one_line(capsys, monkeypatch):
     def fail(args):
         raise InvalidInput("first\nsecond\r\u2028third\x1b[31m\x85fourth\x9b31m")
 
-    monkeypatch.setattr(cli, "build_parser", lambda: type("P", (), {
+    monkeypatch.setattr(cli, "build_parser", lambda command=None: type("P", (), {
         "parse_args": lambda self, raw: type("A", (), {"func": staticmethod(fail)})()})())
     assert cli.main(["validate", "x"]) == 2
     line = _one_line(capsys.readouterr().err)
