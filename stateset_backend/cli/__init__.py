@@ -30,7 +30,8 @@ from stateset_backend.cli import (
 )
 from stateset_backend.cli.shared import PROG, Commands, Parser
 
-# the command groups, in the order `--help` lists their commands
+# the command groups, in the order `--help` lists their commands; each names the top-level
+# commands its add_parsers adds (COMMANDS), so that only the owner of the one given is built
 GROUPS = (spec, engines, experiment, run, runs, publish, conformance)
 _OWNER = {name: group for group in GROUPS for name in group.COMMANDS}
 
@@ -57,7 +58,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = Commands(parser.add_subparsers(dest="command", required=True,
                                               parser_class=Parser), common)
-    owner = _OWNER.get(command) if command is not None else None
+    owner = _OWNER.get(command)
     for group in GROUPS if owner is None else (owner,):
         group.add_parsers(commands)
     return parser

@@ -9,8 +9,6 @@ import json
 
 from stateset_backend.cli.shared import Commands, load_registry
 
-# the top-level commands add_parsers adds: the CLI builds only the parsers of the group
-# that owns the command it is given
 COMMANDS = ("conformance",)
 
 

@@ -10,8 +10,6 @@ from typing import Any
 
 from stateset_backend.cli.shared import Commands, emit, load_registry, rich_console
 
-# the top-level commands add_parsers adds: the CLI builds only the parsers of the group
-# that owns the command it is given
 COMMANDS = ("schema", "engines")
 
 

@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from stateset_backend.spec.model import ExperimentSpec
 
 
-# the top-level commands add_parsers adds: the CLI builds only the parsers of the group
-# that owns the command it is given
 COMMANDS = ("check", "explain", "plan")
 
 

@@ -13,8 +13,6 @@ from typing import Any
 from stateset_backend.cli.shared import RUNS_DIR_HELP, Commands, emit, load_registry, read_spec
 from stateset_backend.cli.target import engine_options, plan_for, provider_options
 
-# the top-level commands add_parsers adds: the CLI builds only the parsers of the group
-# that owns the command it is given
 COMMANDS = ("run",)
 
 

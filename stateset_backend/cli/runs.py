@@ -20,8 +20,6 @@ from stateset_backend.cli.shared import (
     store_and_run,
 )
 
-# the top-level commands add_parsers adds: the CLI builds only the parsers of the group
-# that owns the command it is given
 COMMANDS = ("runs",)
 
 

@@ -7,8 +7,6 @@ import argparse
 
 from stateset_backend.cli.shared import Commands, emit, read_spec
 
-# the top-level commands add_parsers adds: the CLI builds only the parsers of the group
-# that owns the command it is given
 COMMANDS = ("validate", "digest")
 
 
