@@ -136,6 +136,18 @@ def test_the_native_vs_trl_measurement_covers_every_shape_in_interleaved_rounds(
     assert len(measured["hub"]["ratio"]["rounds"]) == rounds
 
 
+def test_the_profile_measures_the_share_outside_torch_on_every_compared_shape():
+    """The share outside torch's operators is stated for every shape the comparison with TRL
+    runs, each from profiled updates against the same updates' plain wall time."""
+    bench = _benchmark("profile_native")
+    measured = json.loads(bench.MEASURED.read_text(encoding="utf-8"))
+    assert list(measured["outside_torch"]) == list(bench.SHAPES)
+    for shape in measured["outside_torch"].values():
+        assert shape["updates"] >= shape["stretches"] >= 3
+        assert 0 < shape["update_ms_plain"] < shape["update_ms_profiled"]
+        assert 0 < shape["share"] < 1
+
+
 def test_the_cold_start_table_is_the_stored_measurement_of_every_command():
     bench = _benchmark("cold_start")
     measured = json.loads(bench.MEASURED.read_text(encoding="utf-8"))
