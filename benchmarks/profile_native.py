@@ -25,6 +25,7 @@ so the one where the interpreter's few microseconds around each weigh the most.
 from __future__ import annotations
 
 import argparse
+import bisect
 import functools
 import json
 import sys
@@ -168,7 +169,9 @@ def render(r: dict[str, Any]) -> str:
                        if seconds / total >= 0.005)
     m = r["machine"]
     rows = [f"| `{name}` | {o['update_ms_plain']:.1f} ms | {o['update_ms_profiled']:.1f} ms | "
-            f"{100 * o['share']:.0f}% |" for name, o in r["outside_torch"].items()]
+            f"{100 * o['share']:.0f}% | {100 * o['model_phases_share']:.0f}% (" + ", ".join(
+                f"{100 * o['phases'][phase]['share']:.0f}%" for phase in MODEL_PHASES) + ") |"
+            for name, o in r["outside_torch"].items()]
     return "\n".join([
         BEGIN,
         f"`{r['command']}` ({m['torch_threads']} torch thread, {m['cpus']} CPU cores): "
@@ -176,14 +179,24 @@ def render(r: dict[str, Any]) -> str:
         "",
         "The share of an update outside torch's operators (Python, tokenizer, reward, records), "
         "on each shape of the comparison with TRL, measured under torch's profiler: an upper "
-        "bound, since the profiler's bookkeeping counts mostly outside.",
+        "bound, since the profiler's bookkeeping counts mostly outside. The last column counts "
+        "only the time within the model's phases (" + ", ".join(MODEL_PHASES) + "), whose "
+        "operators any eager engine issues for the job: the Python between operators that no "
+        "change to the loop around them removes; the rest of the loop adds the difference.",
         "",
-        "| shape | an update | under the profiler | outside torch's operators |",
-        "|---|---|---|---|", *rows, END])
+        "| shape | an update | under the profiler | outside torch's operators | within the "
+        "model's phases (" + ", ".join(MODEL_PHASES) + ") |",
+        "|---|---|---|---|---|", *rows, END])
 
 
 ENGINE = "autograd::engine::evaluate_function"
 MARK = "profile: update"
+PHASE_MARK = "profile phase: "
+# the loop's model work, by the module-level name the trainer calls it through: the same
+# operators any eager engine issues for the job, so their own share is the floor under the
+# update's; the rest of the loop (tokenizing, decoding, scoring, records) adds to it
+MODEL_PHASES = {"sampling": "sample", "reference log-probs": "reference_logprobs",
+                "learner update": "update"}
 
 
 def outside_torch_share(spec: Any, updates: int, warmup: int = 5,
@@ -212,12 +225,17 @@ def outside_torch_share(spec: Any, updates: int, warmup: int = 5,
     bookkeeping of every nested operator) and, on a shared machine, one that two stretches'
     different loads make meaningless, so it is not reported: sampling the training thread's
     native stacks without the profiler (py-spy) put the share near the upper bound. Each
-    figure is the median over the stretches."""
+    figure is the median over the stretches.
+
+    The same is given for each of the model's phases (``MODEL_PHASES``), within its own
+    calls: the share of the update's operators' own Python, which no bookkeeping in the loop
+    adds to."""
     import shutil
     import statistics
 
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    from stateset_backend.native import trainer as trainer_module
     from stateset_backend.native.trainer import RunSettings, Trainer
     from stateset_backend.spec.digest import experiment_digest
 
@@ -241,19 +259,37 @@ def outside_torch_share(spec: Any, updates: int, warmup: int = 5,
             return collect()
 
     trainer.collect_batch = marked  # type: ignore[method-assign]
+
+    def phase_marked(phase: str, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            with record_function(PHASE_MARK + phase):
+                return fn(*a, **kw)
+        return wrapper
+
+    originals = {name: getattr(trainer_module, name) for name in MODEL_PHASES.values()}
+    for phase, name in MODEL_PHASES.items():
+        setattr(trainer_module, name, phase_marked(phase, originals[name]))
     trainer.train(until=warmup)
     plain, profiled, inside_s, steps_s, shares = [], [], [], [], []
-    for _ in range(stretches):
-        starts.clear()
-        trainer.train(until=trainer.update_count + per + 1)
-        plain.append((starts[-1] - starts[0]) / per)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+    phases: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    try:
+        for _ in range(stretches):
+            starts.clear()
             trainer.train(until=trainer.update_count + per + 1)
-        wall, inside, steps = _covered(prof.events())
-        profiled.append(wall / per)
-        inside_s.append(inside / per)
-        steps_s.append(steps / per)
-        shares.append(1 - inside / wall)
+            plain.append((starts[-1] - starts[0]) / per)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                trainer.train(until=trainer.update_count + per + 1)
+            wall, inside, steps, by_phase = _covered(prof.events())
+            profiled.append(wall / per)
+            inside_s.append(inside / per)
+            steps_s.append(steps / per)
+            shares.append(1 - inside / wall)
+            for phase, (phase_wall, phase_inside) in by_phase.items():
+                phases[phase].append((phase_wall / per, 1 - phase_inside / phase_wall))
+    finally:
+        for name, fn in originals.items():
+            setattr(trainer_module, name, fn)
     trainer.close()
     median = statistics.median
     return {"updates": per * stretches, "warmup_updates": warmup, "stretches": stretches,
@@ -261,24 +297,34 @@ def outside_torch_share(spec: Any, updates: int, warmup: int = 5,
             "update_ms_profiled": round(1e3 * median(profiled), 2),
             "inside_ms": round(1e3 * median(inside_s), 2),
             "engine_steps_ms": round(1e3 * median(steps_s), 2),
-            "share": round(max(0.0, median(shares)), 4)}
+            "share": round(max(0.0, median(shares)), 4),
+            "phases": {phase: {"ms_profiled": round(1e3 * median(w for w, _ in got), 2),
+                               "share": round(max(0.0, median(sh for _, sh in got)), 4)}
+                       for phase, got in phases.items()},
+            "model_phases_share": round(median(
+                sum(w * sh for w, sh in stretch) / sum(w for w, _ in stretch)
+                for stretch in zip(*phases.values(), strict=True)), 4)}
 
 
-def _covered(events: Any) -> tuple[float, float, float]:
+def _covered(events: Any) -> tuple[float, float, float, dict[str, tuple[float, float]]]:
     """(the wall time from the first update mark to the last, the time inside torch in it,
-    the part of that which is the engine's steps between backward functions), in seconds,
-    from the profiler's events."""
+    the part of that which is the engine's steps between backward functions, and for each
+    model phase its wall time and the time inside torch in it), in seconds, from the
+    profiler's events."""
     marks = sorted(e.time_range.start for e in events if e.name == MARK)
     first, last = marks[0], marks[-1]
-    tops = []
+    tops, windows = [], []
     for e in events:  # the operators at the top, annotations seen through
+        if e.name.startswith(PHASE_MARK) and first <= e.time_range.start < last:
+            windows.append((e.name[len(PHASE_MARK):], e.time_range.start, e.time_range.end))
         parent = e.cpu_parent
         while parent is not None and parent.is_user_annotation:
             parent = parent.cpu_parent
         if parent is None and not e.is_user_annotation and e.device_type.name == "CPU":
             tops.append((e.time_range.start, e.time_range.end, e.name.startswith(ENGINE)))
     tops.sort()
-    covered, steps, reach, engine_before = 0.0, 0.0, float(first), False
+    covered: list[tuple[float, float]] = []  # disjoint, in order
+    steps, reach, engine_before = 0.0, float(first), False
     for start, end, engine in tops:
         start, end = max(start, first), min(end, last)
         if end <= reach:
@@ -286,9 +332,22 @@ def _covered(events: Any) -> tuple[float, float, float]:
         if engine and engine_before:  # the engine's step from one function to the next
             steps += max(0.0, start - reach)
             start = reach
-        covered += end - max(start, reach)
+        covered.append((max(start, reach), end))
         reach, engine_before = end, engine
-    return (last - first) / 1e6, covered / 1e6, steps / 1e6
+    begins = [start for start, _ in covered]
+
+    def inside(a: float, b: float) -> float:
+        total, i = 0.0, max(0, bisect.bisect_right(begins, a) - 1)
+        while i < len(covered) and covered[i][0] < b:
+            total += max(0.0, min(covered[i][1], b) - max(covered[i][0], a))
+            i += 1
+        return total
+
+    by_phase: dict[str, tuple[float, float]] = {}
+    for phase, a, b in windows:
+        wall, got = by_phase.get(phase, (0.0, 0.0))
+        by_phase[phase] = (wall + (b - a) / 1e6, got + inside(a, b) / 1e6)
+    return (last - first) / 1e6, inside(first, last) / 1e6, steps / 1e6, by_phase
 
 
 if __name__ == "__main__":

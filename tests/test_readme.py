@@ -146,6 +146,11 @@ def test_the_profile_measures_the_share_outside_torch_on_every_compared_shape():
         assert shape["updates"] >= shape["stretches"] >= 3
         assert 0 < shape["update_ms_plain"] < shape["update_ms_profiled"]
         assert 0 < shape["share"] < 1
+        # the model's phases are measured within the same updates, and lie inside them
+        assert list(shape["phases"]) == list(bench.MODEL_PHASES)
+        assert sum(p["ms_profiled"] for p in shape["phases"].values()) < \
+            shape["update_ms_profiled"]
+        assert 0 < shape["model_phases_share"] < 1
 
 
 def test_the_cold_start_table_is_the_stored_measurement_of_every_command():
