@@ -170,7 +170,8 @@ def render(r: dict[str, Any]) -> str:
     m = r["machine"]
     rows = [f"| `{name}` | {o['update_ms_plain']:.1f} ms | {o['update_ms_profiled']:.1f} ms | "
             f"{100 * o['share']:.0f}% | {100 * o['model_phases_share']:.0f}% (" + ", ".join(
-                f"{100 * o['phases'][phase]['share']:.0f}%" for phase in MODEL_PHASES) + ") |"
+                f"{100 * o['phases'][phase]['share']:.0f}%" if phase in o["phases"] else "none"
+                for phase in MODEL_PHASES) + ") |"
             for name, o in r["outside_torch"].items()]
     return "\n".join([
         BEGIN,
@@ -180,9 +181,9 @@ def render(r: dict[str, Any]) -> str:
         "The share of an update outside torch's operators (Python, tokenizer, reward, records), "
         "on each shape of the comparison with TRL, measured under torch's profiler: an upper "
         "bound, since the profiler's bookkeeping counts mostly outside. The last column counts "
-        "only the time within the model's phases (" + ", ".join(MODEL_PHASES) + "), whose "
-        "operators any eager engine issues for the job: the Python between operators that no "
-        "change to the loop around them removes; the rest of the loop adds the difference.",
+        "only the time within the model's phases (" + ", ".join(MODEL_PHASES) + "): the "
+        "Python between the model's own operators, which no change to the loop around them "
+        "removes; the rest of the loop adds the difference.",
         "",
         "| shape | an update | under the profiler | outside torch's operators | within the "
         "model's phases (" + ", ".join(MODEL_PHASES) + ") |",
@@ -192,9 +193,9 @@ def render(r: dict[str, Any]) -> str:
 ENGINE = "autograd::engine::evaluate_function"
 MARK = "profile: update"
 PHASE_MARK = "profile phase: "
-# the loop's model work, by the module-level name the trainer calls it through: the same
-# operators any eager engine issues for the job, so their own share is the floor under the
-# update's; the rest of the loop (tokenizing, decoding, scoring, records) adds to it
+# the loop's model work, by the module-level name the trainer calls it through: the Python
+# between these operators is what no change to the rest of the loop (tokenizing, decoding,
+# scoring, records) removes, so their own share is the floor the loop's bookkeeping adds to
 MODEL_PHASES = {"sampling": "sample", "reference log-probs": "reference_logprobs",
                 "learner update": "update"}
 
