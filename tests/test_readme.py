@@ -153,6 +153,22 @@ def test_the_profile_measures_the_share_outside_torch_on_every_compared_shape():
         assert 0 < shape["model_phases_share"] < 1
 
 
+def test_the_compile_cost_is_a_stored_measurement_in_interleaved_rounds():
+    """Every figure of the compile benchmark has one value per round, and the speed-up is
+    paired round by round, as the README's benchmark table says it is measured."""
+    bench = _benchmark("compile_cost")
+    measured = json.loads((ROOT / "benchmarks" / "measured" / "compile_cost.json").read_text(
+        encoding="utf-8"))
+    assert measured["command"].startswith("python benchmarks/compile_cost.py")
+    assert measured["rounds"] >= 3 and set(measured["shapes"]) <= set(bench.SHAPES)
+    for shape in measured["shapes"].values():
+        assert all(len(v["rounds"]) == measured["rounds"] for v in shape.values())
+        assert shape["speedup"]["rounds"] == pytest.approx(
+            [e / c for e, c in zip(shape["eager_ms_per_step"]["rounds"],
+                                   shape["compiled_ms_per_step"]["rounds"], strict=True)],
+            rel=0.01, abs=0.01)
+
+
 def test_the_cold_start_table_is_the_stored_measurement_of_every_command():
     bench = _benchmark("cold_start")
     measured = json.loads(bench.MEASURED.read_text(encoding="utf-8"))
