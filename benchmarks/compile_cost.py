@@ -40,8 +40,6 @@ SIDES = ("eager", "compiled")
 
 def child(shape: str, compiled: bool, steps: int, revision: str | None) -> dict[str, float]:
     """One side's measurement in this process: the first call's seconds, then ms a step."""
-    import shutil
-
     harness.set_threads(1)
     import torch
 
@@ -80,7 +78,6 @@ def child(shape: str, compiled: bool, steps: int, revision: str | None) -> dict[
             fn()
         ms = 1e3 * (time.perf_counter() - start) / steps
         trainer.close()
-        shutil.rmtree(out, ignore_errors=True)
     return {"first_call_s": round(first, 3), "ms_per_step": round(ms, 3)}
 
 
