@@ -1,11 +1,11 @@
 """What a compiled learner step would cost and give: torch.compile (Inductor) against eager.
 
-The native engine runs eagerly. On the README's job a fifth of an update is the interpreter's
-time between torch's operators (profile_native.py), and only a compiled graph removes that
-time; this measures what the graph costs to get. Each side runs the learner's forward and
-backward (the policy's log-probs of one sampled batch of the shape, through the grouped
-forward, and the backward of their masked sum), with the optimizer's step left out, in a
-fresh process:
+The native engine runs eagerly. On the README's job about a quarter of an update is the
+interpreter's time between torch's operators (profile_native.py), and only a compiled graph
+removes that time; this measures what the graph costs to get. Each side runs the learner's
+forward and backward (the policy's log-probs of one sampled batch of the shape, through the
+grouped forward, and the backward of their masked sum), with the optimizer's step left out,
+in a fresh process:
 
 - ``eager``: the steady time of a step;
 - ``compiled``: ``torch.compile`` of the same step, first with an empty Inductor cache (what
