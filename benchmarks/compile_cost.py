@@ -32,10 +32,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
-from shapes import SHAPES, shape_spec, write_larger_model
+from shapes import EXAMPLES, add_shapes_option, larger_model_revision, shape_spec
 
 ROOT = harness.ROOT
 SIDES = ("eager", "compiled")
+# the stored measurement the README's table of benchmarks points to (``--out`` it to renew it)
+MEASURED = ROOT / "benchmarks" / "measured" / "compile_cost.json"
 
 
 def child(shape: str, compiled: bool, steps: int, revision: str | None) -> dict[str, float]:
@@ -54,7 +56,7 @@ def child(shape: str, compiled: bool, steps: int, revision: str | None) -> dict[
         out = Path(tmp) / "run"
         out.mkdir()
         trainer = Trainer(RunSettings("compile-cost", experiment_digest(spec), spec,
-                                      ROOT / "examples"), out)
+                                      EXAMPLES), out)
         batch, _, _ = trainer.collect_batch()
         if not isinstance(batch, RolloutBatch):
             raise SystemExit(f"{shape}: the first update sampled no batch to learn from")
@@ -120,8 +122,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50, help="timed steps a process")
-    parser.add_argument("--shapes", default="readme",
-                        help=f"comma-separated, of {', '.join(SHAPES)} (default readme)")
+    add_shapes_option(parser, default=("readme",))
     parser.add_argument("--out", type=Path,
                         default=ROOT / "benchmarks" / "results" / "compile_cost.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -132,12 +133,9 @@ def main() -> None:
         print("RESULT=" + json.dumps(child(args.child, args.compiled, args.steps,
                                            args.revision)))
         return
-    shapes = [name for name in args.shapes.split(",") if name]
-    if not shapes or set(shapes) - set(SHAPES):
-        parser.error(f"--shapes takes some of {', '.join(SHAPES)}, not {args.shapes!r}")
-    revision = write_larger_model() if "larger-model" in shapes else None
+    revision = larger_model_revision(args.shapes)
     report = {"shapes": {shape: measure(shape, args.rounds, args.steps, revision)
-                         for shape in shapes},
+                         for shape in args.shapes},
               "rounds": args.rounds, "steps": args.steps, "machine": harness.machine(1),
               "command": "python benchmarks/compile_cost.py " + " ".join(sys.argv[1:])}
     args.out.parent.mkdir(parents=True, exist_ok=True)

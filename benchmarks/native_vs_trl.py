@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_run
 import harness
-from shapes import SHAPES, SPEC, shape_spec, write_larger_model
+from shapes import SHAPES, SPEC, add_shapes_option, larger_model_revision, shape_spec
 
 ROOT = harness.ROOT
 MEASURED = ROOT / "benchmarks" / "measured" / "native_vs_trl.json"
@@ -151,7 +151,7 @@ def measure(args: argparse.Namespace, shapes: list[str]) -> dict[str, Any]:
     import transformers
     import trl
 
-    revision = write_larger_model() if "larger-model" in shapes else None
+    revision = larger_model_revision(shapes)
     report: dict[str, Any] = {"shapes": {}}
     with tempfile.TemporaryDirectory(prefix="native-vs-trl-") as tmp:
         work = Path(tmp)
@@ -214,8 +214,7 @@ def render(m: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=",".join(SHAPES),
-                        help=f"comma-separated, of {', '.join(SHAPES)}")
+    add_shapes_option(parser)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
@@ -228,11 +227,7 @@ def main() -> None:
     if args.render_only:
         harness.replace_section(BEGIN, END, render(json.loads(MEASURED.read_text())))
         return
-    shapes = [s for s in args.shapes.split(",") if s]
-    unknown = set(shapes) - set(SHAPES)
-    if unknown:
-        parser.error(f"unknown shape(s) {', '.join(sorted(unknown))}")
-    measured = measure(args, shapes)
+    measured = measure(args, args.shapes)
     text = render(measured)
     print(text)
     if args.write_readme:

@@ -11,7 +11,9 @@ seeded weights written under benchmarks/results/, given as the spec's model path
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import harness
@@ -68,3 +70,24 @@ def shape_spec(shape: str, updates: int, larger_revision: str | None) -> dict[st
         doc["data"][split]["uri"] = str(EXAMPLES / doc["data"][split]["uri"])
     doc["reward"]["entrypoint"] = str(EXAMPLES / doc["reward"]["entrypoint"])
     return doc
+
+
+def _shape_list(text: str) -> list[str]:
+    names = [name for name in text.split(",") if name]
+    if not names or set(names) - set(SHAPES):
+        raise argparse.ArgumentTypeError(f"takes some of {', '.join(SHAPES)}, not {text!r}")
+    return names
+
+
+def add_shapes_option(parser: argparse.ArgumentParser,
+                      default: Sequence[str] = tuple(SHAPES)) -> None:
+    """``--shapes a,b``: which shapes a benchmark measures, refused (exit 2) when it names
+    none or one that is not a shape."""
+    parser.add_argument("--shapes", type=_shape_list, default=list(default),
+                        help=f"comma-separated, of {', '.join(SHAPES)} "
+                             f"(default {','.join(default)})")
+
+
+def larger_model_revision(shapes: Sequence[str]) -> str | None:
+    """The larger model's digest, written first, where ``shapes`` include it."""
+    return write_larger_model() if "larger-model" in shapes else None
