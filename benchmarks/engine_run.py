@@ -9,7 +9,11 @@ load and the final save are not: TRL's launch saves after ``train()`` returns, a
 engine's final save is left out to match). The process's peak RSS is its own, and torch's
 thread pools are fixed before anything runs.
 
-    python benchmarks/engine_run.py {native,trl} PLAN --threads N   # prints RESULT={...}
+With ``--outside-torch PER``, TRL's run also measures the share of its updates spent outside
+torch's operators (outside_torch.py), as profile_native.py measures the native engine's.
+
+    python benchmarks/engine_run.py {native,trl} PLAN --threads N [--outside-torch PER]
+        # prints RESULT={...}
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import os
 import resource
 import runpy
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +33,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
+from outside_torch import STRETCHES, WARMUP, Stretches
+
+
+def plan(spec: Path, engine: str, work: Path) -> Path:
+    """``stateset-backend plan --engine ENGINE``: the launch the hub would run."""
+    out = work / f"{spec.stem}.{engine}.plan.json"
+    done = subprocess.run([sys.executable, "-m", "stateset_backend", "plan", "--engine", engine,
+                           str(spec), "-o", str(out)], capture_output=True, text=True,
+                          env=harness.pinned_env(1))
+    if done.returncode:
+        raise SystemExit(f"planning {spec.name} for {engine} failed: {done.stderr.strip()}")
+    return out
 
 
 def write_launch(plan: dict[str, Any], run_dir: Path) -> list[str]:
@@ -72,17 +89,29 @@ def run_native(plan: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             "rewards": [r["reward/mean"] for r in rows if "reward/mean" in r]}
 
 
-def run_trl(plan: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def run_trl(plan: dict[str, Any], run_dir: Path,
+            outside: Stretches | None = None) -> dict[str, Any]:
     """The TRL plugin's generated launch script, in this process, with ``GRPOTrainer.train``
-    timed (the script's subclass of it inherits the timed method)."""
+    timed (the script's subclass of it inherits the timed method); where ``outside`` is
+    given, each optimizer step (an update: the plugin runs one per update where, as in every
+    benchmark shape, the spec has one mini-batch and one epoch) begins it, from TRL's own
+    ``on_step_begin``, which runs before the step's generation."""
     argv = write_launch(plan, run_dir)
     import trl
+    from transformers import TrainerCallback
 
     timed: dict[str, Any] = {}
     train = trl.GRPOTrainer.train
 
+    class UpdateBegins(TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+            assert outside is not None
+            outside.begin_update()
+
     def timed_train(self: Any, *args: Any, **kwargs: Any) -> Any:
         timed["initial_weights"] = initial_weights(self.accelerator.unwrap_model(self.model))
+        if outside is not None:
+            self.add_callback(UpdateBegins())
         start = time.perf_counter()
         out = train(self, *args, **kwargs)
         timed["seconds"] = time.perf_counter() - start
@@ -94,8 +123,11 @@ def run_trl(plan: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     launched = runpy.run_path(script, run_name="__main__")
     metrics = run_dir / launched["SETTINGS"]["files"]["metrics"]
     rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-    return {**timed, "rewards": [r["logs"]["reward"] for r in rows
-                                 if "reward" in r.get("logs", {})]}
+    got = {**timed, "rewards": [r["logs"]["reward"] for r in rows
+                                if "reward" in r.get("logs", {})]}
+    if outside is not None:
+        got["outside_torch"] = outside.result()
+    return got
 
 
 def main() -> None:
@@ -103,13 +135,22 @@ def main() -> None:
     parser.add_argument("engine", choices=["native", "trl"])
     parser.add_argument("plan", type=Path)
     parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--outside-torch", type=int, metavar="PER",
+                        help="TRL only: measure the share outside torch's operators over "
+                             f"{STRETCHES} profiled stretches of PER updates")
     args = parser.parse_args()
+    if args.outside_torch is not None and args.engine != "trl":
+        parser.error("--outside-torch measures TRL's run (profile_native.py measures native's)")
     harness.set_threads(args.threads)
     plan = json.loads(args.plan.read_text())
     os.environ.update(plan["set_env"])  # what the hub sets for the engine's process
     with tempfile.TemporaryDirectory(prefix=f"bench-{args.engine}-") as tmp:
-        run = run_native if args.engine == "native" else run_trl
-        result = run(plan, Path(tmp))
+        if args.engine == "native":
+            result = run_native(plan, Path(tmp))
+        else:
+            outside = None if args.outside_torch is None else \
+                Stretches(WARMUP, args.outside_torch, STRETCHES)
+            result = run_trl(plan, Path(tmp), outside)
     import torch
 
     result.update(updates=len(result["rewards"]),

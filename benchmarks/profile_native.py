@@ -25,7 +25,6 @@ so the one where the interpreter's few microseconds around each weigh the most.
 from __future__ import annotations
 
 import argparse
-import bisect
 import functools
 import json
 import sys
@@ -35,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import engine_run
 import harness
+from outside_torch import PHASE_MARK, STRETCHES, WARMUP, Stretches
 from shapes import EXAMPLES, SPEC, add_shapes_option, larger_model_revision, shape_spec
 
 ROOT = harness.ROOT
@@ -54,6 +55,9 @@ def main() -> None:
                         help="updates of each shape's run under torch's profiler (default: "
                              + ", ".join(f"{k} {v}" for k, v in PROFILED.items()) + ")")
     add_shapes_option(parser)  # whose share outside torch is measured
+    parser.add_argument("--no-trl", action="store_true",
+                        help="skip measuring TRL's share outside torch on the same shapes "
+                             "(it needs examples/plugins/stateset-trl-engine installed)")
     parser.add_argument("--out", type=Path,
                         default=ROOT / "benchmarks" / "results" / "profile_native.json")
     parser.add_argument("--write-readme", action="store_true",
@@ -124,10 +128,14 @@ def main() -> None:
     outside = {name: outside_torch_share(
         parse_spec(shape_spec(name, 1, revision)),
         args.profiled_updates or PROFILED[name]) for name in args.shapes}
+    trl = {} if args.no_trl else {name: trl_outside_torch_share(
+        name, revision, args.profiled_updates or PROFILED[name], args.threads)
+        for name in args.shapes}
     report = {"updates": args.updates, "threads": args.threads, "total_s": round(total, 3),
               "updates_per_second": round(args.updates / total, 3),
               "phases_s": phases, "calls": counted,
               "other_s": round(total - accounted, 3), "outside_torch": outside,
+              "trl_outside_torch": trl,
               "machine": harness.machine(args.threads),
               "command": "python benchmarks/profile_native.py " + " ".join(sys.argv[1:])}
     out = MEASURED if args.write_readme else args.out
@@ -145,6 +153,29 @@ def main() -> None:
               f"under the profiler ({share['update_ms_profiled']:.1f} ms an update, "
               f"{share['update_ms_plain']:.1f} ms without it; {share['updates']} updates "
               f"profiled)")
+    for name, share in trl.items():
+        print(f"TRL, the same measure, {name}: {100 * share['share']:.1f}% "
+              f"({share['update_ms_plain']:.1f} ms an update without the profiler)")
+
+
+def trl_outside_torch_share(shape: str, revision: str | None, updates: int,
+                            threads: int) -> dict[str, Any]:
+    """TRL's share outside torch's operators on ``shape``, by the same schedule and rule as
+    the native engine's: the launch our TRL plugin renders for the shape's spec, run in a
+    process of its own with its threads fixed (engine_run.py)."""
+    import tempfile
+
+    per = max(1, updates // STRETCHES)
+    with tempfile.TemporaryDirectory(prefix="profile-trl-") as tmp:
+        work = Path(tmp)
+        spec = work / f"{shape}.json"
+        spec.write_text(json.dumps(shape_spec(
+            shape, Stretches(WARMUP, per, STRETCHES).updates, revision)))
+        plan = engine_run.plan(spec, "trl", work)
+        argv = [sys.executable, str(Path(engine_run.__file__)), "trl", str(plan),
+                "--threads", str(threads), "--outside-torch", str(per)]
+        got: dict[str, Any] = json.loads(harness.child(argv, harness.pinned_env(threads)))
+    return got["outside_torch"]
 
 
 GROUPS = {"records": ("records: metrics", "records: run info", "records: trajectories",
@@ -160,10 +191,11 @@ def render(r: dict[str, Any]) -> str:
     shares = ", ".join(f"{name} {100 * seconds / total:.0f}%" for name, seconds in ranked
                        if seconds / total >= 0.005)
     m = r["machine"]
+    trl = r.get("trl_outside_torch", {})
     rows = [f"| `{name}` | {o['update_ms_plain']:.1f} ms | {o['update_ms_profiled']:.1f} ms | "
             f"{100 * o['share']:.0f}% | {100 * o['model_phases_share']:.0f}% (" + ", ".join(
                 f"{100 * o['phases'][phase]['share']:.0f}%" if phase in o["phases"] else "none"
-                for phase in MODEL_PHASES) + ") |"
+                for phase in MODEL_PHASES) + ") | " + _trl_cells(o, trl.get(name)) + " |"
             for name, o in r["outside_torch"].items()]
     return "\n".join([
         BEGIN,
@@ -172,19 +204,31 @@ def render(r: dict[str, Any]) -> str:
         "",
         "The share of an update outside torch's operators (Python, tokenizer, reward, records), "
         "on each shape of the comparison with TRL, measured under torch's profiler: an upper "
-        "bound, since the profiler's bookkeeping counts mostly outside. The last column counts "
+        "bound, since the profiler's bookkeeping counts mostly outside. The fifth column counts "
         "only the time within the model's phases (" + ", ".join(MODEL_PHASES) + "): the "
         "Python between the model's own operators, which no change to the loop around them "
-        "removes; the rest of the loop adds the difference.",
+        "removes; the rest of the loop adds the difference. TRL is measured the same way, on "
+        "the launch our TRL plugin renders for the same job (benchmarks/outside_torch.py). A "
+        "share is a ratio: an engine that does less work inside torch shows the same Python as "
+        "a larger share, so the last column gives the time outside torch itself.",
         "",
         "| shape | an update | under the profiler | outside torch's operators | within the "
-        "model's phases (" + ", ".join(MODEL_PHASES) + ") |",
-        "|---|---|---|---|---|", *rows, END])
+        "model's phases (" + ", ".join(MODEL_PHASES) + ") | TRL: an update, outside torch's "
+        "operators | outside torch, an update: native / TRL |",
+        "|---|---|---|---|---|---|---|", *rows, END])
 
 
-ENGINE = "autograd::engine::evaluate_function"
-MARK = "profile: update"
-PHASE_MARK = "profile phase: "
+def _trl_cells(native: dict[str, Any], trl: dict[str, Any] | None) -> str:
+    """TRL's share and both engines' time outside torch, under the profiler, in ms."""
+    def outside_ms(o: dict[str, Any]) -> float:
+        return float(o["update_ms_profiled"] - o["inside_ms"])
+
+    if trl is None:
+        return f"not measured | {outside_ms(native):.1f} ms / not measured"
+    return (f"{trl['update_ms_plain']:.1f} ms, {100 * trl['share']:.0f}% | "
+            f"{outside_ms(native):.1f} ms / {outside_ms(trl):.1f} ms")
+
+
 # the loop's model work, by the module-level name the trainer calls it through: the Python
 # between these operators is what no change to the rest of the loop (tokenizing, decoding,
 # scoring, records) removes, so their own share is the floor the loop's bookkeeping adds to
@@ -192,50 +236,27 @@ MODEL_PHASES = {"sampling": "sample", "reference log-probs": "reference_logprobs
                 "learner update": "update"}
 
 
-def outside_torch_share(spec: Any, updates: int, warmup: int = 5,
-                        stretches: int = 3) -> dict[str, Any]:
-    """The share of an update's wall time not covered by a top-level torch operator.
+def outside_torch_share(spec: Any, updates: int) -> dict[str, Any]:
+    """The share of a native update's wall time outside torch's operators (outside_torch.py),
+    over about ``updates`` profiled updates, and the same within each of the model's phases
+    (``MODEL_PHASES``), within its own calls: the share of the update's operators' own
+    Python, which no bookkeeping in the loop adds to.
 
     Checkpoints and evaluation are off in this run: it measures the update itself, and only
-    whole updates of the loop. ``warmup`` updates run first, unmeasured (the first ones pay
-    for lazy imports, the allocator's growth and the record writer's start, once per run);
-    then ``stretches`` pairs of equal stretches, one plain and one under the profiler,
-    ``updates`` profiled in all. Each stretch counts from the start of one update's sampling
-    to the start of the sampling after its last update, so ``train()``'s own start and end
-    (the durable progress record's fsyncs, the writer's join) are not counted as updates.
-
-    Inside torch: the union of the top-level operator intervals (forward operators, the
-    autograd engine's backward functions, the optimizer's kernels), and the time between two
-    backward functions the engine runs one after the other: that is the engine's own
-    scheduling, in torch's C++ with the interpreter released, not Python. Annotations are not
-    operators: the optimizer's ``Optimizer.step`` and ``zero_grad`` ranges (and this script's
-    update marks) count their operators inside and the Python around them outside.
-
-    The profiler's bookkeeping (about a microsecond per operator, most of it outside the
-    operator's interval) is counted as outside, so ``share`` is an upper bound; the plain
-    stretches give the update's wall time without it. The profiled inside time against that
-    plain wall would be a lower bound, but a loose one (the inside time carries the
-    bookkeeping of every nested operator) and, on a shared machine, one that two stretches'
-    different loads make meaningless, so it is not reported: sampling the training thread's
-    native stacks without the profiler (py-spy) put the share near the upper bound. Each
-    figure is the median over the stretches.
-
-    The same is given for each of the model's phases (``MODEL_PHASES``), within its own
-    calls: the share of the update's operators' own Python, which no bookkeeping in the loop
-    adds to."""
+    whole updates of the loop. An update begins with its sampling. Sampling the training
+    thread's native stacks without the profiler (py-spy) put the share near the profiled
+    figure, the upper bound."""
     import shutil
-    import statistics
 
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import record_function
 
     from stateset_backend.native import trainer as trainer_module
     from stateset_backend.native.trainer import RunSettings, Trainer
     from stateset_backend.spec.digest import experiment_digest
 
-    per = max(1, updates // stretches)
-    total = warmup + stretches * 2 * (per + 1)
+    schedule = Stretches(WARMUP, max(1, updates // STRETCHES), STRETCHES)
     spec = spec.model_copy(update={
-        "budget": spec.budget.model_copy(update={"total_updates": total}),
+        "budget": spec.budget.model_copy(update={"total_updates": schedule.updates}),
         "checkpoint": spec.checkpoint.model_copy(update={"every": None, "keep": None}),
         "evaluation": spec.evaluation.model_copy(update={"every": None, "select_by": None})})
     out = ROOT / "benchmarks" / "results" / "profile-torch-run"
@@ -243,13 +264,11 @@ def outside_torch_share(spec: Any, updates: int, warmup: int = 5,
     out.mkdir(parents=True)
     trainer = Trainer(RunSettings("profile", experiment_digest(spec), spec, EXAMPLES), out)
     trainer.save_final = lambda: None  # type: ignore[method-assign]  # not part of an update
-    starts: list[float] = []
     collect = trainer.collect_batch
 
     def marked() -> Any:  # each update begins with its sampling
-        starts.append(time.perf_counter())
-        with record_function(MARK):
-            return collect()
+        schedule.begin_update()
+        return collect()
 
     trainer.collect_batch = marked  # type: ignore[method-assign]
 
@@ -263,84 +282,12 @@ def outside_torch_share(spec: Any, updates: int, warmup: int = 5,
     originals = {name: getattr(trainer_module, name) for name in MODEL_PHASES.values()}
     for phase, name in MODEL_PHASES.items():
         setattr(trainer_module, name, phase_marked(phase, originals[name]))
-    trainer.train(until=warmup)
-    plain, profiled, inside_s, steps_s, shares = [], [], [], [], []
-    phases: dict[str, list[tuple[float, float]]] = defaultdict(list)
     try:
-        for _ in range(stretches):
-            starts.clear()
-            trainer.train(until=trainer.update_count + per + 1)
-            plain.append((starts[-1] - starts[0]) / per)
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                trainer.train(until=trainer.update_count + per + 1)
-            wall, inside, steps, by_phase = _covered(prof.events())
-            profiled.append(wall / per)
-            inside_s.append(inside / per)
-            steps_s.append(steps / per)
-            shares.append(1 - inside / wall)
-            for phase, (phase_wall, phase_inside) in by_phase.items():
-                phases[phase].append((phase_wall / per, 1 - phase_inside / phase_wall))
+        trainer.train()
     finally:
         for name, fn in originals.items():
             setattr(trainer_module, name, fn)
-    trainer.close()
-    median = statistics.median
-    return {"updates": per * stretches, "warmup_updates": warmup, "stretches": stretches,
-            "update_ms_plain": round(1e3 * median(plain), 2),
-            "update_ms_profiled": round(1e3 * median(profiled), 2),
-            "inside_ms": round(1e3 * median(inside_s), 2),
-            "engine_steps_ms": round(1e3 * median(steps_s), 2),
-            "share": round(max(0.0, median(shares)), 4),
-            "phases": {phase: {"ms_profiled": round(1e3 * median(w for w, _ in got), 2),
-                               "share": round(max(0.0, median(sh for _, sh in got)), 4)}
-                       for phase, got in phases.items()},
-            "model_phases_share": round(median(
-                sum(w * sh for w, sh in stretch) / sum(w for w, _ in stretch)
-                for stretch in zip(*phases.values(), strict=True)), 4)}
-
-
-def _covered(events: Any) -> tuple[float, float, float, dict[str, tuple[float, float]]]:
-    """(the wall time from the first update mark to the last, the time inside torch in it,
-    the part of that which is the engine's steps between backward functions, and for each
-    model phase its wall time and the time inside torch in it), in seconds, from the
-    profiler's events."""
-    marks = sorted(e.time_range.start for e in events if e.name == MARK)
-    first, last = marks[0], marks[-1]
-    tops, windows = [], []
-    for e in events:  # the operators at the top, annotations seen through
-        if e.name.startswith(PHASE_MARK) and first <= e.time_range.start < last:
-            windows.append((e.name[len(PHASE_MARK):], e.time_range.start, e.time_range.end))
-        parent = e.cpu_parent
-        while parent is not None and parent.is_user_annotation:
-            parent = parent.cpu_parent
-        if parent is None and not e.is_user_annotation and e.device_type.name == "CPU":
-            tops.append((e.time_range.start, e.time_range.end, e.name.startswith(ENGINE)))
-    tops.sort()
-    covered: list[tuple[float, float]] = []  # disjoint, in order
-    steps, reach, engine_before = 0.0, float(first), False
-    for start, end, engine in tops:
-        start, end = max(start, first), min(end, last)
-        if end <= reach:
-            continue
-        if engine and engine_before:  # the engine's step from one function to the next
-            steps += max(0.0, start - reach)
-            start = reach
-        covered.append((max(start, reach), end))
-        reach, engine_before = end, engine
-    begins = [start for start, _ in covered]
-
-    def inside(a: float, b: float) -> float:
-        total, i = 0.0, max(0, bisect.bisect_right(begins, a) - 1)
-        while i < len(covered) and covered[i][0] < b:
-            total += max(0.0, min(covered[i][1], b) - max(covered[i][0], a))
-            i += 1
-        return total
-
-    by_phase: dict[str, tuple[float, float]] = {}
-    for phase, a, b in windows:
-        wall, got = by_phase.get(phase, (0.0, 0.0))
-        by_phase[phase] = (wall + (b - a) / 1e6, got + inside(a, b) / 1e6)
-    return (last - first) / 1e6, inside(first, last) / 1e6, steps / 1e6, by_phase
+    return schedule.result()
 
 
 if __name__ == "__main__":

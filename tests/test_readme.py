@@ -138,7 +138,8 @@ def test_the_native_vs_trl_measurement_covers_every_shape_in_interleaved_rounds(
 
 def test_the_profile_measures_the_share_outside_torch_on_every_compared_shape():
     """The share outside torch's operators is stated for every shape the comparison with TRL
-    runs, each from profiled updates against the same updates' plain wall time."""
+    runs, each from profiled updates against the same updates' plain wall time, for the
+    native engine and for TRL alike."""
     bench = _benchmark("profile_native")
     measured = json.loads(bench.MEASURED.read_text(encoding="utf-8"))
     assert list(measured["outside_torch"]) == list(_benchmark("shapes").SHAPES)
@@ -151,6 +152,43 @@ def test_the_profile_measures_the_share_outside_torch_on_every_compared_shape():
         assert sum(p["ms_profiled"] for p in shape["phases"].values()) < \
             shape["update_ms_profiled"]
         assert 0 < shape["model_phases_share"] < 1
+    # TRL, the named reference, by the same schedule and rule on the same shapes
+    assert list(measured["trl_outside_torch"]) == list(measured["outside_torch"])
+    for shape in measured["trl_outside_torch"].values():
+        assert shape["updates"] >= shape["stretches"] >= 3
+        assert 0 < shape["update_ms_plain"] < shape["update_ms_profiled"]
+        assert 0 < shape["inside_ms"] < shape["update_ms_profiled"]
+        assert 0 < shape["share"] < 1
+
+
+def test_python_inside_a_custom_autograd_function_counts_outside_torch():
+    """torch records a custom autograd Function's forward and backward like operators, with
+    their Python inside (TRL computes its log-probs in one): the measure sees through them to
+    the operators they call, or an engine's Python would be credited to torch."""
+    import time
+
+    import torch
+
+    measure = _benchmark("outside_torch")
+
+    class PythonHeavy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            time.sleep(0.01)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            time.sleep(0.01)
+            return grad * 2
+
+    schedule = measure.Stretches(warmup=1, per=1, count=3)
+    x = torch.ones(4, requires_grad=True)
+    for _ in range(schedule.updates):
+        schedule.begin_update()
+        PythonHeavy.apply(x).sum().backward()
+    got = schedule.result()
+    assert got["updates"] == 3 and got["share"] > 0.9
 
 
 def test_the_compile_cost_is_a_stored_measurement_in_interleaved_rounds():
