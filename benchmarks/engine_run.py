@@ -103,7 +103,7 @@ def run_trl(plan: dict[str, Any], run_dir: Path,
     timed: dict[str, Any] = {}
     train = trl.GRPOTrainer.train
 
-    class UpdateBegins(TrainerCallback):  # type: ignore[misc]
+    class UpdateBegins(TrainerCallback):
         def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
             assert outside is not None
             outside.begin_update()
