@@ -126,6 +126,9 @@ def run_trl(plan: dict[str, Any], run_dir: Path,
     got = {**timed, "rewards": [r["logs"]["reward"] for r in rows
                                 if "reward" in r.get("logs", {})]}
     if outside is not None:
+        if launched["SETTINGS"]["steps_per_update"] != 1:
+            raise SystemExit("--outside-torch counts an optimizer step as an update: give it "
+                             "a spec with one mini-batch and one epoch")
         got["outside_torch"] = outside.result()
     return got
 

@@ -6,8 +6,14 @@ engine's backward functions, the optimizer's kernels), and the time between two 
 functions the engine runs one after the other: that is the engine's own scheduling, in torch's
 C++ with the interpreter released, not Python. Annotations are not operators: an optimizer's
 ``Optimizer.step`` and ``zero_grad`` ranges (and the update marks here) count their operators
-inside and the Python around them outside. The profiler's own bookkeeping counts mostly
-outside, so the share is an upper bound; the plain stretches say how much it adds.
+inside and the Python around them outside, and so are a custom autograd Function's ranges.
+
+The profiler's bookkeeping (about a microsecond per operator, most of it outside the
+operator's interval) counts as outside, so the share is an upper bound; plain stretches of the
+same updates give their wall time without it. The profiled inside time against that plain wall
+would be a lower bound, but a loose one (the inside time carries the bookkeeping of every
+nested operator) and, on a shared machine, one that two stretches' different loads make
+meaningless, so it is not reported. Each figure is the median over the stretches.
 """
 
 from __future__ import annotations

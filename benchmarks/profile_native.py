@@ -7,19 +7,18 @@ records (metrics, receipts, trajectories). Each phase is timed by wrapping the f
 trainer calls, so the trainer runs unmodified; "other" is the loop time no phase accounts for.
 
 Then a second run answers how much of an update is spent outside torch's operators (Python,
-the tokenizer, the reward, records): the wall time of whole updates minus the time covered by
-top-level operator events (forward ops, the autograd engine's backward functions and its steps
-between them, the optimizer's kernels), under torch's profiler, after a few warm-up updates.
-The profiler's own bookkeeping counts mostly outside, so that share is an upper bound; the
-same updates' wall time without the profiler says how much the bookkeeping adds (see
-``outside_torch_share``). Records are written by a background thread (native/records.py),
-which runs while the training thread is in torch's kernels: its work is not the update's.
-That share is measured on every workload shape the engine is compared on (benchmarks/
-shapes.py): the README's job is the smallest of them, the one whose operators are shortest,
-so the one where the interpreter's few microseconds around each weigh the most.
+the tokenizer, the reward, records), by the rule in outside_torch.py: the wall time of whole
+updates minus the time covered by top-level operator events, under torch's profiler, after a
+few warm-up updates. Records are written by a background thread (native/records.py), which
+runs while the training thread is in torch's kernels: its work is not the update's. That share
+is measured on every workload shape the engine is compared on (benchmarks/shapes.py): the
+README's job is the smallest of them, the one whose operators are shortest, so the one where
+the interpreter's few microseconds around each weigh the most. TRL, the named reference, is
+measured by the same schedule and rule on the launch our TRL plugin renders for each shape
+(``--no-trl`` skips it): a share alone would reward an engine for doing more work in torch.
 
     python benchmarks/profile_native.py [--updates 200] [--threads 1] [--shapes ...]
-        [--write-readme]
+        [--no-trl] [--write-readme]
 """
 
 from __future__ import annotations
