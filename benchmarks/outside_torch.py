@@ -57,6 +57,8 @@ class Stretches:
         return self.warmup + self.count * 2 * (self.per + 1)
 
     def begin_update(self) -> None:
+        """Mark an update's start, and start or stop a stretch there: a stretch must hold
+        whole updates only, or a stretch would weigh one phase of the loop more than another."""
         from torch.profiler import ProfilerActivity, profile, record_function
 
         at, self.begun = self.begun - self.warmup, self.begun + 1
@@ -84,12 +86,13 @@ class Stretches:
         if len(self.plain) != self.count or len(self.profiles) != self.count:
             raise SystemExit(f"the run began {self.begun} updates, not the "
                              f"{self.updates} its measurement needs")
-        profiled, inside_s, steps_s, shares = [], [], [], []
+        profiled, inside_s, outside_s, steps_s, shares = [], [], [], [], []
         phases: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for prof in self.profiles:
             wall, inside, steps, by_phase = covered(prof.events())
             profiled.append(wall / self.per)
             inside_s.append(inside / self.per)
+            outside_s.append((wall - inside) / self.per)
             steps_s.append(steps / self.per)
             shares.append(1 - inside / wall)
             for phase, (phase_wall, phase_inside) in by_phase.items():
@@ -100,6 +103,7 @@ class Stretches:
             "stretches": self.count, "update_ms_plain": round(1e3 * median(self.plain), 2),
             "update_ms_profiled": round(1e3 * median(profiled), 2),
             "inside_ms": round(1e3 * median(inside_s), 2),
+            "outside_ms": round(1e3 * median(outside_s), 2),
             "engine_steps_ms": round(1e3 * median(steps_s), 2),
             "share": round(max(0.0, median(shares)), 4)}
         if phases:

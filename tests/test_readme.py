@@ -146,6 +146,7 @@ def test_the_profile_measures_the_share_outside_torch_on_every_compared_shape():
     for shape in measured["outside_torch"].values():
         assert shape["updates"] >= shape["stretches"] >= 3
         assert 0 < shape["update_ms_plain"] < shape["update_ms_profiled"]
+        assert 0 < shape["outside_ms"] < shape["update_ms_profiled"]
         assert 0 < shape["share"] < 1
         # the model's phases are measured within the same updates, and lie inside them
         assert list(shape["phases"]) == list(bench.MODEL_PHASES)
@@ -158,6 +159,7 @@ def test_the_profile_measures_the_share_outside_torch_on_every_compared_shape():
         assert shape["updates"] >= shape["stretches"] >= 3
         assert 0 < shape["update_ms_plain"] < shape["update_ms_profiled"]
         assert 0 < shape["inside_ms"] < shape["update_ms_profiled"]
+        assert 0 < shape["outside_ms"] < shape["update_ms_profiled"]
         assert 0 < shape["share"] < 1
 
 
