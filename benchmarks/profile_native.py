@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import sys
 import time
@@ -63,6 +64,9 @@ def main() -> None:
                         help=f"store the profile in {MEASURED.relative_to(ROOT)} and "
                              "regenerate the README's sentence from it")
     args = parser.parse_args()
+    if not args.no_trl and importlib.util.find_spec("stateset_trl_engine") is None:
+        parser.error("measuring TRL needs its plugin: pip install "
+                     "examples/plugins/stateset-trl-engine (or pass --no-trl)")
     import torch
 
     torch.set_num_threads(args.threads)
