@@ -126,9 +126,6 @@ def run_trl(plan: dict[str, Any], run_dir: Path,
     got = {**timed, "rewards": [r["logs"]["reward"] for r in rows
                                 if "reward" in r.get("logs", {})]}
     if outside is not None:
-        if launched["SETTINGS"]["steps_per_update"] != 1:
-            raise SystemExit("--outside-torch counts an optimizer step as an update: give it "
-                             "a spec with one mini-batch and one epoch")
         got["outside_torch"] = outside.result()
     return got
 
@@ -142,10 +139,18 @@ def main() -> None:
                         help="TRL only: measure the share outside torch's operators over "
                              f"{STRETCHES} profiled stretches of PER updates")
     args = parser.parse_args()
-    if args.outside_torch is not None and args.engine != "trl":
-        parser.error("--outside-torch measures TRL's run (profile_native.py measures native's)")
-    harness.set_threads(args.threads)
     plan = json.loads(args.plan.read_text())
+    if args.outside_torch is not None:
+        budget = plan["spec"]["budget"]
+        if args.engine != "trl":
+            parser.error("--outside-torch measures TRL's run (profile_native.py measures "
+                         "native's)")
+        if args.outside_torch < 1:
+            parser.error("--outside-torch takes the updates of a stretch: at least 1")
+        if budget["ppo_epochs"] * budget["mini_batches"] != 1:
+            parser.error("--outside-torch counts an optimizer step as an update: plan a spec "
+                         "with one epoch and one mini-batch")
+    harness.set_threads(args.threads)
     os.environ.update(plan["set_env"])  # what the hub sets for the engine's process
     with tempfile.TemporaryDirectory(prefix=f"bench-{args.engine}-") as tmp:
         if args.engine == "native":

@@ -6,7 +6,9 @@ engine's backward functions, the optimizer's kernels), and the time between two 
 functions the engine runs one after the other: that is the engine's own scheduling, in torch's
 C++ with the interpreter released, not Python. Annotations are not operators: an optimizer's
 ``Optimizer.step`` and ``zero_grad`` ranges (and the update marks here) count their operators
-inside and the Python around them outside, and so are a custom autograd Function's ranges.
+inside and the Python around them outside. Nor is a custom autograd Function: its forward and
+its backward count their operators inside and their Python outside, and the engine's step
+around a Python backward is not counted as the engine's.
 
 The profiler's bookkeeping (about a microsecond per operator, most of it outside the
 operator's interval) counts as outside, so the share is an upper bound; plain stretches of the
@@ -47,7 +49,9 @@ class Stretches:
         self.warmup, self.per, self.count = warmup, per, count
         self.begun = 0
         self.plain: list[float] = []
-        self.profiles: list[Any] = []
+        # each profiled stretch's figures (``covered``), taken as it ends, inside the update
+        # that is not measured, so no stretch runs beside the events of the ones before it
+        self.profiled: list[tuple[float, float, float, dict[str, tuple[float, float]]]] = []
         self._started = 0.0
         self._profiler: Any = None
 
@@ -76,20 +80,20 @@ class Stretches:
         if step == self.per:
             if profiled:
                 self._profiler.stop()
-                self.profiles.append(self._profiler)
+                self.profiled.append(covered(self._profiler.events()))
+                self._profiler = None
             else:
                 self.plain.append((time.perf_counter() - self._started) / self.per)
 
     def result(self) -> dict[str, Any]:
         """Each figure the median over the stretches; per model phase where the run marked
         them (``PHASE_MARK``)."""
-        if len(self.plain) != self.count or len(self.profiles) != self.count:
+        if len(self.plain) != self.count or len(self.profiled) != self.count:
             raise SystemExit(f"the run began {self.begun} updates, not the "
                              f"{self.updates} its measurement needs")
         profiled, inside_s, outside_s, steps_s, shares = [], [], [], [], []
         phases: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        for prof in self.profiles:
-            wall, inside, steps, by_phase = covered(prof.events())
+        for wall, inside, steps, by_phase in self.profiled:
             profiled.append(wall / self.per)
             inside_s.append(inside / self.per)
             outside_s.append((wall - inside) / self.per)
@@ -124,23 +128,31 @@ def covered(events: Any) -> tuple[float, float, float, dict[str, tuple[float, fl
     marks = sorted(e.time_range.start for e in events if e.name == MARK)
     first, last = marks[0], marks[-1]
     python = _python_ranges(events)
-    tops, windows = [], []
+    tops, windows, python_backward = [], [], []
     for e in events:  # the operators at the top, annotations and Python seen through
         if e.name.startswith(PHASE_MARK) and first <= e.time_range.start < last:
             windows.append((e.name[len(PHASE_MARK):], e.time_range.start, e.time_range.end))
         parent = e.cpu_parent
         while parent is not None and python(parent):
             parent = parent.cpu_parent
-        if parent is None and not python(e) and e.device_type.name == "CPU":
-            tops.append((e.time_range.start, e.time_range.end, e.name.startswith(ENGINE)))
+        if parent is None and e.device_type.name == "CPU":
+            if not python(e):
+                tops.append((e.time_range.start, e.time_range.end, e.name.startswith(ENGINE)))
+            elif e.name.startswith(ENGINE):
+                python_backward.append(e.time_range.start)
     tops.sort()
+    python_backward.sort()
     spans: list[tuple[float, float]] = []  # disjoint, in order
     steps, reach, engine_before = 0.0, float(first), False
     for start, end, engine in tops:
         start, end = max(start, first), min(end, last)
         if end <= reach:
             continue
-        if engine and engine_before:  # the engine's step from one function to the next
+        # the engine's step from one function to the next, unless a Python backward ran
+        # between them (whose own operators, if any, are at the top; but it may call none)
+        later = bisect.bisect_right(python_backward, reach)
+        if engine and engine_before and not (later < len(python_backward) and
+                                             python_backward[later] < start):
             steps += max(0.0, start - reach)
             start = reach
         spans.append((max(start, reach), end))
