@@ -9,10 +9,10 @@ load and the final save are not: TRL's launch saves after ``train()`` returns, a
 engine's final save is left out to match). The process's peak RSS is its own, and torch's
 thread pools are fixed before anything runs.
 
-With ``--outside-torch PER``, TRL's run also measures the share of its updates spent outside
+With ``--outside-torch UPDATES``, TRL's run also measures the share of its updates spent outside
 torch's operators (outside_torch.py), as profile_native.py measures the native engine's.
 
-    python benchmarks/engine_run.py {native,trl} PLAN --threads N [--outside-torch PER]
+    python benchmarks/engine_run.py {native,trl} PLAN --threads N [--outside-torch UPDATES]
         # prints RESULT={...}
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
-from outside_torch import STRETCHES, WARMUP, Stretches
+from outside_torch import Stretches
 
 
 def plan(spec: Path, engine: str, work: Path) -> Path:
@@ -135,18 +135,18 @@ def main() -> None:
     parser.add_argument("engine", choices=["native", "trl"])
     parser.add_argument("plan", type=Path)
     parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--outside-torch", type=int, metavar="PER",
+    parser.add_argument("--outside-torch", type=int, metavar="UPDATES",
                         help="TRL only: measure the share outside torch's operators over "
-                             f"{STRETCHES} profiled stretches of PER updates")
+                             "about UPDATES profiled updates (outside_torch.py)")
     args = parser.parse_args()
     plan = json.loads(args.plan.read_text())
     if args.outside_torch is not None:
-        budget = plan["spec"]["budget"]
         if args.engine != "trl":
             parser.error("--outside-torch measures TRL's run (profile_native.py measures "
                          "native's)")
         if args.outside_torch < 1:
-            parser.error("--outside-torch takes the updates of a stretch: at least 1")
+            parser.error("--outside-torch takes the updates to profile: at least 1")
+        budget = plan["spec"]["budget"]
         if budget["ppo_epochs"] * budget["mini_batches"] != 1:
             parser.error("--outside-torch counts an optimizer step as an update: plan a spec "
                          "with one epoch and one mini-batch")
@@ -157,7 +157,7 @@ def main() -> None:
             result = run_native(plan, Path(tmp))
         else:
             outside = None if args.outside_torch is None else \
-                Stretches(WARMUP, args.outside_torch, STRETCHES)
+                Stretches.of(args.outside_torch)
             result = run_trl(plan, Path(tmp), outside)
     import torch
 

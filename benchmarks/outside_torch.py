@@ -55,6 +55,12 @@ class Stretches:
         self._started = 0.0
         self._profiler: Any = None
 
+    @classmethod
+    def of(cls, profiled: int) -> Stretches:
+        """The schedule that profiles about ``profiled`` updates in all (at least one a
+        stretch), after the usual warm-up."""
+        return cls(WARMUP, max(1, profiled // STRETCHES), STRETCHES)
+
     @property
     def updates(self) -> int:
         """The updates a run needs for the whole schedule."""

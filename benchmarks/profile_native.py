@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_run
 import harness
-from outside_torch import PHASE_MARK, STRETCHES, WARMUP, Stretches
+from outside_torch import PHASE_MARK, Stretches
 from shapes import EXAMPLES, SPEC, add_shapes_option, larger_model_revision, shape_spec
 
 ROOT = harness.ROOT
@@ -128,12 +128,11 @@ def main() -> None:
     phases = {k: round(v, 3) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
     counted = dict(calls)  # before the profiled run, whose calls the wrappers also see
     revision = larger_model_revision(args.shapes)
-    outside = {name: outside_torch_share(
-        parse_spec(shape_spec(name, 1, revision)),
-        args.profiled_updates or PROFILED[name]) for name in args.shapes}
-    trl = {} if args.no_trl else {name: trl_outside_torch_share(
-        name, revision, args.profiled_updates or PROFILED[name], args.threads)
-        for name in args.shapes}
+    profiled = {name: args.profiled_updates or PROFILED[name] for name in args.shapes}
+    outside = {name: outside_torch_share(parse_spec(shape_spec(name, 1, revision)), n)
+               for name, n in profiled.items()}
+    trl = {} if args.no_trl else {name: trl_outside_torch_share(name, revision, n, args.threads)
+                                  for name, n in profiled.items()}
     report = {"updates": args.updates, "threads": args.threads, "total_s": round(total, 3),
               "updates_per_second": round(args.updates / total, 3),
               "phases_s": phases, "calls": counted,
@@ -168,15 +167,13 @@ def trl_outside_torch_share(shape: str, revision: str | None, updates: int,
     process of its own with its threads fixed (engine_run.py)."""
     import tempfile
 
-    per = max(1, updates // STRETCHES)
     with tempfile.TemporaryDirectory(prefix="profile-trl-") as tmp:
         work = Path(tmp)
         spec = work / f"{shape}.json"
-        spec.write_text(json.dumps(shape_spec(
-            shape, Stretches(WARMUP, per, STRETCHES).updates, revision)))
+        spec.write_text(json.dumps(shape_spec(shape, Stretches.of(updates).updates, revision)))
         plan = engine_run.plan(spec, "trl", work)
         argv = [sys.executable, str(Path(engine_run.__file__)), "trl", str(plan),
-                "--threads", str(threads), "--outside-torch", str(per)]
+                "--threads", str(threads), "--outside-torch", str(updates)]
         got: dict[str, Any] = json.loads(harness.child(argv, harness.pinned_env(threads)))
     return got["outside_torch"]
 
@@ -254,7 +251,7 @@ def outside_torch_share(spec: Any, updates: int) -> dict[str, Any]:
     from stateset_backend.native.trainer import RunSettings, Trainer
     from stateset_backend.spec.digest import experiment_digest
 
-    schedule = Stretches(WARMUP, max(1, updates // STRETCHES), STRETCHES)
+    schedule = Stretches.of(updates)
     spec = spec.model_copy(update={
         "budget": spec.budget.model_copy(update={"total_updates": schedule.updates}),
         "checkpoint": spec.checkpoint.model_copy(update={"every": None, "keep": None}),
