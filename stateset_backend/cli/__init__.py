@@ -79,8 +79,12 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 def one_line(message: str) -> str:
     """An error is one line whatever the user's strings in it hold: a newline or other
-    control character in a path or name is shown escaped, as Python writes it."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], message)
+    control character in a path or name is shown escaped, as Python writes it, and a line
+    no one could read (a message quoting a huge value) keeps its start and end; ``--json``
+    prints the message and details whole."""
+    from stateset_backend.common.display import ERROR_CHARS, elided_line
+
+    return elided_line(_CONTROL.sub(lambda m: repr(m.group())[1:-1], message), ERROR_CHARS)
 
 
 # The cyclic collector's first threshold for the CLI's own process (700 by default). Starting

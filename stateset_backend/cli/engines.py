@@ -49,21 +49,24 @@ def cmd_engines(args: argparse.Namespace) -> int:
 
     def table() -> None:
         from rich.table import Table
+        from rich.text import Text
+
+        from stateset_backend.common.display import elided, elided_line
 
         t = Table(title="engines")
         for col in ("engine", "plugin", "supported", "installed"):
             t.add_column(col, overflow="fold")
         for r in rows:
             t.add_row(r["engine"], f"{r['distribution']} {r['version']}", r["supported"],
-                      r["installed"] or "none")
+                      elided_line(r["installed"]) if r["installed"] else "none")
         console = rich_console()
         console.print(t)
         for name, entry in sorted(registry.adapters.items()):
             row = next(r for r in rows if r["engine"] == name)
             console.print(_can_do(entry.adapter.contract, row["installed"]), markup=False)
-        for f in failures:
-            console.print(f"[red]plugin {f['plugin']} failed to load:[/] {f['error']}",
-                          markup=True)
+        for f in failures:  # a plugin's own text, drawn as it is and bounded
+            console.print(Text.assemble((f"plugin {elided(f['plugin'])} failed to load:",
+                                         "red"), " ", elided_line(f["error"])))
 
     emit(args, {"engines": rows, "failed_plugins": failures}, table)
     return 0

@@ -1,15 +1,16 @@
 """What ``explain`` prints for a person, kept apart from what it computes so that ``--json``
 and the tables read the same columns: prose outcomes side by side where the terminal is wide
 enough (else the effective table), and the effective table, which fits 80 columns with any
-number of engines."""
+number of engines. A value is drawn elided past a stated length (common.display), so a
+million-character revision is a line, not megabytes; ``--json`` keeps it whole."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 from stateset_backend.cli.shared import rich_console
+from stateset_backend.common.display import elided, elided_json, elided_line
 
 
 def print_side_by_side(engines: list[dict[str, Any]], effective: Callable[[], dict[str, Any]],
@@ -30,26 +31,31 @@ def print_side_by_side(engines: list[dict[str, Any]], effective: Callable[[], di
                       f"ENGINE {spec} (or a terminal at least {wide} columns wide)",
                       markup=False)
         return
-    t = Table(title=", ".join(f"{e['engine']} {e['engine_version']}" for e in engines))
+    t = Table(title=", ".join(map(_release, engines)))
     t.add_column("field", overflow="fold")
     t.add_column("value", overflow="fold")
     for e in engines:
-        t.add_column(f"{e['engine']} {e['engine_version']}", overflow="fold")
+        t.add_column(_release(e), overflow="fold")
     for i, row in enumerate(engines[0]["fields"]):
         # Text, not markup: a value or reason holding "[...]" is shown as it is
-        t.add_row(Text(row["field"]), Text(json.dumps(row["value"])),
+        t.add_row(Text(elided(row["field"])), Text(elided_json(row["value"])),
                   *(Text(_outcome_text(e["fields"][i])) for e in engines))
     console.print(t)
+
+
+def _release(e: dict[str, Any]) -> str:
+    return elided(f"{e['engine']} {e['engine_version']}")
 
 
 def _outcome_text(row: dict[str, Any]) -> str:
     state = row["state"]
     if state == "pinned" and row.get("native"):
-        text = ", ".join(f"{k} = {json.dumps(v)}" for k, v in row["native"].items())
-        return text + (f" ({row['reason']})" if row.get("reason") else "")
+        text = ", ".join(f"{elided(k)} = {elided_json(v)}" for k, v in row["native"].items())
+        return text + (f" ({elided_line(row['reason'])})" if row.get("reason") else "")
     if state == "declared":
-        return f"declared {row['deviation']}: {json.dumps(row['effective'])}: {row['reason']}"
-    return f"{state.replace('_', ' ')}: {row.get('reason', '')}".rstrip(": ")
+        return (f"declared {elided(str(row['deviation']))}: {elided_json(row['effective'])}: "
+                f"{elided_line(row['reason'])}")
+    return f"{state.replace('_', ' ')}: {elided_line(row.get('reason', ''))}".rstrip(": ")
 
 
 _CELL = {"same": "same", "pinned": "pinned", "declared": "DECL", "refused": "REFUSED",
@@ -81,8 +87,8 @@ def print_effective(table: dict[str, Any], differs: bool) -> None:
 
     engines = [e["engine"] for e in table["engines"]]
     width = max(7, *(len(name) for name in engines))
-    t = Table(box=_ascii_head(), pad_edge=False, collapse_padding=True, title=", ".join(
-        f"{e['engine']} {e['engine_version']}" for e in table["engines"]))
+    t = Table(box=_ascii_head(), pad_edge=False, collapse_padding=True,
+              title=", ".join(map(_release, table["engines"])))
     t.add_column("setting = spec value", overflow="fold", ratio=1)
     # The engines' states are one block of fixed-width fields: drawn as one column of plain
     # Text, rich lays out two cells a row instead of one per engine, which is most of the
@@ -96,20 +102,20 @@ def print_effective(table: dict[str, Any], differs: bool) -> None:
             continue
         head, _, rest = row["field"].partition(".")
         if rest and head != section:
-            t.add_row(Text(head, style="bold"), "")
+            t.add_row(Text(elided(head), style="bold"), "")
         section = head if rest else None
         cells = []
         for name in engines:
             cell = row["cells"][name]
             text = _CELL[cell["state"]]
             if cell["state"] in ("declared", "refused"):
-                notes.append(f"{row['field']} on {name}: " + (
-                    f"{json.dumps(cell['effective'])} ({cell['reason']})"
-                    if cell["state"] == "declared" else cell["reason"]))
+                notes.append(f"{elided(row['field'])} on {name}: " + (
+                    f"{elided_json(cell['effective'])} ({elided_line(cell['reason'])})"
+                    if cell["state"] == "declared" else elided_line(cell["reason"])))
                 text = f"{text[:width - 4]} {len(notes)}"
             cells.append(f"{text:<{width}}")
-        label = f"  {rest}" if rest else head
-        t.add_row(Text(f"{label} = {json.dumps(row['value'])}"), Text(_GAP.join(cells)))
+        label = f"  {elided(rest)}" if rest else elided(head)
+        t.add_row(Text(f"{label} = {elided_json(row['value'])}"), Text(_GAP.join(cells)))
     console = rich_console()
     console.print(t)
     for i, note in enumerate(notes, 1):

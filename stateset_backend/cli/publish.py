@@ -8,6 +8,7 @@ import argparse
 import json
 
 from stateset_backend.cli.shared import RUNS_DIR_HELP, Commands, emit, load_registry, store_and_run
+from stateset_backend.common.display import elided, elided_line
 
 COMMANDS = ("evaluate", "report", "attest")
 
@@ -42,7 +43,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                              which=args.checkpoint, attempt=args.attempt)
     emit(args, {**doc, "path": str(path)},
          f"run {args.run} update {doc['checkpoint']['update']} ({args.checkpoint}) on the "
-         f"{args.split} split: " + ", ".join(f"{k} = {v:.4f}" for k, v in
+         f"{args.split} split: " + ", ".join(f"{elided(k)} = {v:.4f}" for k, v in
                                              sorted(doc["metrics"].items()))
          + f"\n  record: {path}")
     return 0
@@ -57,7 +58,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     emit(args, {"report": str(path), "runs": [r.run_id for r in records],
                 "not_shown": skipped},
          f"wrote {path} ({len(records)} run{'s' if len(records) != 1 else ''})" + "".join(
-             f"\n  not shown, unreadable: {why}" for why in skipped))
+             f"\n  not shown, unreadable: {elided_line(why)}" for why in skipped))
     return 0
 
 

@@ -1,11 +1,14 @@
 """How the run store reads at a terminal: run ids and digests are what people copy from it, so
-they are never wrapped or cut; ``--json`` has everything the tables leave out."""
+they are never wrapped or cut; a value that came from a user or an engine (a reason, a metric
+name, a declared deviation) is elided past a stated length (common.display); ``--json`` has
+everything the tables leave out."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from stateset_backend.cli.shared import rich_console
+from stateset_backend.common.display import elided, elided_line
 
 PAGE = 50  # runs a listing shows unless asked for more
 
@@ -50,8 +53,8 @@ def runs_table(doc: dict[str, Any]) -> None:
     t.add_column("updates", no_wrap=True)
     t.add_column("digest", no_wrap=True)
     for r in rows:
-        t.add_row(r["run_id"], f"{r['engine']} {r['engine_version']}",
-                  f"{r['status']} #{r['attempt']}",
+        t.add_row(r["run_id"], elided(f"{r['engine']} {r['engine_version']}"),
+                  f"{elided(str(r['status']))} #{r['attempt']}",
                   f"{r['committed_updates']}/{r['planned_updates']}",
                   r["experiment_digest"][7:19] or "?")
     console.print(t)
@@ -64,12 +67,14 @@ def show_run(doc: dict[str, Any]) -> None:
     console = rich_console()
     # each digest on a line of its own: 71 characters fit 80 columns whole, so a terminal
     # never breaks one mid-hex and it is copied in one piece
-    console.print(f"run {doc['run_id']}: {doc['engine']} {doc['engine_version']}, seed "
-                  f"{doc['seed']}\n  experiment\n    {doc['experiment_digest']}\n  binding\n"
-                  f"    {doc['binding_digest']}\n  plan checksum\n    {doc['plan_checksum']}",
+    release = elided(f"{doc['engine']} {doc['engine_version']}")
+    console.print(f"run {doc['run_id']}: {release}, seed {doc['seed']}\n  experiment\n"
+                  f"    {doc['experiment_digest']}\n  binding\n    {doc['binding_digest']}\n"
+                  f"  plan checksum\n    {doc['plan_checksum']}",
                   markup=False, soft_wrap=True)
     for d in doc["deviations"]:
-        console.print(f"  declared {d['setting']}: {d['description']}", markup=False)
+        console.print(f"  declared {elided(d['setting'])}: {elided_line(d['description'])}",
+                      markup=False)
     for a in doc["attempts"]:
         line = f"attempt {a['attempt']}: {a['status']}"
         if "committed_updates" in a:
@@ -77,24 +82,27 @@ def show_run(doc: dict[str, Any]) -> None:
         link = a.get("resumed_from")
         if link:
             line += f", resumed from attempt {link['attempt']} at update {link['update']}"
-        console.print(line + (f" ({a['reason']})" if a.get("reason") else ""), markup=False)
+        console.print(line + (f" ({elided_line(a['reason'])})" if a.get("reason") else ""),
+                      markup=False)
         sel = a.get("selection")
         if sel and sel.get("update") is None:
-            console.print(f"  nothing recommended by {sel['select_by']}"
-                          + (f": {sel['reason']}" if sel.get("reason") else ""), markup=False)
+            console.print(f"  nothing recommended by {elided(sel['select_by'])}"
+                          + (f": {elided_line(sel['reason'])}" if sel.get("reason") else ""),
+                          markup=False)
         elif sel:
-            console.print(f"  recommended by {sel['select_by']}: update {sel['update']}"
+            console.print(f"  recommended by {elided(sel['select_by'])}: update {sel['update']}"
                           + (f" = {sel['value']:.4f}" if "value" in sel else
-                             f" ({sel.get('reason')})")
+                             f" ({elided_line(str(sel.get('reason')))})")
                           + (f", attempts/{sel['attempt']}/{sel['checkpoint']}"
                              if sel.get("checkpoint") and isinstance(sel.get("attempt"), int)
                              else ""), markup=False)
         for ckpt in a.get("checkpoints", []):
-            console.print(f"  {ckpt['path']}  sha256:{ckpt['sha256'][:16]}", markup=False)
+            console.print(f"  {elided(ckpt['path'])}  sha256:{ckpt['sha256'][:16]}",
+                          markup=False)
     for e in doc.get("evaluations", []):
         console.print(f"evaluated {e['split']} on attempt {e['attempt']} update {e['update']} "
-                      f"({e['checkpoint']}): " + ", ".join(
-                          f"{k} = {v:.4f}" for k, v in sorted(e["metrics"].items())),
+                      f"({elided(str(e['checkpoint']))}): " + ", ".join(
+                          f"{elided(k)} = {v:.4f}" for k, v in sorted(e["metrics"].items())),
                       markup=False)
     mark = doc.get("quarantine")
     if mark is not None:
@@ -102,7 +110,7 @@ def show_run(doc: dict[str, Any]) -> None:
 
         state = "QUARANTINED" if mark.get("quarantined", True) else \
             f"quarantine cleared {mark.get('cleared_at')} by `runs verify`, was"
-        console.print(f"{state}: {describe(mark)}", markup=False)
+        console.print(f"{state}: {elided_line(describe(mark))}", markup=False)
 
 
 def compare_table(doc: dict[str, Any]) -> None:
@@ -138,13 +146,14 @@ def compare_table(doc: dict[str, Any]) -> None:
         deviations = [d for d in r.get("deviations", []) if d]
         held_out = r.get("test", [])
         notes += [f"{r['run_id']}#{r['attempt']} {e['split']}@{e['update']} "
-                  f"({e['checkpoint']}): " + ", ".join(f"{k} {num(v)}" for k, v in
-                                                       sorted(e["metrics"].items()))
+                  f"({elided(str(e['checkpoint']))}): " + ", ".join(
+                      f"{elided(k)} {num(v)}" for k, v in sorted(e["metrics"].items()))
                   for e in held_out]
-        notes += [f"{r['run_id']}#{r['attempt']} declares {d}" for d in deviations]
-        t.add_row(f"{r['run_id']}#{r['attempt']}\n"
-                  f"{r.get('engine', '?')} {r.get('engine_version', '')}",
-                  f"{r['status']}\n{r.get('committed_updates', '-')}/"
+        notes += [f"{r['run_id']}#{r['attempt']} declares {elided_line(str(d))}"
+                  for d in deviations]
+        release = elided(f"{r.get('engine', '?')} {r.get('engine_version', '')}")
+        t.add_row(f"{r['run_id']}#{r['attempt']}\n{release}",
+                  f"{elided(str(r['status']))}\n{r.get('committed_updates', '-')}/"
                   f"{r.get('planned_updates', '-')}",
                   num(final.get("reward/mean")), num(final.get("val/reward/mean")),
                   f"{num(rec.get('value'))}\n@{rec['update']}"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateset_backend.cli.shared import read_spec
+from stateset_backend.providers.slurm.flags import OPTIONS
 
 if TYPE_CHECKING:
     from stateset_backend.engines.registry import AdapterEntry, Registry
@@ -23,21 +24,20 @@ def engine_options(p: argparse.ArgumentParser, required: bool = True) -> None:
                                          "one, e.g. NeMo RL)")
 
 
-# --slurm-* flag -> the Slurm setting it sets (providers/slurm/settings.py says what each means)
-SLURM_FLAGS = {
-    "shared-root": ("shared_root", str, "the shared filesystem, mounted at the same path on "
-                                        "this machine and every node (required)"),
-    "partition": ("partition", str, "sbatch --partition"),
-    "account": ("account", str, "sbatch --account"),
-    "qos": ("qos", str, "sbatch --qos"),
-    "time": ("time_limit", str, "sbatch --time, e.g. 04:00:00 (default 01:00:00)"),
-    "cpus-per-task": ("cpus_per_task", int, "sbatch --cpus-per-task"),
-    "container-image": ("container_image", str, "run every step in this image (pyxis)"),
-    "checkpoint-warning": ("checkpoint_warning_s", int,
-                           "seconds before the time limit or a pre-emption at which the "
-                           "engine is asked to checkpoint and stop (default 120)"),
-    "requeue": ("requeue", int, "times `run` resumes the run after the cluster stopped it "
-                                "(default 0)"),
+# each Slurm setting's option: its type and help (providers/slurm/flags.py names the option,
+# providers/slurm/settings.py says what the setting means)
+SLURM_OPTIONS = {
+    "shared_root": (str, "the shared filesystem, mounted at the same path on this machine and "
+                         "every node (required)"),
+    "partition": (str, "sbatch --partition"),
+    "account": (str, "sbatch --account"),
+    "qos": (str, "sbatch --qos"),
+    "time_limit": (str, "sbatch --time, e.g. 04:00:00 (default 01:00:00)"),
+    "cpus_per_task": (int, "sbatch --cpus-per-task"),
+    "container_image": (str, "run every step in this image (pyxis)"),
+    "checkpoint_warning_s": (int, "seconds before the time limit or a pre-emption at which "
+                                  "the engine is asked to checkpoint and stop (default 120)"),
+    "requeue": (int, "times `run` resumes the run after the cluster stopped it (default 0)"),
 }
 
 
@@ -48,19 +48,19 @@ def provider_options(p: argparse.ArgumentParser) -> None:
                    help="with --provider kuberay: the RayJob's settings as a JSON object "
                         "(image, namespace, volume, secrets: docs/providers/kuberay.md)")
     slurm = p.add_argument_group("with --provider slurm (docs/providers/slurm.md)")
-    for flag, (_, kind, text) in SLURM_FLAGS.items():
-        slurm.add_argument(f"--slurm-{flag}", type=kind, help=text,
-                           dest=f"slurm_{flag.replace('-', '_')}")
+    for setting, (kind, text) in SLURM_OPTIONS.items():
+        slurm.add_argument(OPTIONS[setting], type=kind, help=text, dest=f"slurm_{setting}")
 
 
 def provider_settings(args: argparse.Namespace) -> dict[str, Any]:
     from stateset_backend.common.errors import InvalidInput
 
-    given = {setting: value for flag, (setting, _, _) in SLURM_FLAGS.items()
-             if (value := getattr(args, f"slurm_{flag.replace('-', '_')}", None)) is not None}
+    given = {setting: value for setting in SLURM_OPTIONS
+             if (value := getattr(args, f"slurm_{setting}", None)) is not None}
     provider = getattr(args, "provider", "local")
     if given and provider != "slurm":
-        raise InvalidInput(f"--slurm-* options need --provider slurm (not {provider})")
+        raise InvalidInput(f"{', '.join(OPTIONS[s] for s in given)}: Slurm options need "
+                           f"--provider slurm (not {provider})")
     if provider == "slurm" and "shared_root" not in given:
         raise InvalidInput("--provider slurm needs --slurm-shared-root: the shared filesystem "
                            "the nodes read the spec's files from and write the run to")

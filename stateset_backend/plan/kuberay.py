@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from stateset_backend.common.display import elided, elided_line
 from stateset_backend.common.errors import InvalidInput, Unsupported
 from stateset_backend.engines.adapter import ENGINE_HOME, PYTHON, RUN_DIR
 from stateset_backend.providers.kuberay.manifest import (
@@ -47,8 +48,8 @@ def settings_from(value: KubeRaySettings | dict[str, Any] | None) -> KubeRaySett
         return KubeRaySettings.model_validate(value)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(map(str, first["loc"])) or "settings"
-        raise InvalidInput(f"kuberay settings: {where}: {first['msg']}") from None
+        where = ".".join(elided(str(part)) for part in first["loc"]) or "settings"
+        raise InvalidInput(f"kuberay settings: {where}: {elided_line(first['msg'])}") from None
 
 
 def _path_pattern(prefix: str) -> re.Pattern[str]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from stateset_backend.common.display import problems_text
 from stateset_backend.common.errors import InvalidInput
 from stateset_backend.common.jsonio import read_json
 from stateset_backend.spec.model import ExperimentSpec
@@ -170,6 +171,12 @@ def path_problems(spec: ExperimentSpec) -> list[str]:
     return problems
 
 
+def _refuse(source: str, problems: list[str]) -> InvalidInput:
+    """Every problem in the details (``--json``), a bounded line of them for the terminal."""
+    return InvalidInput(f"{source}: {len(problems)} problem(s): " + problems_text(problems),
+                        details={"problems": problems})
+
+
 def parse_spec(doc: Any, *, source: str = "spec", stored: bool = False) -> ExperimentSpec:
     """``stored``: the spec a plan carries, read back as it was accepted then (a check added
     since, such as select_by's metric names, does not turn an existing run invalid)."""
@@ -177,20 +184,14 @@ def parse_spec(doc: Any, *, source: str = "spec", stored: bool = False) -> Exper
         raise InvalidInput(f"{source}: a spec is a JSON object, got {type(doc).__name__}")
     problems = carriable_problems(doc) or secret_problems(doc)
     if problems:
-        raise InvalidInput(f"{source}: {len(problems)} problem(s): " + "; ".join(problems[:10]),
-                           details={"problems": problems})
+        raise _refuse(source, problems)
     try:
         spec = ExperimentSpec.model_validate(doc, context={"stored": stored})
     except ValidationError as exc:
-        problems = format_errors(exc)
-        raise InvalidInput(
-            f"{source}: {len(problems)} problem(s): " + "; ".join(problems),
-            details={"problems": problems},
-        ) from None
+        raise _refuse(source, format_errors(exc)) from None
     problems = path_problems(spec)
     if problems:
-        raise InvalidInput(f"{source}: {len(problems)} problem(s): " + "; ".join(problems),
-                           details={"problems": problems})
+        raise _refuse(source, problems)
     return spec
 
 

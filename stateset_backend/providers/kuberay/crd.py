@@ -27,6 +27,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from stateset_backend.common.display import problems_text
 from stateset_backend.common.errors import InvalidInput, Unsupported
 from stateset_backend.providers.kuberay.manifest import MAX_RAYJOB_NAME
 
@@ -198,13 +199,14 @@ def problems(manifest: Any, folder: Path) -> list[str]:
 
 
 def validate(manifest: Any, folder: Path | None = None) -> str:
-    """Raise naming every problem (first ten); return what the manifest was checked against."""
+    """Raise naming every problem (the first few on the line, all in the details); return
+    what the manifest was checked against."""
     folder = folder or crd_folder()
     if folder is None:
         raise Unsupported(missing_crds_reason())
     found = problems(manifest, folder)
     if found:
-        more = f" (and {len(found) - 10} more)" if len(found) > 10 else ""
         raise InvalidInput(f"the RayJob manifest does not validate against KubeRay "
-                           f"{KUBERAY_VERSION}'s CRDs: {'; '.join(found[:10])}{more}")
+                           f"{KUBERAY_VERSION}'s CRDs: {problems_text(found)}",
+                           details={"problems": found})
     return f"KubeRay {KUBERAY_VERSION} CRDs ({RAYJOB_CRD}, {RAYCLUSTER_CRD})"

@@ -12,19 +12,23 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from stateset_backend.common.display import elided, elided_line
 from stateset_backend.common.errors import InvalidInput, Unsupported
+from stateset_backend.providers.slurm.flags import OPTIONS
 from stateset_backend.providers.slurm.script import SCRIPT_FILE, ClusterLaunch, render
 from stateset_backend.providers.slurm.settings import SlurmSettings
 
 
 def settings_of(doc: dict[str, Any]) -> SlurmSettings:
+    """The settings, or exit 2 naming the first bad one and the option that sets it."""
     try:
         return SlurmSettings.model_validate(doc)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(map(str, first["loc"])) or "settings"
-        flag = "--slurm-" + where.replace("_", "-")
-        raise InvalidInput(f"slurm {where} ({flag}): {first['msg']}") from None
+        where = ".".join(elided(str(part)) for part in first["loc"]) or "settings"
+        option = OPTIONS.get(str(first["loc"][0])) if first["loc"] else None
+        raise InvalidInput(f"slurm {where}" + (f" ({option})" if option else "")
+                           + f": {elided_line(first['msg'])}") from None
 
 
 def plan_files(doc: dict[str, Any], *, run_id: str, engine: str, launch: ClusterLaunch,
