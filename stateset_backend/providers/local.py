@@ -2,7 +2,11 @@
 
 ``local`` starts the engine as a child in its own process group (argv list, never a shell),
 streams stdout/stderr into files, and on Ctrl-C, SIGTERM or timeout kills the whole group, so
-no orphaned trainer keeps a GPU busy after the user thinks the run is over.
+no orphaned trainer keeps a GPU busy after the user thinks the run is over. What ``run``
+cannot catch (SIGKILL, the OOM killer) the tether (providers/tether.py) answers: it stops the
+group once ``run`` is gone and runs the command the caller gave to record the attempt. The
+engine's leader also gets SIGTERM from the kernel when ``run`` dies (Linux's parent-death
+signal), for the instant before the tether is up.
 """
 
 from __future__ import annotations
@@ -21,9 +25,15 @@ from typing import IO, Any
 
 from stateset_backend.common.display import PlainLog
 from stateset_backend.common.errors import EngineFailed
+from stateset_backend.providers import tether as tether_module
 
 GRACE_SECONDS = 10.0
+# once `run` is gone nobody waits for the engine's own clean stop, and a machine taken back by
+# its scheduler is wanted back at once
+ORPHAN_GRACE_SECONDS = 5.0
 STDOUT_LOG, STDERR_LOG = "stdout.log", "stderr.log"  # the engine's streams, in its attempt
+ORPHANED_LOG = "orphaned.log"  # written only when `run` died first: what the tether did
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -66,17 +76,89 @@ def forward_interrupts(on_signal: Any) -> Iterator[None]:
             signal.signal(s, handler)
 
 
+def _dies_with_parent() -> Any:
+    """A preexec function giving the engine's leader SIGTERM when the thread that starts it
+    ends, its process dying included (the first step the tether takes too, so an engine's own
+    clean stop still runs; run_local's thread waits for the engine, so it never ends first on
+    a normal path); None where the kernel has no parent-death signal."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent, sig = os.getpid(), int(signal.SIGTERM)
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:  # died between fork and prctl: the signal would never come
+            os.kill(os.getpid(), sig)
+
+    return arm
+
+
+def _start_tether(group: int, on_orphaned: list[str] | None,
+                  log: Path) -> tuple[subprocess.Popen[bytes], int] | None:
+    """The tether of ``group`` and the write end of its pipe, which only this process holds
+    (os.pipe's ends are close-on-exec, and every child here is started with close_fds).
+    None when it cannot start: the engine then has the parent-death signal alone."""
+    read, write = os.pipe()
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-I", tether_module.__file__, "--group", str(group),
+             "--grace", str(ORPHAN_GRACE_SECONDS), "--log", str(log), "--",
+             *(on_orphaned or [])],
+            stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            close_fds=True, start_new_session=True), write
+    except OSError:
+        os.close(write)
+        return None
+    finally:
+        os.close(read)
+
+
+def _release_tether(tether: tuple[subprocess.Popen[bytes], int] | None) -> None:
+    """Tell the tether that this process ended the engine itself, and reap it."""
+    if tether is None:
+        return
+    proc, write = tether
+    with suppress(OSError):
+        os.write(write, tether_module.DISARM)
+    os.close(write)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def run_local(argv: list[str], *, cwd: Path, env: dict[str, str], stdout_path: Path,
               stderr_path: Path, timeout: float | None = None,
-              echo_stderr: bool = False) -> Exit:
-    """Run one engine process to completion and return how it ended."""
-    interrupted = threading.Event()
+              echo_stderr: bool = False, on_orphaned: list[str] | None = None) -> Exit:
+    """Run one engine process to completion and return how it ended. ``on_orphaned`` is the
+    command the tether runs, after stopping the engine, when this process dies first."""
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_dies_with_parent())
     except OSError as exc:
         raise EngineFailed(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+    tether = _start_tether(proc.pid, on_orphaned, stderr_path.with_name(ORPHANED_LOG))
+    try:
+        return _follow(proc, stdout_path, stderr_path, timeout, echo_stderr)
+    finally:
+        if proc.poll() is None:  # raised while it ran: it must not outlive the tether either
+            _signal_group(proc, signal.SIGKILL)
+        _release_tether(tether)
+
+
+def _follow(proc: subprocess.Popen[bytes], stdout_path: Path, stderr_path: Path,
+            timeout: float | None, echo_stderr: bool) -> Exit:
+    """Stream the engine's output, stop its group on a signal or the timeout, and wait for
+    it to end."""
+    interrupted = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
         interrupted.set()

@@ -7,8 +7,9 @@ import os
 import shutil
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stateset_backend.common.errors import (
     EngineFailed,
@@ -32,6 +33,7 @@ from stateset_backend.engines.adapter import (
 )
 from stateset_backend.engines.registry import Registry
 from stateset_backend.plan.launch_plan import LaunchPlan, verify_engine_version
+from stateset_backend.providers import tether
 from stateset_backend.providers.base import (
     EXIT_STOPPED,
     LocalProvider,
@@ -39,7 +41,7 @@ from stateset_backend.providers.base import (
     Provider,
     RayProvider,
 )
-from stateset_backend.providers.local import Exit
+from stateset_backend.providers.local import Exit, run_local
 from stateset_backend.runs import history, lineage, quarantine
 from stateset_backend.runs.results import (
     Check,
@@ -53,7 +55,7 @@ from stateset_backend.runs.results import (
     summarize,
 )
 from stateset_backend.runs.runtime import check_resume
-from stateset_backend.runs.store import Attempt, RunStore
+from stateset_backend.runs.store import RUNNING, Attempt, RunStore
 from stateset_backend.runs.verify import verified_fallback
 from stateset_backend.spec.inputs import verify_inputs
 from stateset_backend.spec.model import ExperimentSpec
@@ -171,6 +173,7 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
     if not on_cluster and engine_home is None and any(ENGINE_HOME in a for a in plan.argv):
         raise InvalidInput("this plan runs an engine from its source checkout: pass "
                            "--engine-home DIR")
+    record_abandoned(plan, adapter, store)  # what a killed `run` left, before going on
     resume_from = find_resume_point(plan, adapter, store) if resume else None
     start_from = lineage.resolve(spec, store, registry)  # before the attempt exists
     warnings = check_resume(adapter.checkpoint_runtime(resume_from),
@@ -189,14 +192,19 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
         print(f"stateset-backend: run {plan.run_id} attempt {attempt.number}: {how} "
               f"{plan.engine} {plan.engine_version} ({plan.provider}); its output is kept in "
               f"{attempt.directory}", file=sys.stderr, flush=True)
+    record = {"pid": os.getpid(), "started_at": utc_now(), "started": time.time(),
+              "warnings": warnings, "resume_from": None if resume_from is None else
+              {"path": str(resume_from.path), "update": resume_from.update}}
     try:
-        if start_from is not None:
-            lineage.stage(start_from, attempt.directory)
-        return _run_attempt(plan, adapter, store, attempt, spec, resume_from,
-                            python=python, timeout=timeout, echo_stderr=echo_stderr,
-                            live_progress=live_progress,
-                            engine_home=engine_home, ray_address=ray_address,
-                            warnings=warnings, kuberay=kuberay, apply=apply)
+        with tether.hold(attempt.directory / RUNNING, record) if plan.provider == "local" \
+                else nullcontext():
+            if start_from is not None:
+                lineage.stage(start_from, attempt.directory)
+            return _run_attempt(plan, adapter, store, attempt, spec, resume_from,
+                                python=python, timeout=timeout, echo_stderr=echo_stderr,
+                                live_progress=live_progress,
+                                engine_home=engine_home, ray_address=ray_address,
+                                warnings=warnings, kuberay=kuberay, apply=apply)
     except OSError as exc:
         reason = f"could not write into the runs directory: {exc.strerror or exc}"
         path = _record_failure(plan, spec, store, attempt, reason)
@@ -240,7 +248,7 @@ def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, atte
         prepared = prepare_attempt(plan, adapter, attempt, resume_from, python=python,
                                    engine_home=engine_home, echo_stderr=echo_stderr,
                                    live_progress=live_progress)
-        provider = _provider(plan, ray_address)
+        provider = _provider(plan, ray_address, attempt)
     started, t0 = utc_now(), time.monotonic()
     exit_ = provider.launch(prepared, timeout)
     duration = time.monotonic() - t0
@@ -249,14 +257,82 @@ def _run_attempt(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, atte
     return result, store.finish(attempt, result)
 
 
-def _provider(plan: LaunchPlan, ray_address: str | None) -> Provider:
+def _provider(plan: LaunchPlan, ray_address: str | None, attempt: Attempt) -> Provider:
     if plan.provider == "ray":
         return RayProvider(ray_address or os.environ.get("RAY_ADDRESS"))
     if plan.provider == "slurm":
         from stateset_backend.providers.slurm.job import SlurmProvider
 
         return SlurmProvider()
-    return LocalProvider()
+    return _TetheredLocal([sys.executable, "-m", "stateset_backend.runs.abandoned",
+                           str(attempt.directory.resolve())])
+
+
+class _TetheredLocal(LocalProvider):
+    """The local provider whose tether, should `run` die first, records the attempt with
+    ``record`` once it has stopped the engine (runs/abandoned.py)."""
+
+    def __init__(self, record: list[str]) -> None:
+        self.record = record
+
+    def launch(self, prepared: PreparedLaunch, timeout: float | None) -> Exit:
+        return run_local(prepared.argv, cwd=prepared.run_dir, env=prepared.env,
+                         timeout=timeout, echo_stderr=prepared.echo_stderr,
+                         stdout_path=prepared.stdout_path, stderr_path=prepared.stderr_path,
+                         on_orphaned=self.record)
+
+
+def record_abandoned(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore,
+                     only: int | None = None) -> list[tuple[Result, Path]]:
+    """Record, as interrupted with what it committed, every local attempt of the run (or
+    attempt ``only``) whose `run` process died before writing its result.
+
+    The tether runs this the moment it has stopped the engine of a killed `run`; the next
+    `run` of the plan runs it again for an attempt whose tether died too (a whole cgroup
+    killed). Recording falls to a writer, never to `runs show` or `runs list`: those read the
+    index alone or one run's files and load no engine plugin, while a result needs the
+    adapter's collect, and an index row needs its writer. Only a local attempt qualifies: a
+    cluster's job outlives `run` and may still be writing. The attempt's lock tells a dead
+    `run` from one still running, whatever killed it; claiming it keeps two recorders from
+    both writing."""
+    if plan.provider != "local":
+        return []
+    recorded = []
+    folders = attempt_dirs(store, plan.run_id)  # newest first
+    for i, folder in enumerate(folders):
+        if (only is not None and int(folder.name) != only) or (folder / "result.json").exists():
+            continue
+        with tether.claim(folder / RUNNING, wait=1.0) as record:
+            if record is None or (folder / "result.json").exists():
+                continue
+            attempt = Attempt(plan.run_id, int(folder.name), folder)
+            newer = any((f / "result.json").exists() for f in folders[:i])
+            try:
+                recorded.append(_record_orphan(plan, adapter, store, attempt, record,
+                                               not newer))
+            except OSError:  # a full disk: the lock stays, the next reader tries again
+                continue
+            (folder / RUNNING).unlink(missing_ok=True)
+    return recorded
+
+
+def _record_orphan(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, attempt: Attempt,
+                   record: dict[str, Any], latest: bool) -> tuple[Result, Path]:
+    """The result of a killed `run`'s attempt, from what its engine left, as a Ctrl-C's is;
+    its exit code is unknown (the engine's parent died with it)."""
+    link = record.get("resume_from")
+    resume_from = Checkpoint(Path(link["path"]), int(link["update"])) \
+        if isinstance(link, dict) and {"path", "update"} <= link.keys() else None
+    started = record.get("started")
+    exit_ = Exit(-1, interrupted=True, reason="the `run` process was killed before it could "
+                                              "stop its engine and record the attempt")
+    result = collect_and_validate(
+        plan, adapter, attempt, plan.validated_spec(), exit_, resume_from,
+        started=str(record.get("started_at") or utc_now()),
+        duration=max(0.0, time.time() - started) if isinstance(started, float) else 0.0,
+        warnings=[str(w) for w in record.get("warnings") or []])
+    result = result.model_copy(update={"exit_code": None})
+    return result, store.finish(attempt, result, latest_too=latest)
 
 
 def prepare_attempt(plan: LaunchPlan, adapter: EngineAdapter, attempt: Attempt,

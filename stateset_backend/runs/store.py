@@ -7,6 +7,7 @@ Layout::
     runs/<run_id>/plan.json              the plan every attempt ran
     runs/<run_id>/attempts/<n>/          the engine's run directory for attempt n
     runs/<run_id>/attempts/<n>/result.json
+    runs/<run_id>/attempts/<n>/.running  locked by the local `run` process while it lives
     runs/<run_id>/result.json            the latest attempt's result
 
 Attempt numbers are allocated under a file lock so two retries of one plan never share a
@@ -42,6 +43,9 @@ if TYPE_CHECKING:  # listing runs needs neither the plan nor the result model, n
     from stateset_backend.runs.results import Result
 
 DEFAULT_RUNS_DIR = "runs"
+# what recording a local attempt needs should its `run` process die first, locked by that
+# process while it lives (providers/tether.py, runner.record_abandoned)
+RUNNING = ".running"
 MIN_DIGEST_PREFIX = 8  # 32 bits: two digests of a store this size do not share one
 _HEX = re.compile(r"[0-9a-f]+")
 
@@ -149,16 +153,19 @@ class RunStore:
             directory.mkdir()
         return Attempt(plan.run_id, number, directory)
 
-    def finish(self, attempt: Attempt, result: Result) -> Path:
+    def finish(self, attempt: Attempt, result: Result, *, latest_too: bool = True) -> Path:
+        """Record an attempt's result; ``latest_too`` False when a newer attempt already has
+        its result (an abandoned attempt recorded late), whose run-level copy stays."""
         if result.status == "quarantined":  # the run, not only this attempt, is suspect now
             quarantine.promote(attempt.directory, self.run_dir(attempt.run_id), attempt.number)
         doc = result.to_json()
         atomic_write_json(attempt.directory / "result.json", doc)
         latest = self.run_dir(attempt.run_id) / "result.json"
-        atomic_write_json(latest, doc)
+        if latest_too:
+            atomic_write_json(latest, doc)
         row = index.attempt_row(result)
         self._write(lambda conn: index.put_attempts(conn, [row]))
-        return latest
+        return latest if latest_too else attempt.directory / "result.json"
 
     def record_evaluation(self, run_id: str, record: str, doc: dict[str, Any]) -> None:
         """Index an evaluation record just written into the run's folder as ``record``."""

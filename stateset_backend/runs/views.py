@@ -7,14 +7,16 @@ names, `runs compare` (like `runs list`) from the index alone, whatever the size
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stateset_backend.common.errors import InvalidInput
 from stateset_backend.common.jsonio import read_json
+from stateset_backend.providers import tether
 from stateset_backend.runs import quarantine
 from stateset_backend.runs.evaluations import entry as evaluation_entry
 from stateset_backend.runs.evaluations import records as evaluation_records
-from stateset_backend.runs.store import RunStore
+from stateset_backend.runs.store import RUNNING, RunStore
 
 if TYPE_CHECKING:  # only `runs show` reads results; listings and comparisons read the index
     from stateset_backend.runs.results import Result
@@ -31,14 +33,24 @@ def _attempt_results(store: RunStore, run_id: str) -> list[tuple[int, Result | N
     for folder in numbered:
         path = folder / "result.json"
         if not path.is_file():
-            out.append((int(folder.name), None, "no result.json (running, or ended without "
-                                                "one)"))
+            out.append((int(folder.name), None, _no_result(folder)))
             continue
         try:
             out.append((int(folder.name), Result.load(path), ""))
         except InvalidInput as exc:
             out.append((int(folder.name), None, f"unreadable result.json: {exc.message}"))
     return out
+
+
+def _no_result(folder: Path) -> str:
+    """Why an attempt has no result yet: its `run` still runs, or died and its tether with it
+    (the next `run` of the plan records it: this view loads no engine plugin to collect it)."""
+    if not (folder / RUNNING).exists():
+        return "no result.json (running, or ended without one)"
+    if tether.held(folder / RUNNING):
+        return "no result.json yet: its `run` process is running"
+    return ("no result.json: its `run` process was killed before recording it; the next `run` "
+            "of its plan records it as interrupted")
 
 
 def show(store: RunStore, run_id: str) -> dict[str, Any]:
