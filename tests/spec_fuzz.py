@@ -17,6 +17,7 @@ import os
 import random
 import re
 import shutil
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
@@ -141,10 +142,8 @@ RAW_NUMBERS = ["1e400", "-1e400", "1e-400", "-0.0", "-0", "5e-324", "4.9e-324",
 HOSTILE_KEYS = ["true", "True", "TRUE", "false", "nan", "NaN", "inf", "Inf", "-inf", "null",
                 "NULL", "None", "none", "1", "1e3", "a b", "a=b", "${x}", "a:b", "a.b", "", "~",
                 "+x", "@", "infinity", "tRuE", "\uff54\uff52\uff55\uff45", "e\u0301", "_", "-"]
-STRING_OPTIONS = {"verl": ["trainer.validation_data_dir", "trainer.rollout_data_dir",
-                           "+trainer.stateset_fuzz", "++trainer.stateset_fuzz2"],
-                  "nemo-rl": ["logger.wandb.project", "+logger.stateset_fuzz",
-                              "logger.wandb.group"],
+STRING_OPTIONS = {"verl": ["trainer.validation_data_dir", "trainer.rollout_data_dir"],
+                  "nemo-rl": ["logger.wandb.project", "logger.wandb.group"],
                   "openrlhf": ["--logger.wandb.project", "--logger.wandb.group",
                                "--logger.wandb.org", "--data.input_template"]}
 OPTION_KEYS = {"verl": ["+trainer.foo", "++trainer.foo", "~trainer.foo", "trainer.foo",
@@ -356,7 +355,10 @@ def _m_dict_keys(doc: dict[str, Any], rng: random.Random, here: Path | None) -> 
     engine = rng.choice(["verl", "nemo-rl"])
     options = doc.setdefault("engine_options", {})
     if isinstance(options, dict) and isinstance(options.setdefault(engine, {}), dict):
-        key = rng.choice(["+trainer.foo", "++trainer.bar", "+logger.foo", "+x", "trainer.foo"])
+        key = rng.choice(["actor_rollout_ref.model.override_config",
+                          "actor_rollout_ref.rollout.engine_kwargs.vllm",
+                          "policy.hf_config_overrides", "policy.generation.vllm_kwargs",
+                          "+trainer.foo", "++trainer.bar", "+x", "trainer.foo"])
         value: Any = {rng.choice(HOSTILE_KEYS): hostile_value(rng)}
         if rng.random() < 0.3:
             value = {"ok": value}
@@ -439,7 +441,8 @@ def _m_size(doc: dict[str, Any], rng: random.Random, here: Path | None) -> None:
                 f"m{i}" for i in range(rng.choice([1000, 20_000]))]}
     else:  # engine_options.E.KEY is 3 levels: the value nests up to the limit and past it
         engine = rng.choice(["verl", "nemo-rl", "openrlhf"])
-        key = {"verl": "+trainer.deep", "nemo-rl": "+logger.deep",
+        key = {"verl": "actor_rollout_ref.model.override_config",
+               "nemo-rl": "policy.hf_config_overrides",
                "openrlhf": "--logger.wandb.project"}[engine]
         depth = rng.choice([26, 28, 29, 30, 31, 32])
         doc.setdefault("engine_options", {}).setdefault(engine, {})[key] = \
@@ -469,10 +472,59 @@ def _m_ensure(doc: dict[str, Any], rng: random.Random, here: Path | None) -> Non
                     mine[names[0]] = hostile_string(rng)
 
 
+# Keys outside an engine's own configuration: Hydra's namespace (it steers the launcher), edit
+# prefixes, instantiate's instructions, environment variables, abbreviated and short flags.
+NAMESPACE_KEYS = {"verl": ["hydra.run.dir", "hydra.job.chdir", "hydra.output_subdir",
+                           "hydra.searchpath", "hydra.job_logging.handlers.file.filename",
+                           "hydra.sweep.dir", "hydra", "+hydra.run.dir", "++hydra.job.chdir",
+                           "~hydra.output_subdir", "actor_rollout_ref.actor._target_",
+                           "trainer._partial_", "LD_PRELOAD", "PYTHONPATH", "HYDRA_FULL_ERROR",
+                           "+trainer.total_epochs", "~trainer.logger"],
+                  "nemo-rl": ["hydra.run.dir", "hydra.searchpath", "+hydra.job.chdir",
+                              "policy._target_", "CUDA_VISIBLE_DEVICES", "+logger.foo",
+                              "~logger.wandb"],
+                  "openrlhf": ["--logger.wandb.proj", "--vllm.gpu_memory", "--ds.pack",
+                               "-h", "--hydra.run.dir", "LD_PRELOAD", "hydra.run.dir"],
+                  "native": ["hydra.run.dir", "+x", "LD_PRELOAD", "_target_"]}
+HYDRA_NAMESPACE = re.compile(r"^[+~]*hydra(\.|=|$)", re.IGNORECASE)
+# Traps make_workspace puts beside each base: what a split, reward, environment or model path
+# may name that is not a regular file.
+SPECIAL_FILES = ["fifo.jsonl", "zero.jsonl", "sock.jsonl", "adir.jsonl", "fifo.py", "zero.py",
+                 "fifo.parquet", "zero.json"]
+SPECIAL_MODEL = "fifomodel"
+
+
+def _m_namespace(doc: dict[str, Any], rng: random.Random, here: Path | None) -> None:
+    """An engine_options key outside the engine's own configuration."""
+    engine = rng.choice(sorted(NAMESPACE_KEYS))
+    options = doc.setdefault("engine_options", {})
+    if isinstance(options, dict) and isinstance(options.setdefault(engine, {}), dict):
+        options[engine][rng.choice(NAMESPACE_KEYS[engine])] = rng.choice(
+            ["/tmp/stateset-fuzz", True, ["file:///tmp"], "x", 1])
+
+
+def _m_special_file(doc: dict[str, Any], rng: random.Random, here: Path | None) -> None:
+    """A split, reward, environment or model path naming a FIFO, a device, a socket or a
+    folder (or a model folder holding a FIFO)."""
+    fields = [(p, v) for p, v in _leaves(doc)
+              if isinstance(v, str) and PATH_FIELDS.match(_dotted(p))]
+    if not fields:
+        return
+    path, value = rng.choice(fields)
+    if path[-1] == "path":
+        _set(doc, path, SPECIAL_MODEL)
+        return
+    trap = rng.choice(SPECIAL_FILES)
+    if here is not None and rng.random() < 0.3:
+        trap = f"{here}/{trap}"
+    _set(doc, path, f"{trap}:{value.rpartition(':')[2]}" if path[-1] == "entrypoint" else trap)
+
+
 HOSTILE_MUTATIONS = {"string": (_m_string, 6), "path": (_m_path, 3), "option": (_m_option, 4),
                      "dict_keys": (_m_dict_keys, 2), "openrlhf_switch": (_m_openrlhf_switch, 2),
                      "number": (_m_number, 3), "unicode": (_m_unicode, 3), "size": (_m_size, 1),
-                     "ensure": (_m_ensure, 3)}
+                     "ensure": (_m_ensure, 3), "namespace": (_m_namespace, 3),
+                     "special_file": (_m_special_file, 3)}
 
 
 def hostile(doc: dict[str, Any], rng: random.Random, steps: int = 2,
@@ -539,7 +591,34 @@ def make_workspace(root: Path) -> Path:
             with contextlib.suppress(FileExistsError):
                 (folder / name).symlink_to(target)
         (folder / "afile").write_text("x")
+        _special_files(folder)
     return root
+
+
+def _special_files(folder: Path) -> None:
+    """SPECIAL_FILES and SPECIAL_MODEL in ``folder``."""
+    import socket
+
+    for name in SPECIAL_FILES:
+        path = folder / name
+        if path.exists() or path.is_symlink():
+            continue
+        if name.startswith("fifo"):
+            os.mkfifo(path)
+        elif name.startswith("zero"):
+            path.symlink_to("/dev/zero")
+        elif name.startswith("sock"):
+            server = socket.socket(socket.AF_UNIX)
+            with contextlib.suppress(OSError):  # a path too long for a socket address
+                server.bind(str(path))
+            server.close()
+        else:
+            path.mkdir()
+    model = folder / SPECIAL_MODEL
+    if not model.exists():
+        model.mkdir()
+        (model / "config.json").write_text("{}")
+        os.mkfifo(model / "model.safetensors")
 
 
 def load_bases(root: Path) -> list[tuple[Path, dict[str, Any]]]:
@@ -549,18 +628,36 @@ def load_bases(root: Path) -> list[tuple[Path, dict[str, Any]]]:
 
 
 # -- running it, and the rules it must keep ----------------------------------------------------
+class Hung(BaseException):
+    """A command that did not return within HANG_SECONDS: it blocked on a file or read one
+    that never ends."""
+
+
+HANG_SECONDS = 60
+
+
+def _hung(signum: int, frame: Any) -> None:
+    raise Hung(f"no answer within {HANG_SECONDS} s")
+
+
 def run_cli(*args: str) -> tuple[int | None, str, str, str | None]:
-    """(exit code, stdout, stderr, exception escaping main or None), main() in process."""
+    """(exit code, stdout, stderr, exception escaping main or None), main() in process, under
+    an alarm so that a command that would block forever is reported, not waited on."""
     from stateset_backend.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     escaped = None
     code: int | None = None
+    previous = signal.signal(signal.SIGALRM, _hung)
+    signal.alarm(HANG_SECONDS)
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main(list(args))
         except BaseException as exc:
             escaped = f"{type(exc).__name__}: {exc}"[:2000]
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
     return code, out.getvalue(), err.getvalue(), escaped
 
 
@@ -579,7 +676,8 @@ def unescaped_interpolations(text: str) -> bool:
 RULES = frozenset({"escaped", "exit_code", "validate_code", "digest_code", "adapter_bug",
                    "multiline", "verl_interpolation", "nemo-rl_interpolation",
                    "hydra_unparsable", "hydra_resolve", "secret_resolved", "readback",
-                   "openrlhf_argv", "openrlhf_argparse", "openrlhf_readback"})
+                   "openrlhf_argv", "openrlhf_argparse", "openrlhf_readback", "hang",
+                   "special_file_accepted", "hydra_namespace", "edit_prefix_option"})
 
 
 @dataclass
@@ -612,7 +710,8 @@ def _call(probe: Probe, *args: str, valid: bool) -> tuple[int | None, str, str]:
     name = f"plan:{args[args.index('--engine') + 1]}" if args[0] == "plan" else args[0]
     probe.codes.append((name, code))
     if escaped is not None:
-        probe.add("escaped", command, exception=escaped, stderr=err[-2000:])
+        probe.add("hang" if escaped.startswith("Hung:") else "escaped", command,
+                  exception=escaped, stderr=err[-2000:])
         return code, out, err
     if code not in (0, 2, 3):
         probe.add("exit_code", command, code=code, stderr=err[-2000:])
@@ -790,6 +889,32 @@ def _openrlhf_checks(probe: Probe, command: list[str], argv: list[str], spec_doc
                       got=repr(got)[:300])
 
 
+def _special_paths(spec_doc: Any, folder: Path) -> list[str]:
+    """The paths the spec names, relative to its folder, that are there and are neither a
+    regular file nor (for model.path) a folder of regular files."""
+    import stat
+
+    found = []
+    for path, value in _leaves(spec_doc) if isinstance(spec_doc, dict) else ():
+        if not isinstance(value, str) or not PATH_FIELDS.match(_dotted(path)):
+            continue
+        text = value.rpartition(":")[0] if path[-1] == "entrypoint" else value
+        text = text.removeprefix("file://")
+        if "://" in text or not text:
+            continue
+        target = Path(text) if text.startswith("/") else folder / text
+        try:
+            mode = target.stat().st_mode
+        except (OSError, RuntimeError, ValueError):
+            continue
+        if path[-1] == "path" and stat.S_ISDIR(mode):
+            if any(not (p.is_file() or p.is_dir()) for p in target.iterdir()):
+                found.append(f"{_dotted(path)}={text}")
+        elif not stat.S_ISREG(mode) and not (path[-1] == "path" and stat.S_ISDIR(mode)):
+            found.append(f"{_dotted(path)}={text}")
+    return found
+
+
 def probe(spec: Path, plan_dir: Path, *, all_checks: bool = True) -> Probe:
     """validate, then for a valid spec digest, explain --all-engines --effective and a plan on
     each engine (--json, written with -o), each checked against the project's rules:
@@ -808,6 +933,9 @@ def probe(spec: Path, plan_dir: Path, *, all_checks: bool = True) -> Probe:
         spec_doc = json.loads(spec.read_bytes().decode("utf-8-sig"))
     except ValueError:
         spec_doc = None
+    special = _special_paths(spec_doc, spec.parent)
+    if special:
+        result.add("special_file_accepted", ["validate", str(spec)], paths=special)
     digest, _, _ = _call(result, "digest", str(spec), valid=True)
     if digest != 0:
         result.add("digest_code", ["digest", str(spec)], code=digest)
@@ -822,6 +950,16 @@ def probe(spec: Path, plan_dir: Path, *, all_checks: bool = True) -> Probe:
             continue
         result.plans_ok.append(engine)
         argv = json.loads(out.read_text(encoding="utf-8"))["argv"]
+        hydra = [a[:300] for a in argv if HYDRA_NAMESPACE.match(a)]
+        if hydra:
+            result.add("hydra_namespace", command, elements=hydra)
+        options = spec_doc.get("engine_options", {}).get(engine, {}) \
+            if isinstance(spec_doc, dict) and isinstance(spec_doc.get("engine_options"), dict) \
+            else {}
+        prefixed = [k for k in options if isinstance(k, str) and k[:1] in "+~"] \
+            if isinstance(options, dict) else []
+        if prefixed:
+            result.add("edit_prefix_option", command, keys=prefixed)
         if engine in ("verl", "nemo-rl"):
             bad = [a for a in argv if unescaped_interpolations(a)]
             if bad:

@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from stateset_backend.common.errors import InvalidInput
+from stateset_backend.common.reading import read_regular
+
+# A spec, plan, result or record is settings and bookkeeping, never bulk data; a file past this
+# is a mistake (or a device) that would otherwise be read whole into memory.
+MAX_JSON_BYTES = 64 << 20
 
 
 def utc_now() -> str:
@@ -72,7 +77,7 @@ def read_json(path: str | os.PathLike[str], *, what: str = "file") -> Any:
     if p.is_dir():
         raise InvalidInput(f"{p}: is a directory, expected a JSON {what}")
     try:
-        raw = p.read_bytes()
+        raw = read_regular(p, MAX_JSON_BYTES)
     except OSError as exc:
         raise InvalidInput(f"{p}: cannot read: {exc.strerror}") from None
     if not raw.strip():

@@ -33,7 +33,9 @@ Every check is derived from the adapter's contract, never hand-written per engin
   across fresh interpreters with different ``PYTHONHASHSEED``;
 - hostile values in every user string field and in an ``engine_options`` value keep the
   launch's shape (read back through the engine's whole read path);
-  ``engine_options`` keys cannot reach a key the launch sets, in any spelling;
+  ``engine_options`` keys cannot reach a key the launch sets, in any spelling, nor name
+  anything outside the engine's own configuration (Hydra's namespace, an edit prefix, an
+  environment variable, an abbreviated flag, a key the release's surface lacks);
 - collection: healthy outputs are ``succeeded``; NaN, Infinity and string metrics, missing or
   escaping artifacts, a missing identity and no committed update are ``invalid``;
 - resume (when ``resume:exact`` is claimed): the checkpoint is found, accepted and continued
@@ -312,6 +314,7 @@ class AdapterConformance(KitFixtures):
         with reported():
             tried = checks.check_option_keys(adapter, engine_version, base, plan, sample_files,
                                              self.option_key(adapter, plan))
+            checks.check_namespace_keys(adapter, engine_version, base, sample_files)
         assert tried, "the launch sets no key, so nothing could be guarded"
 
     # -- collection and resume ----------------------------------------------------------------

@@ -11,6 +11,7 @@ With the surface, such a value is refused at plan time, naming the option and wh
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -93,23 +94,111 @@ def option_problem(name: str, option: dict[str, Any], value: Any) -> str | None:
     return None
 
 
-def check_options(engine: str, version: str, options: dict[str, Any]) -> None:
-    """Every ``engine_options`` entry names an option the release's parser has, with a value
-    of the kind it takes (exit 2 naming the option); without a surface, nothing is checked."""
-    doc = surface(engine, version)
-    if doc is None:
+# Hydra's own config namespace: a ``hydra.*`` override steers the launcher before the trainer
+# runs (where it writes its .hydra/ files and job log, which folder it changes into, where it
+# searches for config).
+_LAUNCHER_ROOTS = ("hydra",)
+# Keys Hydra's ``instantiate`` reads as instructions (which class to build, how), not settings.
+_INSTANTIATE_KEYS = ("_target_", "_recursive_", "_convert_", "_partial_", "_args_")
+_ENVIRONMENT_LIKE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_SYNTAX = re.compile(r"[=\s@:$,{}\[\]()'\"\\]")
+
+
+def namespace_problem(key: str) -> str | None:
+    """Why ``key`` is not a name in an engine's own configuration, or None.
+
+    ``engine_options`` adds engine settings the spec does not describe; a key that speaks to
+    whatever reads the launch instead (an edit prefix, the launcher's own namespace, an
+    instruction to Hydra's instantiate, an environment variable, override syntax, a short or
+    abbreviated flag) would let a spec do what no setting of the engine can: write files
+    elsewhere, load config from anywhere, or change which code runs. The rule is syntactic, so
+    it holds for every engine and release, with or without a configuration surface."""
+    if not key:
+        return "an empty key"
+    if key[0] in "+~":
+        return (f"{key[0]!r} is Hydra's edit syntax (add, force-add, delete), not part of a "
+                "key; engine_options may only set the engine's own keys")
+    root = key.lstrip("-").split(".", 1)[0]
+    if root.lower() in _LAUNCHER_ROOTS:
+        return ("in Hydra's own namespace, which configures the launcher (its output and "
+                "log folders, working directory, config search path), not the engine")
+    leaf = key.rsplit(".", 1)[-1]
+    if leaf in _INSTANTIATE_KEYS:
+        return (f"{leaf} is an instruction to Hydra's instantiate (which class to build and "
+                "how), not a setting")
+    if _ENVIRONMENT_LIKE.match(key):
+        return ("looks like an environment variable; the engine reads its environment from "
+                "the machine that runs it, never from the spec")
+    bad = _SYNTAX.search(key)
+    if bad:
+        return f"holds {bad.group()!r}, which is override syntax, not part of a key"
+    if key.startswith("-") and not key.startswith("--"):
+        return "a short flag; name the option by its long form (--name)"
+    return None
+
+
+def _open_mapping(name: str, known: dict[str, Any]) -> str | None:
+    """The surface key whose value is a free mapping that ``name`` reaches inside, if any."""
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        parent = ".".join(parts[:i])
+        if parent in known:
+            return parent if isinstance(known[parent].get("default"), dict) else None
+    return None
+
+
+def _unknown(engine: str, version: str, name: str, known: dict[str, Any]) -> str:
+    """Why an option the surface does not hold is refused, with the one fix that applies."""
+    if name.startswith("--"):
+        longer = sorted(k for k in known if k.startswith(name))
+        if longer:
+            return (f"{engine} {version} has no option {name!r}; argparse would read it as an "
+                    f"abbreviation of {longer[0]!r}" + (f" (or {len(longer) - 1} other)"
+                                                         if len(longer) > 1 else "") +
+                    ": write the option in full")
+    mapping = _open_mapping(name, known)
+    if mapping is not None:
+        return (f"{engine} {version}'s config has no key {name!r}; it lies inside the mapping "
+                f"{mapping!r}: give that mapping whole, as {mapping!r}: {{...}}")
+    import difflib  # only an unknown option needs it
+
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    return (f"{engine} {version} has no option {name!r}" +
+            (f"; did you mean {close[0]!r}?" if close else
+             " in its configuration surface (the keys that release reads)"))
+
+
+def check_options(engine: str, version: str, options: dict[str, Any],
+                  plugin_surface: dict[str, Any] | None = None) -> None:
+    """Every ``engine_options`` key is a name in the engine's own configuration (exit 2
+    naming the first that is not): never the launcher's or framework's namespace, and, where
+    the release's shipped surface is known (the built-in engines', generated from each
+    release), one of the keys that release reads, with a value of the kind a parser option
+    takes.
+
+    ``plugin_surface`` (a plugin's ``KitSupport.surface``) is not held as the list of the
+    keys engine_options may name: a plugin's surface describes what its engine reads, which
+    need not be spelled as its options are, and the plugin checks its own options. It still
+    shows what argparse would make of an abbreviation, which is never what a user meant."""
+    for name in options:
+        problem = namespace_problem(name)
+        if problem is not None:
+            raise InvalidInput(f"engine_options.{engine}.{name}: {problem}")
+    shipped = surface(engine, version)
+    if shipped is None:
+        known = (plugin_surface or {}).get("options") or {}
+        for name in options:
+            if name.startswith("--") and name not in known and \
+                    any(k.startswith(name) for k in known):
+                raise InvalidInput(f"engine_options.{engine}.{name}: "
+                                   f"{_unknown(engine, version, name, known)}")
         return
-    known: dict[str, Any] = doc["options"]
+    known = shipped["options"]
     for name, value in options.items():
         where = f"engine_options.{engine}.{name}"
         option = known.get(name)
         if option is None:
-            import difflib  # only an unknown option needs it
-
-            close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
-            raise InvalidInput(f"{where}: {engine} {version} has no option {name!r}" +
-                               (f"; did you mean {close[0]!r}?" if close else
-                                " (its parser would refuse it or read another option)"))
-        problem = option_problem(name, option, value)
+            raise InvalidInput(f"{where}: {_unknown(engine, version, name, known)}")
+        problem = option_problem(name, option, value) if "action" in option else None
         if problem is not None:
             raise InvalidInput(f"{where}: {problem}")

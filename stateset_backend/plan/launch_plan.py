@@ -20,6 +20,7 @@ from stateset_backend.common.errors import AdapterBug, InvalidInput, Unsupported
 from stateset_backend.common.jsonio import atomic_write_json, read_json, utc_now
 from stateset_backend.contracts.capabilities import required_capabilities
 from stateset_backend.contracts.loader import Dialect, check, parse_version
+from stateset_backend.contracts.surfaces import check_options, surface
 from stateset_backend.engines.adapter import LaunchContext, check_all_pinned
 from stateset_backend.engines.registry import AdapterEntry
 from stateset_backend.spec.digest import binding_digest, experiment_digest, plan_checksum
@@ -109,6 +110,7 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     contract = adapter.contract
     required = required_capabilities(spec)
     check(contract, engine_version, required).raise_if_missing()
+    check_engine_options(entry, engine_version, spec.engine_options.get(adapter.name, {}))
     check_budget_fits(spec, (base_dir or Path.cwd()).resolve())
     dialect = contract.dialect(parse_version(engine_version))
     with entry.guard("translating the spec"):
@@ -218,6 +220,19 @@ def _refuse_inexact_integers(engine: str, doc: Any, path: str = "") -> None:
         raise InvalidInput(f"{engine} launch value {path} = {doc} is derived from the spec's "
                            "counts and exceeds 2^53 - 1, which a plan cannot carry exactly; "
                            "lower the budget or token limits")
+
+
+def check_engine_options(entry: AdapterEntry, engine_version: str,
+                         options: dict[str, Any]) -> None:
+    """Before translation, the same for every engine: ``engine_options`` names only keys of
+    the engine's own configuration (contracts.surfaces.check_options). A plugin's surface
+    comes from its kit support, asked for only when a flag could be an abbreviation."""
+    plugin_surface = None
+    if any(name.startswith("--") for name in options) and \
+            surface(entry.adapter.name, engine_version) is None:
+        with entry.guard("describing its configuration surface"):
+            plugin_surface = entry.adapter.kit_support().surface
+    check_options(entry.adapter.name, engine_version, options, plugin_surface)
 
 
 def guard_engine_options(engine: str, options: dict[str, Any], native: dict[str, Any]) -> None:

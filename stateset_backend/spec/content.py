@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from pathlib import Path
 
+from stateset_backend.common.reading import NotRegularFile, open_regular
+
+BLOCK = 1 << 20
+
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Lower-case hex SHA-256 of a file's bytes, read in blocks."""
+    """Lower-case hex SHA-256 of a regular file's bytes, read in blocks up to the size it had
+    when opened; a file still being written (it grows meanwhile) has no digest yet."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
+    with open_regular(path) as (file, size):
+        left = size
+        while left > 0:
+            block = file.read(min(BLOCK, left))
+            if not block:
+                raise NotRegularFile(errno.EIO, "shrank while it was read")
             h.update(block)
+            left -= len(block)
+        if file.read(1):
+            raise NotRegularFile(errno.EIO, "grew while it was read")
     return h.hexdigest()
 
 

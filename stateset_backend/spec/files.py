@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from stateset_backend.common.display import problems_text
 from stateset_backend.common.errors import InvalidInput
 from stateset_backend.common.jsonio import read_json
+from stateset_backend.spec.inputs import check_input_files, local_paths
 from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.spec.modeltree import model_in
 
@@ -139,27 +141,12 @@ NAME_MAX = 255  # bytes in one path component, on every local filesystem we run 
 PATH_MAX = 4095  # bytes in a whole path, as the kernel takes it
 
 
-def _local_paths(spec: ExperimentSpec) -> list[tuple[str, str]]:
-    """(field, path) for every string the hub or an engine opens as a local path."""
-    paths = [("model.path", spec.model.path)]
-    for name in ("train", "validation", "test"):
-        split = getattr(spec.data, name)
-        if split is not None:
-            paths.append((f"data.{name}.uri", split.uri))
-    for section in ("reward", "environment"):
-        entry = getattr(spec, section).entrypoint
-        if entry and ":" in entry and (section == "environment" or spec.reward.kind == "python"):
-            paths.append((f"{section}.entrypoint", entry.rpartition(":")[0]))
-    return [(f, p.removeprefix("file://")) for f, p in paths
-            if "://" not in p or p.startswith("file://")]
-
-
 def path_problems(spec: ExperimentSpec) -> list[str]:
     """Local paths no filesystem can hold: a component over NAME_MAX bytes or a path over
     PATH_MAX. Found here, every later command (check, plan, run) would fail on them with an
     operating-system error instead."""
     problems = []
-    for field, path in _local_paths(spec):
+    for field, path in local_paths(spec):
         size = len(path.encode("utf-8"))
         longest = max((len(part.encode("utf-8")) for part in path.split("/")), default=0)
         if longest > NAME_MAX:
@@ -196,4 +183,8 @@ def parse_spec(doc: Any, *, source: str = "spec", stored: bool = False) -> Exper
 
 
 def load_spec(path: str | os.PathLike[str]) -> ExperimentSpec:
-    return parse_spec(read_json(path, what="spec"), source=str(path))
+    """A spec file, and every file it names that is there proven readable as a file (a
+    FIFO or a link to a device would block or never end in whatever reads it next)."""
+    spec = parse_spec(read_json(path, what="spec"), source=str(path))
+    check_input_files(spec, Path(path).resolve().parent)
+    return spec

@@ -8,14 +8,32 @@ checked: a URI the engine resolves itself (``s3://``, ``hf://``) is the engine's
 from __future__ import annotations
 
 import copy
+import io
 import os
 import stat
 from pathlib import Path
 from typing import Any, Literal
 
+from stateset_backend.common.display import problems_text
 from stateset_backend.common.errors import InvalidInput
+from stateset_backend.common.reading import kind_of, open_regular, read_regular
 from stateset_backend.spec.content import sha256_file
 from stateset_backend.spec.model import ExperimentSpec
+
+
+def local_paths(spec: ExperimentSpec) -> list[tuple[str, str]]:
+    """(field, path) for every string the hub or an engine opens as a local path."""
+    paths = [("model.path", spec.model.path)]
+    for name in ("train", "validation", "test"):
+        split = getattr(spec.data, name)
+        if split is not None:
+            paths.append((f"data.{name}.uri", split.uri))
+    for section in ("reward", "environment"):
+        entry = getattr(spec, section).entrypoint
+        if entry and ":" in entry and (section == "environment" or spec.reward.kind == "python"):
+            paths.append((f"{section}.entrypoint", entry.rpartition(":")[0]))
+    return [(f, p.removeprefix("file://")) for f, p in paths
+            if "://" not in p or p.startswith("file://")]
 
 
 def local_path(uri: str, base_dir: Path) -> Path | None:
@@ -26,10 +44,22 @@ def local_path(uri: str, base_dir: Path) -> Path | None:
     return path if path.is_absolute() else base_dir / path
 
 
+# What the hub reads whole from a file a spec names; anything larger is refused before it is
+# read. Files it streams (hashing, counting JSON lines, a parquet footer) have no size limit:
+# they are read in blocks, and never past the size they had when opened.
+MAX_SOURCE_BYTES = 16 << 20  # a reward or environment module
+MAX_WHOLE_SPLIT_BYTES = 1 << 30  # a .json split (one array, parsed whole to count its rows)
+# A local model folder is walked to prove each of its files is a regular file; one this large
+# is not a model folder (a home directory, a dataset root) and is refused rather than walked.
+MAX_MODEL_ENTRIES = 100_000
+
+
 def probe(field: str, path: Path) -> Literal["file", "dir", "missing"]:
     """What a path a spec names is on this machine. Anything the operating system refuses
-    (permission, a symlink loop, a file where a folder should be, a name too long) is the
-    spec's to fix: one line naming the field, never an operating-system traceback."""
+    (permission, a symlink loop, a file where a folder should be, a name too long), and
+    anything that is neither a regular file nor a folder (a FIFO, a device, a socket, which
+    would block or never end when read), is the spec's to fix: one line naming the field,
+    never an operating-system traceback or a hang."""
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
@@ -37,7 +67,75 @@ def probe(field: str, path: Path) -> Literal["file", "dir", "missing"]:
     except (OSError, RuntimeError) as exc:  # RuntimeError: pathlib's own symlink-loop error
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise InvalidInput(f"{field}: cannot use {str(path)!r}: {reason}") from None
-    return "dir" if stat.S_ISDIR(mode) else "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if not stat.S_ISREG(mode):
+        raise InvalidInput(f"{field}: {str(path)!r} is {kind_of(mode)}, not a regular file")
+    return "file"
+
+
+def _limit(field: str, path: Path) -> int | None:
+    if field.endswith("entrypoint"):
+        return MAX_SOURCE_BYTES
+    return MAX_WHOLE_SPLIT_BYTES if path.suffix == ".json" else None
+
+
+def _model_folder_problem(folder: Path) -> str | None:
+    """The first entry of a local model folder that an engine could not read as a file."""
+    seen = 0
+    for parent, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            seen += 1
+            if seen > MAX_MODEL_ENTRIES:
+                return (f"{str(folder)!r} holds more than {MAX_MODEL_ENTRIES:,} entries, which "
+                        "is not a model folder")
+            entry = Path(parent, name)
+            try:
+                mode = entry.stat().st_mode
+            except FileNotFoundError:
+                continue  # a dangling link: the engine's loader names it if it needs it
+            except OSError as exc:
+                return f"{str(entry)!r}: {exc.strerror}"
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                return f"{str(entry)!r} is {kind_of(mode)}, not a regular file"
+    return None
+
+
+def input_file_problems(spec: ExperimentSpec, base_dir: Path) -> list[str]:
+    """Every local file the spec names that is there but could not be read as one: a FIFO,
+    device, socket or folder where a file belongs, a file over what the hub reads whole, a
+    model folder holding such an entry. A missing file is not a problem here (it may be made
+    later, or fetched where the engine runs); reading it is, and is refused then."""
+    problems = []
+    for field, text in local_paths(spec):
+        path = Path(text) if Path(text).is_absolute() else base_dir / text
+        try:
+            kind = probe(field, path)
+        except InvalidInput as exc:
+            problems.append(exc.message)
+            continue
+        if kind == "dir":
+            if field == "model.path":
+                problem = _model_folder_problem(path)
+                if problem is not None:
+                    problems.append(f"{field}: {problem}")
+            else:
+                problems.append(f"{field}: {str(path)!r} is a directory, not a file")
+        elif kind == "file":
+            limit = _limit(field, path)
+            size = path.stat().st_size
+            if limit is not None and size > limit:
+                problems.append(f"{field}: {str(path)!r} is {size:,} bytes, over the "
+                                f"{limit:,} bytes the hub reads of such a file")
+    return problems
+
+
+def check_input_files(spec: ExperimentSpec, base_dir: Path) -> None:
+    """``input_file_problems`` as one refusal (exit 2) listing each."""
+    problems = input_file_problems(spec, base_dir)
+    if problems:
+        raise InvalidInput(f"{len(problems)} problem(s) with the files the spec names: "
+                           + problems_text(problems), details={"problems": problems})
 
 
 def resolved(field: str, path: Path) -> Path:
@@ -81,6 +179,23 @@ def rebase_spec_paths(doc: dict[str, Any], source: Path, target: Path) -> dict[s
     return out
 
 
+class _Bounded(io.RawIOBase):
+    """A file read no further than ``size`` bytes: a split that grows while it is counted is
+    counted as it was when opened."""
+
+    def __init__(self, file: Any, size: int) -> None:
+        self._file, self._left = file, size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._file.read(min(len(buffer), self._left))
+        buffer[:len(data)] = data
+        self._left -= len(data)
+        return len(data)
+
+
 class Uncountable(ValueError):
     """A split whose rows cannot be counted on this machine; the message says why."""
 
@@ -105,12 +220,13 @@ def split_rows(uri: str, base_dir: Path, field: str = "data.train.uri") -> int:
         if path.suffix == ".json":
             import json
 
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads(read_regular(path, MAX_WHOLE_SPLIT_BYTES).decode("utf-8"))
             if not isinstance(doc, list):
                 raise Uncountable(f"{path}: a JSON split is an array of rows")
             return len(doc)
         if path.suffix == ".jsonl":
-            with path.open("rb") as lines:
+            with open_regular(path) as (file, size):
+                lines = io.BufferedReader(_Bounded(file, size))
                 return sum(1 for line in lines if line.strip())
     except Uncountable:
         raise
@@ -211,7 +327,9 @@ def digest_mismatch(field: str, path: Path, actual: str, expected: str | None) -
 
 
 def verify_inputs(spec: ExperimentSpec, base_dir: Path) -> None:
-    """Exit 2 naming the first local file that is missing or has changed."""
+    """Exit 2 naming the first local file that is missing or has changed, after every file
+    the spec names is proven readable as a file."""
+    check_input_files(spec, base_dir)
     for field, path, expected in pinned_files(spec, base_dir):
         kind = probe(field, path)
         if kind != "file":

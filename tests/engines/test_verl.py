@@ -26,7 +26,7 @@ from optional_installs import VERL_PYTHON_MISSING, VERL_WHEELS_MISSING
 from packaging.version import Version
 
 from stateset_backend.adapters.verl.adapter import VerlAdapter
-from stateset_backend.common.errors import Unsupported
+from stateset_backend.common.errors import InvalidInput, Unsupported
 from stateset_backend.engines.adapter import identity_name
 from stateset_backend.engines.registry import AdapterEntry
 from stateset_backend.plan.launch_plan import make_plan
@@ -103,6 +103,8 @@ GOLDEN["no_validation"]["data"].pop("validation")
 EPS = _with(golden({"objective": "grpo"}), optim={"eps": 1e-6})
 UNKNOWN_KEY = {**golden({"objective": "grpo"}),
                "engine_options": {"verl": {"trainer.no_such_key": 1}}}
+# What verl does with the key the hub refuses: the same launch, the key appended by hand.
+UNREAD = "trainer.no_such_key=1"
 TRUNCATE_LEFT = _with(golden({"objective": "grpo"}), data={"prompt_overflow": "truncate_left"})
 
 
@@ -157,13 +159,15 @@ def composed(tmp_path_factory) -> dict[str, Composed]:
     pytest-xdist worker builds it."""
     assert VERL_PYTHON is not None
     root = tmp_path_factory.mktemp("verl-composed")
-    docs = {**GOLDEN, "eps": EPS, "unknown_key": UNKNOWN_KEY}
+    docs = {**GOLDEN, "eps": EPS, "unknown_key": {k: v for k, v in UNKNOWN_KEY.items()
+                                                  if k != "engine_options"}}
     with pytest.MonkeyPatch.context() as mp:
         cache = _hub_cache(root / "hub", mp)
         plans = {name: _plan(doc) for name, doc in docs.items()}
     for name in plans:
         (root / name).mkdir()
-    jobs = [_overrides(plan, root / name) for name, plan in plans.items()]
+    jobs = [_overrides(plan, root / name) + ([UNREAD] if name == "unknown_key" else [])
+            for name, plan in plans.items()]
     proc = subprocess.run([VERL_PYTHON, str(PROBE)], input=json.dumps(jobs),
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
@@ -346,7 +350,12 @@ def test_a_spec_eps_reaches_verls_adamw(composed, monkeypatch):
 
 @needs_verl
 @pytest.mark.xdist_group(__name__)
-def test_an_unknown_key_from_engine_options_is_refused_by_verl(composed):
+def test_an_unknown_key_from_engine_options_is_refused_before_verl_would(composed):
+    """The hub refuses a key the release's surface lacks at plan time (exit 2), and verl's
+    own composition shows the surface is right: the same key, appended to the launch, is an
+    error there too, found only after a queue wait."""
+    with pytest.raises(InvalidInput, match=r"has no option 'trainer\.no_such_key'"):
+        _plan(UNKNOWN_KEY)
     refused = composed["unknown_key"].probe
     assert "error" in refused and "no_such_key" in refused["error"]
 

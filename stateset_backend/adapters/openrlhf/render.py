@@ -27,7 +27,6 @@ from stateset_backend.plugin import (
     LaunchContext,
     NativeLaunch,
     Translation,
-    check_options,
     conversation_settings,
     environment_file,
     is_conversation,
@@ -77,7 +76,6 @@ _NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
 def launch(translation: Translation, spec: ExperimentSpec, ctx: LaunchContext,
            f: OpenRLHFKeys) -> NativeLaunch:
-    check_options("openrlhf", ctx.engine_version, spec.engine_options.get("openrlhf", {}))
     owned = {f.run_name: ctx.run_name,
              f.tensorboard: f"{RUN_DIR}/{TENSORBOARD}",
              f.ckpt_path: f"{RUN_DIR}/{CHECKPOINTS}",

@@ -1,7 +1,9 @@
 """User strings are data. Hostile values in every string field of a spec and in an
 ``engine_options`` value keep the launch's shape and read back, through the engine's own
 parser, as those values verbatim (never an interpolation resolved, never a new key); an
-``engine_options`` entry can never reach a key the launch sets, in any spelling.
+``engine_options`` entry can never reach a key the launch sets, in any spelling, nor name
+anything outside the engine's own configuration (the launcher's namespace, an edit prefix,
+an environment variable, an abbreviated flag, a key the release's surface lacks).
 """
 
 from __future__ import annotations
@@ -182,3 +184,57 @@ def check_option_keys(adapter: EngineAdapter, version: str, base: dict[str, Any]
             raise CheckFailed(f"engine_options {spelled!r} reaches {key}, which the launch "
                               "sets, and the plan was made")
     return tried
+
+
+# Keys in the launcher's or framework's namespace, never the engine's own configuration: each
+# would steer what reads the launch (Hydra's output folders and search path, instantiate's
+# class, the process environment, argparse's abbreviations) instead of setting the engine.
+NAMESPACE_KEYS = ("hydra.run.dir", "hydra.searchpath", "hydra.job.chdir",
+                  "hydra.job_logging.handlers.file.filename", "+stateset_kit.added",
+                  "++stateset_kit.forced", "~stateset_kit.deleted", "LD_PRELOAD",
+                  "PYTHONPATH", "-h", "stateset_kit._target_", "stateset_kit=1")
+NOT_IN_ANY_SURFACE = "stateset_kit_no_such_option"
+
+
+def namespace_keys(surface: dict[str, Any] | None, shipped: bool) -> list[str]:
+    """NAMESPACE_KEYS; with an argparse surface, an abbreviation argparse would expand to one
+    of its options; with a shipped surface (a built-in engine's, which the core holds every
+    key to), a key it lacks."""
+    keys = list(NAMESPACE_KEYS)
+    options = sorted((surface or {}).get("options", {}))
+    if options:
+        flags = [o for o in options if o.startswith("--")]
+        if shipped:
+            keys.append(f"--{NOT_IN_ANY_SURFACE}" if flags else NOT_IN_ANY_SURFACE)
+        for flag in flags:
+            short = flag[:-1]
+            if len(short) > 3 and short not in options:
+                keys.append(short)
+                break
+    return keys
+
+
+def check_namespace_keys(adapter: EngineAdapter, version: str, base: dict[str, Any],
+                         files: SampleFiles) -> int:
+    """Every key outside the engine's own configuration is refused with exit 2 at plan time,
+    naming the key. Returns how many were tried."""
+    from stateset_backend.contracts.surfaces import surface
+
+    shipped = surface(adapter.name, version)
+    keys = namespace_keys(shipped or adapter.kit_support().surface, shipped is not None)
+    for key in keys:
+        doc = copy.deepcopy(base)
+        doc["engine_options"] = {adapter.name: {key: "/tmp/stateset-kit"}}
+        try:
+            plan = plan_doc(adapter, version, doc, files)
+        except InvalidInput as exc:
+            if key not in exc.message:
+                raise CheckFailed(f"engine_options {key!r}: refused without naming the key: "
+                                  f"{exc.message}") from None
+            continue
+        except Exception as exc:
+            raise CheckFailed(f"engine_options {key!r}: expected exit 2, got "
+                              f"{describe(exc)}") from None
+        raise CheckFailed(f"engine_options {key!r} is outside {adapter.name}'s own "
+                          f"configuration, and the plan was made: {' '.join(plan.argv)[:300]}")
+    return len(keys)
