@@ -17,6 +17,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from stateset_backend.common.display import problems_text
 from stateset_backend.common.errors import InvalidInput, Unsupported
 from stateset_backend.common.jsonio import read_json
 from stateset_backend.contracts.capabilities import VOCABULARY
@@ -247,7 +248,7 @@ class CheckReport:
 
     def raise_if_missing(self) -> None:
         if self.missing:
-            listed = "; ".join(m.describe(self.engine) for m in self.missing)
+            listed = problems_text([m.describe(self.engine) for m in self.missing])
             raise Unsupported(
                 f"{self.engine} {self.engine_version} cannot run this spec: missing "
                 f"{listed}", details=self.to_json())
@@ -272,7 +273,7 @@ def parse_contract(doc: Any, *, source: str) -> Contract:
     except ValidationError as exc:
         problems = [f"{'.'.join(map(str, e['loc'])) or 'contract'}: "
                     f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors()]
-        raise InvalidInput(f"{source}: invalid contract: " + "; ".join(problems),
+        raise InvalidInput(f"{source}: invalid contract: " + problems_text(problems),
                            details={"problems": problems}) from None
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stateset_backend import __version__
+from stateset_backend.common.display import problems_text
 from stateset_backend.common.errors import InvalidResult, Unsupported
 from stateset_backend.common.jsonio import atomic_write_bytes
 from stateset_backend.runs.attempts import AttemptRecord
@@ -47,7 +48,7 @@ def verify_artifacts(record: AttemptRecord) -> None:
     if faults:
         raise InvalidResult(f"run {record.run_id} attempt {record.result.attempt}: "
                             f"{len(faults)} artifact(s) changed since the run; not attested: "
-                            + "; ".join(faults[:5]), details={"faults": faults})
+                            + problems_text(faults, shown=5), details={"faults": faults})
     if not record.result.artifacts:
         raise InvalidResult(f"run {record.run_id} attempt {record.result.attempt} recorded no "
                             "artifacts: a statement needs at least one subject")

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from stateset_backend.common.display import problems_text
 from stateset_backend.common.errors import AdapterBug, InvalidInput, Unsupported
 from stateset_backend.contracts.loader import Deviation, Dialect
 from stateset_backend.spec.model import (
@@ -357,7 +358,7 @@ def translate(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect, engine: st
             native[key] = value
             sources[key] = row.path
     if refused:
-        raise Unsupported(f"{engine} {version} cannot honour: " + "; ".join(refused),
+        raise Unsupported(f"{engine} {version} cannot honour: " + problems_text(refused),
                           details={"refused": refused})
     for key, value in spec.engine_options.get(engine, {}).items():
         taken = option_conflict(key, native)
