@@ -93,6 +93,23 @@ def one_process_per_gpu(engine: str) -> Rule:
     return rule
 
 
+def gpu_workers(engine: str, key: str) -> Rule:
+    """``resources.gpus_per_node`` for an engine that places each training process on a GPU
+    of a placement group (verl, OpenRLHF, NeMo RL): with none per node the group is empty,
+    and the launch can never be scheduled, on any machine. Refused before the queue wait
+    instead of found after it; the spec's default of 0 is the native engine's CPU run."""
+
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        if value < 1:
+            return Refused(f"{engine} places each training process on a GPU: with "
+                           f"resources.gpus_per_node {value} its placement group is empty and "
+                           "no machine can run the launch; set resources.gpus_per_node to "
+                           "the GPUs each node gives the run")
+        return Pinned({key: value})
+
+    return rule
+
+
 def refuse_selection(engine: str) -> Rule:
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
         return Refused(f"{engine} does not pick a checkpoint by a validation metric; set "

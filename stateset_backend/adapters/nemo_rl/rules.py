@@ -39,6 +39,7 @@ from stateset_backend.plugin import (
     carried,
     conversation_rules,
     external_rules,
+    gpu_workers,
     hardcoded,
     is_conversation,
     only,
@@ -194,7 +195,7 @@ def rule_set(dialect: Dialect, k: NemoRLKeys) -> RuleSet:
         **checkpoint_rules(k),
         **evaluation_rules(k),
         "resources.nodes": to("cluster.num_nodes"),
-        "resources.gpus_per_node": to("cluster.gpus_per_node"),
+        "resources.gpus_per_node": gpu_workers("NeMo RL", "cluster.gpus_per_node"),
     }
 
 

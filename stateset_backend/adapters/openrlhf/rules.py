@@ -34,6 +34,7 @@ from stateset_backend.plugin import (
     conversation_rules,
     disabled_when_none,
     external_rules,
+    gpu_workers,
     hardcoded,
     only,
     pinned_model_path,
@@ -97,7 +98,7 @@ def rule_set(f: OpenRLHFKeys) -> RuleSet:
         "evaluation.samples": to(f.eval_samples),
         "evaluation.top_p": evaluation_top_p,
         "resources.nodes": to(f.nodes),
-        "resources.gpus_per_node": to(f.gpus_per_node),
+        "resources.gpus_per_node": gpu_workers("OpenRLHF", f.gpus_per_node),
         **_conversation_rules(f, rules),
     }
 

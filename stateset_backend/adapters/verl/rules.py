@@ -73,6 +73,7 @@ from stateset_backend.plugin import (
     carried,
     conversation_rules,
     external_rules,
+    gpu_workers,
     hardcoded,
     only,
     rl_objective,
@@ -180,7 +181,7 @@ def rule_set(dialect: Dialect, keys: VerlKeys) -> RuleSet:
         "evaluation.top_p": to(f"{VAL}.top_p"),
         "evaluation.samples": to(f"{VAL}.n"),
         "resources.nodes": to("trainer.nnodes"),
-        "resources.gpus_per_node": to("trainer.n_gpus_per_node"),
+        "resources.gpus_per_node": gpu_workers("verl", "trainer.n_gpus_per_node"),
         **_conversation_rules(k),
     }
 
