@@ -305,6 +305,10 @@ def test_golden_spec_composes_and_means_what_the_spec_meant(name, composed, monk
                                          "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
     assert engine["model_dtype"] == precision[spec.model.param_dtype]
     assert rollout["dtype"] == spec.model.dtype
+    # the KL reference and the critic exactly as the actor (verl's default is bfloat16 params)
+    for fsdp in (cfg["actor_rollout_ref"]["ref"]["fsdp_config"], cfg["critic"]["fsdp"]):
+        assert fsdp["mixed_precision"] == engine["mixed_precision"]
+        assert fsdp["model_dtype"] == engine["model_dtype"]
     # prompts
     d = spec.data
     assert (cfg["data"]["max_prompt_length"], cfg["data"]["max_response_length"]) == \

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from stateset_backend.plugin import Dialect, DialectKeys, ExperimentSpec, Outcome, Pinned, Rule
 
 ACTOR = "actor_rollout_ref.actor"
+REF = "actor_rollout_ref.ref"
 ROLLOUT = "actor_rollout_ref.rollout"
 MODEL = "actor_rollout_ref.model"
 VAL = f"{ROLLOUT}.val_kwargs"
@@ -49,6 +50,11 @@ class VerlKeys(DialectKeys):
     prompt_truncation: Literal["dataset", "none", "left"]  # what happens to a long prompt
     token_mean: Literal["global", "micro_batch"]  # what token-mean averages over
     cosine_warmup_from_floor: bool  # cosine warmup starts at min_lr_ratio (0.4, 0.5)
+    critic_fsdp: str  # the critic's FSDP section: precision, master weights
+    # what the actor's and reference's forward autocasts to: bfloat16 whatever the launch says,
+    # their fsdp_config.dtype, or their mixed_precision.param_dtype (no autocast for fp32)
+    autocast: Literal["bfloat16", "fsdp_dtype", "param_dtype"]
+    critic_autocast: Literal["bfloat16", "param_dtype"]  # the same for the critic
     added: list[str]  # keys read with .get() but absent from the config: written with '+'
     fixed: list[str]  # keys pinned at the recorded default, which is what the spec means
     agent_loop: bool = False  # the agent loop the conversation shim implements (0.9.1)

@@ -35,7 +35,6 @@ from stateset_backend.adapters.verl.algorithm_rules import (
 from stateset_backend.adapters.verl.dialect import (
     ACTOR,
     MODEL,
-    PRECISION,
     ROLLOUT,
     VAL,
     NativeKeys,
@@ -49,6 +48,7 @@ from stateset_backend.adapters.verl.training_rules import (
     eps,
     eval_every,
     eval_temperature,
+    master_dtype,
     min_lr_ratio,
     mini_batches,
     model_path,
@@ -128,11 +128,7 @@ def rule_set(dialect: Dialect, keys: VerlKeys) -> RuleSet:
         "algorithm.gae.critic.warmup_updates": critic_warmup,
         "model.path": model_path,
         "model.dtype": compute_dtype(k),
-        "model.param_dtype": lambda v, s: Refused(
-            "verl's critic keeps float32 master weights (its default, which this launch "
-            "does not set): PPO runs only with model.param_dtype float32")
-        if s.algorithm.gae is not None and v != "float32" else
-        Pinned({k(f"{ACTOR}.fsdp_config.model_dtype"): PRECISION[v]}),
+        "model.param_dtype": master_dtype(k),
         "model.lora": to(f"{MODEL}.lora_rank", convert=lambda v: 0),
         "model.lora.rank": to(f"{MODEL}.lora_rank"),
         "model.lora.alpha": to(f"{MODEL}.lora_alpha"),

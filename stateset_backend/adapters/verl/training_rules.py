@@ -14,6 +14,7 @@ from stateset_backend.adapters.verl.dialect import (
     ADAM_EPS,
     MODEL,
     PRECISION,
+    REF,
     ROLLOUT,
     VAL,
     NativeKeys,
@@ -36,16 +37,49 @@ def model_path(value: Any, spec: ExperimentSpec) -> Outcome:
     return Pinned({k: path for k in keys})
 
 
+def _fsdp_models(k: NativeKeys) -> tuple[str, ...]:
+    """The FSDP config section of every model verl builds from the policy's weights. Each
+    reads its own precision, and verl fills a missing one with bfloat16 params (the KL
+    reference's too), so each is pinned: a reference computed in another precision than the
+    actor gives a non-zero KL while the policy still equals it."""
+    return f"{ACTOR}.fsdp_config", f"{REF}.fsdp_config", k.keys.critic_fsdp
+
+
 def compute_dtype(k: NativeKeys) -> Rule:
-    mixed = f"{ACTOR}.fsdp_config.mixed_precision"
+    """Where a release reads the forward's precision from the launch (each model's FSDP mixed
+    precision, and before 0.8 the actor's and reference's autocast dtype), it is pinned. Where
+    its forward autocasts to bfloat16 whatever it is told, a float32 or float16 spec keeps its
+    weights and optimizer but not its matmuls: declared for the actor and the reference, which
+    still agree with each other, so the KL stays exact; refused for PPO's critic."""
 
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
-        if spec.algorithm.gae is not None and value != "bfloat16":
-            return Refused("verl's critic computes in bfloat16 (its FSDP default, which this "
-                           "launch does not set): PPO runs only with model.dtype bfloat16")
-        return Pinned({f"{ROLLOUT}.dtype": value,
-                       k(f"{mixed}.param_dtype"): PRECISION[value],
-                       k(f"{mixed}.reduce_dtype"): "fp32", k(f"{mixed}.buffer_dtype"): "fp32"})
+        if spec.algorithm.gae is not None and value != "bfloat16" and \
+                k.keys.critic_autocast == "bfloat16":
+            return Refused("verl before 0.8 runs its critic's forward under "
+                           "torch.autocast(bfloat16) whatever the critic's FSDP precision: PPO "
+                           f"computes the values in {value} only on verl >= 0.8")
+        native: dict[str, Any] = {f"{ROLLOUT}.dtype": value}
+        for section in _fsdp_models(k):
+            mixed = f"{section}.mixed_precision"
+            native |= {k(f"{mixed}.param_dtype"): PRECISION[value],
+                       k(f"{mixed}.reduce_dtype"): "fp32", k(f"{mixed}.buffer_dtype"): "fp32"}
+        if k.keys.autocast == "fsdp_dtype":  # the forward's autocast dtype
+            native |= {k(f"{section}.fsdp_config.dtype"): value for section in (ACTOR, REF)}
+        if k.keys.autocast == "bfloat16":
+            return Hardcoded("bfloat16", "bf16_autocast", native)
+        return Pinned(native)
+
+    return rule
+
+
+def master_dtype(k: NativeKeys) -> Rule:
+    """The reference holds the policy's initial weights in the actor's dtype (before 0.6
+    verl loads a reference in bfloat16), so the two agree while the policy has not moved; the
+    critic's master weights and optimizer state are held as the actor's are."""
+
+    def rule(value: Any, spec: ExperimentSpec) -> Outcome:
+        return Pinned({k(f"{section}.model_dtype"): PRECISION[value]
+                       for section in _fsdp_models(k)})
 
     return rule
 
