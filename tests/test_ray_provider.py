@@ -30,7 +30,9 @@ def ray_head():
     # a short folder of its own, not one under pytest's (longer with each xdist worker's name)
     temp = Path(tempfile.mkdtemp(prefix="ray-"))
     try:
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        # hermetic: a token left in ~/.ray by any earlier local Ray would otherwise switch
+        # this head to token auth, and the Jobs client here carries none
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
         subprocess.run([str(ray_cli), "start", "--head", "--node-ip-address=127.0.0.1",
                         "--port=6399", f"--dashboard-port={DASHBOARD_PORT}",
                         "--dashboard-host=127.0.0.1", "--include-dashboard=true", "--num-cpus=2",

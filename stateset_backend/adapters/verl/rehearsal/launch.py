@@ -54,6 +54,11 @@ ENVIRONMENT = {
     "VERL_ENGINE_DEVICE": "cuda",
     "VERL_USE_EXTERNAL_MODULES": MODULE,
     "RAY_USAGE_STATS_ENABLED": "0",  # a rehearsal reports nothing off the host
+    # The rehearsal's Ray is a private head on loopback that ends with the run. Left to its
+    # default, a new local cluster turns on token auth and writes ~/.ray/auth_token, after
+    # which every later `ray start` on the machine requires that token: the user's own Ray
+    # Jobs clients (and the hub's ray provider) would start failing with "Unauthorized".
+    "RAY_AUTH_MODE": "disabled",
 }
 
 
