@@ -41,7 +41,7 @@ def test_no_gpu_per_node_is_refused_before_launch(capsys, tmp_path, grpo, engine
     grpo["resources"] = {"nodes": 1, "gpus_per_node": 0}
     code, line = _plan(capsys, tmp_path, grpo, engine, ENGINES[engine])
     assert code == 3, line
-    assert "resources.gpus_per_node" in line and "placement group is empty" in line, line
+    assert "resources.gpus_per_node" in line and "placement group empty" in line, line
     assert not (tmp_path / "p.json").exists()
 
 

@@ -101,10 +101,9 @@ def gpu_workers(engine: str, key: str) -> Rule:
 
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:
         if value < 1:
-            return Refused(f"{engine} places each training process on a GPU: with "
-                           f"resources.gpus_per_node {value} its placement group is empty and "
-                           "no machine can run the launch; set resources.gpus_per_node to "
-                           "the GPUs each node gives the run")
+            return Refused(f"{engine} runs each training process on a GPU: "
+                           f"resources.gpus_per_node {value} leaves its placement group empty, "
+                           "a launch no machine can run")
         return Pinned({key: value})
 
     return rule
