@@ -25,15 +25,17 @@ under the cyclic-collector settings the CLI gives its own process (`stateset_bac
 GC_THRESHOLD, and a freeze before exit): those settings make the libraries' imports and
 teardown faster too, so the plain ratio credits the project with that; this one does not.
 
-Three commands are timed on a path that launches no engine, since scoring a split, training
-and running the conformance kit are the engine's work, not start-up: `run PLAN` of a run that
+Four commands are timed on a path that launches no engine, since scoring a split, training and
+running the conformance kit are the engine's work, not start-up: `run PLAN` of a run that
 already finished (the guard every re-run passes: the plugins, the plan and the run store load,
-nothing trains); `evaluate --checkpoint update-999999` (everything the hub checks before the
-engine scores: the attempt, its plan and spec, the inputs re-hashed; exit 6, the checkpoint
-does not exist); `conformance` of an engine no plugin registered (the kit and the plugins
-load; exit 2). The run store holds one short native run (the support-routing SFT example cut
-to 4 updates), made before the rounds; `runs export` exports it again to an MLflow store that
-already has it (the first export, which creates MLflow's database, is made before the rounds).
+nothing trains); `rehearse` of OpenRLHF (the plan is made and read back through the release's
+own parser, then refused: exit 3, its trainer cannot run without CUDA); `evaluate --checkpoint
+update-999999` (everything the hub checks before the engine scores: the attempt, its plan and
+spec, the inputs re-hashed; exit 6, the checkpoint does not exist); `conformance` of an engine
+no plugin registered (the kit and the plugins load; exit 2). The run store holds one short
+native run (the support-routing SFT example cut to 4 updates), made before the rounds; `runs
+export` exports it again to an MLflow store that already has it (the first export, which
+creates MLflow's database, is made before the rounds).
 
     python benchmarks/cold_start.py [--rounds 11] [--write-readme] [--only COMMAND]
 """
@@ -88,6 +90,9 @@ COMMANDS: tuple[Command, ...] = (
     ("plan --engine native SPEC -o PLAN",
      ("plan", "--engine", "native", "{spec}", "-o", "{out}/plan.json"), None),
     ("run PLAN (finished: nothing runs)", ("run", "{plan}", "--runs-dir", "{runs}"), None),
+    ("rehearse --engine openrlhf SPEC (refused)",
+     ("rehearse", "--engine", "openrlhf", "--engine-version", "0.11.2",
+      "examples/external/grpo.json"), "conformance"),
     ("runs list", ("runs", "list", "--runs-dir", "{runs}"), None),
     ("runs show RUN", ("runs", "show", "{run}", "--runs-dir", "{runs}"), None),
     ("runs compare RUN", ("runs", "compare", "{run}", "--runs-dir", "{runs}"), None),
@@ -106,7 +111,8 @@ COMMANDS: tuple[Command, ...] = (
     ("conformance ENGINE (not registered)", ("conformance", "no-such-engine"), "conformance"),
 )
 # the exit code a command is timed on where it is not 0
-EXPECTED_EXIT = {"evaluate --checkpoint update-999999 RUN (refused)": 6,
+EXPECTED_EXIT = {"rehearse --engine openrlhf SPEC (refused)": 3,
+                 "evaluate --checkpoint update-999999 RUN (refused)": 6,
                  "conformance ENGINE (not registered)": 2}
 
 
@@ -391,8 +397,8 @@ def render(measured: dict[str, Any]) -> str:
               "matplotlib load their models, tables and figures on first use, so no command "
               "that validates a spec or draws a table can come near it. "
               f"`SPEC` is `{SPEC}`; the run is a 4-update native SFT run; "
-              "`run`, `evaluate` and `conformance` are timed on a path that launches no "
-              "engine (the benchmark's docstring says which and why).", "", END]
+              "`run`, `rehearse`, `evaluate` and `conformance` are timed on a path that "
+              "launches no engine (the benchmark's docstring says which and why).", "", END]
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from stateset_backend.common.errors import AdapterBug, InvalidInput
+from stateset_backend.common.errors import AdapterBug, InvalidInput, Unsupported
 from stateset_backend.contracts.loader import Contract, Dialect, load_packaged_contract
 from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.translate.rules import RuleSet, Translation
@@ -170,6 +171,38 @@ def stage_checkpoint(source: Path, target: Path) -> None:
     if target.exists():  # staged by an earlier try of this same attempt
         shutil.rmtree(target)
     os.replace(partial, target)
+
+
+def _unchanged(base: Mapping[str, str]) -> dict[str, str]:
+    return dict(base)
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    """How an engine's own trainer runs a rehearsal's plan on this machine's CPUs, and what
+    the hub reads from it beyond what ``collect`` reads.
+
+    A rehearsal answers "what would a GPU run hit?" before a GPU is paid for, so the launch is
+    the engine's own, changed only where a host without an accelerator needs it: ``argv``
+    keeps a plan's placeholders (filled as an attempt's are), ``environment(base)`` turns the
+    attempt's environment into the rehearsal's, and ``replaced`` names each plan setting it
+    changed, as (the plan's value, the rehearsal's), so the verdict can say what it did not
+    test. ``covers`` says in a line what the run exercises and what it stands in for.
+
+    ``rollout_gap(run_dir)`` reads, per update, the largest gap between the rollout's token
+    probabilities and the learner's recompute of them, from the engine's own log (the metric
+    ``gap_metric``): the two must agree while the weights are synced, within
+    ``gap_tolerance``. An engine that logs no such comparison leaves it None, and the verdict
+    says it was not measured, with ``gap_unmeasured`` as the reason."""
+
+    argv: list[str]
+    environment: Callable[[Mapping[str, str]], dict[str, str]] = _unchanged
+    replaced: dict[str, tuple[str, str]] = field(default_factory=dict)
+    covers: str = ""
+    rollout_gap: Callable[[Path], dict[int, float]] | None = None
+    gap_metric: str = ""
+    gap_tolerance: float = 1e-6
+    gap_unmeasured: str = "the engine logs no comparison of its rollout and learner log-probs"
 
 
 class DialectKeys(BaseModel):
@@ -331,6 +364,14 @@ class EngineAdapter(abc.ABC):
         quarantine; without it the engine cannot prove a checkpoint loads (exit 3)."""
         raise NotImplementedError(f"{self.name}: reloading a checkpoint is not declared")
 
+    def rehearse(self, plan: Any) -> Rehearsal:
+        """How this engine's own trainer runs ``plan`` for a rehearsal on this machine's CPUs
+        (``stateset-backend rehearse``: the spec's architecture shrunk, a few updates). The
+        hub makes the rehearsal's plan and model and checks what the run leaves; the adapter
+        knows only how its engine runs here, or why it cannot: it raises ``Unsupported`` with
+        the reason. An adapter that does not override this declares no rehearsal."""
+        raise Unsupported(f"the {self.name} adapter declares no rehearsal")
+
     def kit_support(self) -> KitSupport:
         """The writer of the engine's outputs and the launch reader the conformance kit uses
         (``KitSupport``); the default supplies neither."""
@@ -338,7 +379,7 @@ class EngineAdapter(abc.ABC):
 
     def declares(self, method: str) -> bool:
         """Whether this adapter overrides an optional engine capability (``evaluate_checkpoint``,
-        ``reload_checkpoint``)."""
+        ``reload_checkpoint``, ``rehearse``)."""
         return getattr(type(self), method) is not getattr(EngineAdapter, method)
 
     def installed_version(self, python: str | None = None,

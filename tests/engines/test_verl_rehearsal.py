@@ -4,7 +4,7 @@ CPUs for 2 GRPO updates, and what verl leaves is what the hub reads back.
 The plan is the one ``make_plan`` writes for a GPU node; ``rehearsal_launch`` keeps all of its
 overrides and adds the host's (the ``cpu`` platform and ``hf`` rollout verl loads through its
 own extension points). The model is the native engine's tiny Llama (its config and tokenizer,
-a chat template, seeded weights), built here: nothing is downloaded.
+a chat template, seeded weights), built in code (rehearsal_setup): nothing is downloaded.
 
 Needs verl's environment (STATESET_TEST_VERL_PYTHON, as ``.ci/run`` builds it); the rehearsal
 runs in about a minute and a half on 2 cores.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -23,6 +22,8 @@ from typing import Any
 
 import pytest
 from optional_installs import VERL_PYTHON_MISSING
+from rehearsal_setup import VERL_PYTHON, tiny_llama
+from rehearsal_setup import verl_python as verl_rehearsal_python
 from slurm_cluster import ON_ONE_WORKER
 
 from stateset_backend.adapters.verl.adapter import VerlAdapter
@@ -30,7 +31,6 @@ from stateset_backend.adapters.verl.rehearsal import rehearsal_launch
 from stateset_backend.adapters.verl.rehearsal.launch import ENVIRONMENT
 from stateset_backend.common.errors import Unsupported
 from stateset_backend.engines.registry import AdapterEntry
-from stateset_backend.native.tiny_model import ASSETS
 from stateset_backend.plan.launch_plan import LaunchPlan, make_plan
 from stateset_backend.providers.local import run_local
 from stateset_backend.runs.runner import collect_and_validate, fill_placeholders, prepare_attempt
@@ -38,14 +38,8 @@ from stateset_backend.runs.store import RunStore
 from stateset_backend.spec.content import directory_digest
 from stateset_backend.spec.files import parse_spec
 
-VERL_PYTHON = os.environ.get("STATESET_TEST_VERL_PYTHON")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "external"
 SPEC = EXAMPLES / "verl-rehearsal.json"
-CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
-TRANSFER_QUEUE_MISSING = (
-    "verl's v1 trainer imports transfer_queue, which verl lists only in an extra: "
-    "$STATESET_TEST_VERL_PYTHON -m pip install 'TransferQueue>=0.1.10' pyzmq msgspec "
-    "(.ci/run does)")
 needs_verl = pytest.mark.skipif(VERL_PYTHON is None, reason=VERL_PYTHON_MISSING)
 
 
@@ -57,21 +51,6 @@ def _plan(model: Path | None = None, **changes: Any) -> LaunchPlan:
         doc[section].update(values)
     adapter = AdapterEntry(VerlAdapter(), "builtin", "stateset-backend", "0.1.0")
     return make_plan(parse_spec(doc), adapter, "0.9.1", base_dir=EXAMPLES)
-
-
-def _tiny_llama(folder: Path, seed: int) -> Path:
-    """The main job's model as a folder verl loads: the built-in tiny Llama's config and
-    tokenizer, a chat template that renders a prompt as its text, and seeded weights."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    shutil.copytree(ASSETS / "tiny-llama-support", folder)
-    settings = json.loads((folder / "tokenizer_config.json").read_text())
-    settings["chat_template"] = CHAT_TEMPLATE
-    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2))
-    torch.manual_seed(seed)
-    LlamaForCausalLM(LlamaConfig.from_pretrained(folder)).save_pretrained(folder)
-    return folder
 
 
 # -- the launch: what it keeps, what it adds, what it refuses (no verl needed) ----------------
@@ -132,12 +111,7 @@ def test_the_cpu_module_refuses_to_load_into_any_other_run():
 
 @pytest.fixture(scope="module")
 def verl_python() -> str:
-    assert VERL_PYTHON is not None
-    probe = subprocess.run([VERL_PYTHON, "-c", "import transfer_queue, verl"],
-                           capture_output=True, text=True, timeout=300)
-    if probe.returncode != 0:
-        pytest.skip(TRANSFER_QUEUE_MISSING)
-    return VERL_PYTHON
+    return verl_rehearsal_python()
 
 
 def _log_tail(run_dir: Path) -> str:
@@ -149,7 +123,7 @@ def _log_tail(run_dir: Path) -> str:
 @needs_verl
 @ON_ONE_WORKER  # Ray: the Ray provider's tests stop every Ray instance on the host
 def test_verl_trains_the_main_job_on_cpus_and_the_hub_reads_it_back(verl_python, tmp_path):
-    plan = _plan(_tiny_llama(tmp_path / "tiny-llama-support", seed=1234))
+    plan = _plan(tiny_llama(tmp_path / "tiny-llama-support", seed=1234))
     adapter = VerlAdapter()
     store = RunStore(tmp_path / "runs")
     attempt = store.begin_attempt(plan)

@@ -36,6 +36,7 @@ from stateset_backend.plugin import (
     Outcome,
     Pinned,
     Refused,
+    Rehearsal,
     RuleSet,
     Translation,
     Unsupported,
@@ -318,6 +319,12 @@ class NativeAdapter(EngineAdapter):
     def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
                     attempt_dir: Path) -> list[str]:
         return [*argv, "--resume-from", str(checkpoint.path)]
+
+    def rehearse(self, plan: Any) -> Rehearsal:
+        # the engine already trains on a CPU: its rehearsal is its own launch of the plan
+        return Rehearsal(argv=list(plan.argv), covers="the whole native engine, as `run` "
+                         "launches it", gap_unmeasured="the native engine logs no comparison "
+                         "of its rollout's log-probs with the learner's recompute")
 
     def evaluate_checkpoint(self, attempt_dir: Path, checkpoint: Checkpoint,
                             split: str) -> dict[str, float]:

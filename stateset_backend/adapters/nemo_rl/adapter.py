@@ -13,6 +13,7 @@ The adapter itself only hands each stage to its module: ``rules``, ``render``, `
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from stateset_backend.adapters.nemo_rl import collect, render, rules
 from stateset_backend.adapters.nemo_rl.dialect import NemoRLKeys, checkout_version
@@ -25,8 +26,10 @@ from stateset_backend.plugin import (
     KitSupport,
     LaunchContext,
     NativeLaunch,
+    Rehearsal,
     RuleSet,
     Translation,
+    Unsupported,
 )
 
 
@@ -61,3 +64,7 @@ class NemoRLAdapter(EngineAdapter):
     def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
                     attempt_dir: Path) -> list[str]:
         return collect.resume_argv(checkpoint, argv, attempt_dir)
+
+    def rehearse(self, plan: Any) -> Rehearsal:
+        raise Unsupported("NeMo RL has no release to install here: its name on PyPI is a "
+                          "0.0.0 placeholder, so this machine has no NeMo RL trainer to run")

@@ -11,6 +11,7 @@ The adapter itself only hands each stage to its module: ``rules``, ``render``, `
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from stateset_backend.adapters.openrlhf import collect, render, rules
 from stateset_backend.adapters.openrlhf.dialect import OpenRLHFKeys
@@ -23,8 +24,10 @@ from stateset_backend.plugin import (
     KitSupport,
     LaunchContext,
     NativeLaunch,
+    Rehearsal,
     RuleSet,
     Translation,
+    Unsupported,
 )
 
 
@@ -57,3 +60,10 @@ class OpenRLHFAdapter(EngineAdapter):
     def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
                     attempt_dir: Path) -> list[str]:
         return collect.resume_argv(checkpoint, argv, attempt_dir)
+
+    def rehearse(self, plan: Any) -> Rehearsal:
+        raise Unsupported("OpenRLHF's trainer cannot run on a machine without CUDA: the "
+                          "flash-attn it pins builds only against a CUDA torch (its setup reads "
+                          "torch.version.cuda, which a CPU build leaves None), and it generates "
+                          "only through vLLM engines, which have no CPU build (with "
+                          "--vllm_num_engines 0 it has no generator at all)")

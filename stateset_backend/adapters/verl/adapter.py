@@ -12,6 +12,7 @@ each stage to its module: ``rules``, ``render``, ``collect``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from stateset_backend.adapters.verl import collect, render, rules
 from stateset_backend.adapters.verl.dialect import VerlKeys
@@ -24,6 +25,7 @@ from stateset_backend.plugin import (
     KitSupport,
     LaunchContext,
     NativeLaunch,
+    Rehearsal,
     RuleSet,
     Translation,
 )
@@ -51,6 +53,11 @@ class VerlAdapter(EngineAdapter):
 
     def latest_checkpoint(self, attempt_dir: Path) -> Checkpoint | None:
         return collect.latest_checkpoint(attempt_dir)
+
+    def rehearse(self, plan: Any) -> Rehearsal:
+        from stateset_backend.adapters.verl.rehearsal import rehearsal
+
+        return rehearsal(plan)
 
     def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
                     attempt_dir: Path) -> list[str]:

@@ -43,6 +43,7 @@ from stateset_backend.plugin import (
     Outcome,
     Pinned,
     Refused,
+    Rehearsal,
     RuleSet,
     Translation,
     carried,
@@ -783,6 +784,12 @@ class TRLAdapter(EngineAdapter):
     def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
                     attempt_dir: Path) -> list[str]:
         return [*argv, "--resume-from", str(checkpoint.path)]
+
+    def rehearse(self, plan: Any) -> Rehearsal:
+        # TRL trains on a CPU as it is (its tests do): its rehearsal is its own launch
+        return Rehearsal(argv=list(plan.argv), covers="TRL's own GRPOTrainer (SFTTrainer for "
+                         "objective sft), as `run` launches it", gap_unmeasured="TRL logs no "
+                         "comparison of its rollout's log-probs with the learner's recompute")
 
     @staticmethod
     def _validation(native: dict[str, Any], spec: ExperimentSpec,

@@ -14,6 +14,8 @@ returns selects the CPU platform, so it cannot be mistaken for, or stand in for,
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +24,7 @@ from typing import Protocol
 
 from packaging.version import Version
 
-from stateset_backend.plugin import Unsupported
+from stateset_backend.plugin import RUN_DIR, Rehearsal, Unsupported
 
 HERE = Path(__file__).resolve().parent
 MODULE = "stateset_verl_cpu"  # this folder's stateset_verl_cpu.py, on verl's PYTHONPATH
@@ -60,6 +62,13 @@ ENVIRONMENT = {
     # Jobs clients (and the hub's ray provider) would start failing with "Unauthorized".
     "RAY_AUTH_MODE": "disabled",
 }
+
+
+# verl's own comparison of the rollout with the actor's recompute (verl/utils/debug/metrics.py):
+# the largest gap between the token probabilities of the two, over the update's response tokens
+ROLLOUT_GAP = "training/rollout_probs_diff_max"
+COVERS = ("verl's trainer, config, data pipeline, reward loop, FSDP2 update, checkpointing and "
+          "logging; generation is a transformers sampler of ours, not vLLM or SGLang")
 
 
 class VerlPlan(Protocol):
@@ -127,3 +136,24 @@ def rehearsal_launch(plan: VerlPlan) -> RehearsalLaunch:
                                  *(f"{k}={v}" for k, v in host.items())],
                            set_env={**plan.set_env, **ENVIRONMENT}, replaced=replaced)
 
+
+def rehearsal(plan: VerlPlan) -> Rehearsal:
+    """The rehearsal the verl adapter offers the hub: the CPU launch above, and verl's own
+    rollout-against-actor comparison read from its file logger."""
+    launch = rehearsal_launch(plan)
+    log = plan.set_env.get("VERL_FILE_LOGGER_PATH")
+
+    def rollout_gap(run_dir: Path) -> dict[int, float]:
+        path = Path(log.replace(RUN_DIR, str(run_dir))) if log else None
+        if path is None or not path.is_file():
+            return {}
+        gaps = {}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line) if line.strip() else {}
+            value = row.get("data", {}).get(ROLLOUT_GAP)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                gaps[int(row["step"])] = float(value) if math.isfinite(value) else math.inf
+        return gaps
+
+    return Rehearsal(argv=launch.argv, environment=launch.environment, replaced=launch.replaced,
+                     covers=COVERS, rollout_gap=rollout_gap, gap_metric=ROLLOUT_GAP)

@@ -1,0 +1,125 @@
+"""One rehearsal, in the order of a run: the rehearsal's spec and plan, the engine's own launch
+of it on this machine's CPUs, collect-and-validate, and the verdict."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stateset_backend.common.errors import InvalidInput
+from stateset_backend.common.jsonio import atomic_write_json, utc_now
+from stateset_backend.engines.adapter import Rehearsal
+from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.plan.launch_plan import LaunchPlan, make_plan, verify_engine_version
+from stateset_backend.providers.local import Exit, run_local
+from stateset_backend.runs.rehearsal import verdict
+from stateset_backend.runs.rehearsal.model import shrunk_model
+from stateset_backend.runs.runner import collect_and_validate, fill_placeholders, prepare_attempt
+from stateset_backend.runs.store import Attempt
+from stateset_backend.spec.content import directory_digest
+from stateset_backend.spec.files import parse_spec
+from stateset_backend.spec.inputs import verify_inputs
+from stateset_backend.spec.model import ExperimentSpec
+
+REHEARSALS = ".rehearsals"
+BUILTIN = "builtin:"  # the native engine's own tiny models: already a rehearsal's size
+
+
+@dataclass(frozen=True)
+class Verdict:
+    folder: Path
+    plan: LaunchPlan  # the rehearsal's own
+    experiment_digest: str  # the spec's, as `run` would record it
+    model: dict[str, Any]
+    rehearsal: Rehearsal
+    ended: Exit  # how the engine process ended
+    seconds: float
+    lines: list[verdict.Line]
+
+    @property
+    def passed(self) -> bool:
+        return all(line.state != "FAILED" for line in self.lines)
+
+    @property
+    def launch_failed(self) -> bool:
+        return self.lines[0].state == "FAILED"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rehearsal": {
+            "run_id": self.plan.run_id, "folder": str(self.folder), "engine": self.plan.engine,
+            "engine_version": self.plan.engine_version,
+            "updates": self.plan.validated_spec().budget.total_updates,
+            "seconds": round(self.seconds, 3), "experiment_digest": self.experiment_digest,
+            "rehearsal_digest": self.plan.experiment_digest, "model": self.model,
+            "covers": self.rehearsal.covers,
+            "replaced": {k: list(v) for k, v in self.rehearsal.replaced.items()}},
+            "passed": self.passed, "checks": [line.to_json() for line in self.lines],
+            "result": str(self.folder / "result.json")}
+
+
+def rehearsal_of(plan: LaunchPlan, entry: AdapterEntry) -> Rehearsal:
+    """The adapter's rehearsal of ``plan``, or ``Unsupported`` saying why its engine cannot run
+    here."""
+    with entry.guard("describing its rehearsal"):
+        return entry.adapter.rehearse(plan)
+
+
+def rehearsal_spec(spec: ExperimentSpec, base_dir: Path, root: Path,
+                   updates: int) -> tuple[ExperimentSpec, dict[str, Any]]:
+    """The spec with its model shrunk and ``updates`` updates; everything else as written. It
+    starts from seeded weights, never ``model.from_run``'s checkpoint (a full-size model's)."""
+    doc = spec.model_dump(mode="json")
+    doc["budget"]["total_updates"] = updates
+    model: dict[str, Any] = {"path": spec.model.path, "shrunk": None}
+    if not spec.model.path.startswith(BUILTIN):
+        folder, model["shrunk"] = shrunk_model(spec, base_dir, root / "models")
+        doc["model"].update(path=str(folder), revision=directory_digest(folder))
+    doc["model"]["from_run"] = None
+    try:
+        return parse_spec(doc, source="the rehearsal's spec"), model
+    except InvalidInput as exc:
+        raise InvalidInput(f"{exc.message} (with {updates} updates: pass another --updates)",
+                           details=exc.details) from None
+
+
+def rehearse(plan: LaunchPlan, entry: AdapterEntry, runs_dir: Path, updates: int, *,
+             python: str | None, engine_home: str | None, timeout: float | None,
+             echo_stderr: bool, live_progress: bool) -> Verdict:
+    """Run the rehearsal of ``plan`` (the spec's, as `run` would make it) and judge it."""
+    adapter = entry.adapter
+    verify_engine_version(plan, adapter.installed_version(python, engine_home))
+    spec, base_dir = plan.validated_spec(), Path(plan.base_dir)
+    verify_inputs(spec, base_dir)
+    root = runs_dir.resolve() / REHEARSALS
+    small, model = rehearsal_spec(spec, base_dir, root, updates)
+    own = make_plan(small, entry, plan.engine_version, base_dir=base_dir)
+    rehearsal = rehearsal_of(own, entry)
+    folder = root / own.run_id
+    attempt = Attempt(own.run_id, 1, folder / "attempt")
+    attempt.directory.mkdir(parents=True)
+    atomic_write_json(folder / "plan.json", own.to_json())
+    if echo_stderr:
+        print(f"stateset-backend: rehearsal {own.run_id}: {own.engine} {own.engine_version}, "
+              f"{updates} updates on this machine's CPUs; its output is kept in {folder}",
+              file=sys.stderr, flush=True)
+    prepared = prepare_attempt(own, adapter, attempt, None, python=python,
+                               engine_home=engine_home, echo_stderr=echo_stderr,
+                               live_progress=live_progress)
+    argv = [fill_placeholders(a, prepared.run_dir, python or sys.executable, engine_home)
+            for a in rehearsal.argv]
+    started, t0 = utc_now(), time.monotonic()
+    exit_ = run_local(argv, cwd=prepared.run_dir, env=rehearsal.environment(prepared.env),
+                      timeout=timeout, echo_stderr=echo_stderr,
+                      stdout_path=prepared.stdout_path, stderr_path=prepared.stderr_path)
+    seconds = time.monotonic() - t0
+    result = collect_and_validate(own, adapter, attempt, small, exit_, None, started=started,
+                                  duration=seconds)
+    atomic_write_json(folder / "result.json", result.to_json())
+    found = Verdict(folder, own, plan.experiment_digest, model, rehearsal, exit_, seconds,
+                    verdict.lines(small, result, rehearsal, exit_, seconds, prepared.run_dir,
+                                  updates))
+    atomic_write_json(folder / "verdict.json", found.to_json())
+    return found
