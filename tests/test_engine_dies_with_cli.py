@@ -64,6 +64,19 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def _start_run(cli, spec: Path, tmp_path: Path) -> tuple[Path, Path, str, Path,
+                                                         subprocess.Popen[bytes]]:
+    """(runs folder, plan, run id, attempt 1's folder, the `run` process) of a plan of
+    ``spec`` being run in a process of its own, as a supervisor would start it."""
+    runs, plan = tmp_path / "runs", tmp_path / "plan.json"
+    assert cli("plan", "--engine", "echo", spec, "-o", plan).returncode == 0
+    run_id = json.loads(plan.read_text())["run_id"]
+    proc = subprocess.Popen([sys.executable, "-m", "stateset_backend", "run", "--quiet",
+                             "--runs-dir", str(runs), str(plan)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return runs, plan, run_id, runs / run_id / "attempts" / "1", proc
+
+
 @pytest.fixture
 def hanging_echo(write_json, minimal, tmp_path):
     """An echo-engine spec whose engine parks after it starts, until it is killed."""
@@ -81,13 +94,7 @@ def hanging_echo(write_json, minimal, tmp_path):
 
 def test_a_killed_run_takes_its_engine_group_along_and_reads_interrupted(
         cli, hanging_echo, tmp_path):
-    runs, plan = tmp_path / "runs", tmp_path / "plan.json"
-    assert cli("plan", "--engine", "echo", hanging_echo, "-o", plan).returncode == 0
-    run_id = json.loads(plan.read_text())["run_id"]
-    attempt = runs / run_id / "attempts" / "1"
-    proc = subprocess.Popen([sys.executable, "-m", "stateset_backend", "run", "--quiet",
-                             "--runs-dir", str(runs), str(plan)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runs, plan, run_id, attempt, proc = _start_run(cli, hanging_echo, tmp_path)
     try:
         _wait_for(lambda: (attempt / "marker").exists(), 60, "the engine never started")
         (engine,) = _processes_with("stateset_echo_engine.engine", str(runs))
@@ -158,13 +165,7 @@ def test_an_attempt_whose_tether_died_too_is_recorded_by_the_next_run(
         cli, hanging_echo, tmp_path):
     """A whole process tree killed at once: the engine's leader still gets its parent-death
     signal, and the next `run` of the plan records the attempt its lock shows abandoned."""
-    runs, plan = tmp_path / "runs", tmp_path / "plan.json"
-    assert cli("plan", "--engine", "echo", hanging_echo, "-o", plan).returncode == 0
-    run_id = json.loads(plan.read_text())["run_id"]
-    attempt = runs / run_id / "attempts" / "1"
-    proc = subprocess.Popen([sys.executable, "-m", "stateset_backend", "run", "--quiet",
-                             "--runs-dir", str(runs), str(plan)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runs, plan, run_id, attempt, proc = _start_run(cli, hanging_echo, tmp_path)
     try:
         _wait_for(lambda: (attempt / "marker").exists() and
                   bool(_processes_with("providers/tether.py", str(attempt))), 60,
