@@ -75,7 +75,7 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
             emit(args, doc, "")
         return 0
     where = f"(kept in {verdict.folder})"
-    if verdict.ended.interrupted:
+    if verdict.interrupted:
         raise Interrupted(f"rehearsal {verdict.plan.run_id} interrupted {where}", details=doc)
     if verdict.launch_failed:
         raise EngineFailed(f"rehearsal {verdict.plan.run_id}: the engine run failed: "
@@ -136,6 +136,8 @@ def _screen(verdict: Any, spec_path: str) -> str:
         lines.append(f"  covers     {verdict.rehearsal.covers}")
     for key, (was, now) in sorted(verdict.rehearsal.replaced.items()):
         lines.append(f"  replaced   {key}: {was} -> {now}")
+    for key, (was, now) in sorted(verdict.changed.items()):
+        lines.append(f"  replaced   {key}: {was} -> {now} (for the resume check)")
     for line in verdict.lines:
         said = f"not measured: {line.detail}" if line.state == "not measured" else line.detail
         lines.append(f"  {MARK[line.state]:6}  {line.check:19} {said}")

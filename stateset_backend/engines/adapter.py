@@ -369,7 +369,9 @@ class EngineAdapter(abc.ABC):
         (``stateset-backend rehearse``: the spec's architecture shrunk, a few updates). The
         hub makes the rehearsal's plan and model and checks what the run leaves; the adapter
         knows only how its engine runs here, or why it cannot: it raises ``Unsupported`` with
-        the reason. An adapter that does not override this declares no rehearsal."""
+        the reason. An adapter that does not override this declares no rehearsal. The hub also
+        resumes the rehearsal from a checkpoint through ``checkpoints`` and ``resume_argv``,
+        applied to the rehearsal's ``argv`` as to a plan's, so that argv must accept them."""
         raise Unsupported(f"the {self.name} adapter declares no rehearsal")
 
     def kit_support(self) -> KitSupport:

@@ -75,12 +75,18 @@ def fill_placeholders(text: str, run_dir: Path, python: str, engine_home: str | 
 
 
 
-def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore) -> Checkpoint:
-    """The newest complete checkpoint any earlier attempt of this run left, or exit 6."""
+def require_exact_resume(plan: LaunchPlan, adapter: EngineAdapter) -> None:
+    """Unsupported (exit 3) unless the plan's release promises an exact continuation: a
+    resume of any other is a new experiment that only looks like the old one."""
     version = parse_version(plan.engine_version)
     if "resume:exact" not in adapter.contract.provided(version):
         raise Unsupported(f"{plan.engine} {plan.engine_version} cannot resume exactly "
                           "(no resume:exact in its contract)")
+
+
+def find_resume_point(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore) -> Checkpoint:
+    """The newest complete checkpoint any earlier attempt of this run left, or exit 6."""
+    require_exact_resume(plan, adapter)
     quarantine.refuse_if_quarantined(store.run_dir(plan.run_id), plan.run_id, "resume it")
     newest = newest_checkpoint(adapter, store, plan.run_id)
     if newest is None:

@@ -54,6 +54,9 @@ class VerlAdapter(EngineAdapter):
     def latest_checkpoint(self, attempt_dir: Path) -> Checkpoint | None:
         return collect.latest_checkpoint(attempt_dir)
 
+    def checkpoints(self, attempt_dir: Path) -> list[Checkpoint]:
+        return collect.checkpoints(attempt_dir)
+
     def rehearse(self, plan: Any) -> Rehearsal:
         from stateset_backend.adapters.verl.rehearsal import rehearsal
 

@@ -49,7 +49,12 @@ def outputs(attempt_dir: Path, ctx: LaunchContext, keys: VerlKeys) -> Collected:
                 row = {"step": doc["step"]}
                 row.update({c: doc["data"][r] for c, r in METRICS.items() if r in doc["data"]})
                 out.metrics.append(row)
-    out.committed_updates = max((int(r["step"]) for r in out.metrics), default=0)
+    steps = [int(r["step"]) for r in out.metrics]
+    out.committed_updates = max(steps, default=0)
+    # verl numbers its steps from the global step it restored (validation before training is
+    # pinned off), so a run whose first logged step is s continued from update s - 1; one
+    # that was asked to resume but begins at 1 started afresh
+    out.resumed_from = min(steps) - 1 if steps and min(steps) > 1 else None
     root = attempt_dir / CHECKPOINTS
     if root.is_dir():
         for step_dir in sorted(root.glob("global_step_*")):
@@ -59,12 +64,25 @@ def outputs(attempt_dir: Path, ctx: LaunchContext, keys: VerlKeys) -> Collected:
 
 
 def latest_checkpoint(attempt_dir: Path) -> Checkpoint | None:
+    found = checkpoints(attempt_dir)
+    return found[-1] if found else None
+
+
+def checkpoints(attempt_dir: Path) -> list[Checkpoint]:
+    """verl writes ``latest_checkpointed_iteration.txt`` after a step's folder is whole, so
+    that folder and every older one it kept are complete; a newer one is a save cut short."""
     marker = attempt_dir / CHECKPOINTS / "latest_checkpointed_iteration.txt"
     if not marker.is_file():
-        return None
-    step = int(marker.read_text().strip())
-    path = attempt_dir / CHECKPOINTS / f"global_step_{step}"
-    return Checkpoint(path, step) if path.is_dir() else None
+        return []
+    latest = int(marker.read_text().strip())
+    found = []
+    for path in (attempt_dir / CHECKPOINTS).glob("global_step_*"):
+        step = path.name.removeprefix("global_step_")
+        if path.is_dir() and step.isdigit() and int(step) <= latest:
+            found.append(Checkpoint(path, int(step)))
+    found.sort(key=lambda c: c.update)
+    return found if found and found[-1].update == latest else []
+
 
 def resume_argv(checkpoint: Checkpoint, argv: list[str], attempt_dir: Path) -> list[str]:
     """verl loads from any path it is given and saves into this attempt's folder."""

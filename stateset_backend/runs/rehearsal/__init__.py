@@ -1,6 +1,7 @@
 """Rehearsal: the engine's own trainer runs a spec for a few updates on this machine's CPUs,
 with a shrunk model of the spec's architecture and the spec's own data, reward and settings,
-and the hub judges what it left as it judges a run, plus what must hold at the first update.
+and the hub judges what it left as it judges a run, plus what must hold at the first update and
+what a second start from a checkpoint must continue.
 What a GPU run would hit, found before a GPU is paid for.
 
 Where it lives: ``<runs dir>/.rehearsals/``, beside the run store and never in it::
@@ -9,6 +10,8 @@ Where it lives: ``<runs dir>/.rehearsals/``, beside the run store and never in i
     .rehearsals/<run id>/plan.json   the rehearsal's own plan (its own run id and digest)
     .rehearsals/<run id>/attempt/    the engine's run directory
     .rehearsals/<run id>/result.json collect-and-validate's result
+    .rehearsals/<run id>/resumed/    the second start, from the checkpoint of update N-1
+    .rehearsals/<run id>/resumed.json collect-and-validate's result of it
     .rehearsals/<run id>/verdict.json
 
 A rehearsal is not the experiment: another model and another number of updates make another

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from stateset_backend.engines.adapter import Rehearsal
 from stateset_backend.engines.registry import AdapterEntry
 from stateset_backend.plan.launch_plan import LaunchPlan, make_plan, verify_engine_version
 from stateset_backend.providers.local import Exit, run_local
-from stateset_backend.runs.rehearsal import verdict
+from stateset_backend.runs.rehearsal import resume, verdict
 from stateset_backend.runs.rehearsal.model import shrunk_model
 from stateset_backend.runs.runner import collect_and_validate, fill_placeholders, prepare_attempt
 from stateset_backend.runs.store import Attempt
@@ -38,10 +38,18 @@ class Verdict:
     ended: Exit  # how the engine process ended
     seconds: float
     lines: list[verdict.Line]
+    # spec settings the rehearsal changed besides the model and the budget, as (was, now)
+    changed: dict[str, tuple[str, str]] = field(default_factory=dict)
+    resumed: resume.Resumed | None = None  # the second start, from update N-1's checkpoint
 
     @property
     def passed(self) -> bool:
         return all(line.state != "FAILED" for line in self.lines)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.ended.interrupted or (self.resumed is not None and
+                                          self.resumed.ended.interrupted)
 
     @property
     def launch_failed(self) -> bool:
@@ -55,7 +63,9 @@ class Verdict:
             "seconds": round(self.seconds, 3), "experiment_digest": self.experiment_digest,
             "rehearsal_digest": self.plan.experiment_digest, "model": self.model,
             "covers": self.rehearsal.covers,
-            "replaced": {k: list(v) for k, v in self.rehearsal.replaced.items()}},
+            "replaced": {k: list(v) for k, v in self.rehearsal.replaced.items()},
+            "changed": {k: list(v) for k, v in self.changed.items()},
+            "resumed": None if self.resumed is None else self.resumed.to_json()},
             "passed": self.passed, "checks": [line.to_json() for line in self.lines],
             "result": str(self.folder / "result.json")}
 
@@ -67,19 +77,23 @@ def rehearsal_of(plan: LaunchPlan, entry: AdapterEntry) -> Rehearsal:
         return entry.adapter.rehearse(plan)
 
 
-def rehearsal_spec(spec: ExperimentSpec, base_dir: Path, root: Path,
-                   updates: int) -> tuple[ExperimentSpec, dict[str, Any]]:
-    """The spec with its model shrunk and ``updates`` updates; everything else as written. It
-    starts from seeded weights, never ``model.from_run``'s checkpoint (a full-size model's)."""
+def rehearsal_spec(spec: ExperimentSpec, base_dir: Path, root: Path, updates: int,
+                   resumed: bool = False) -> tuple[ExperimentSpec, dict[str, Any],
+                                                   dict[str, tuple[str, str]]]:
+    """The spec with its model shrunk and ``updates`` updates, and, when the resume check runs
+    (``resumed``), a checkpoint of the update before the last that outlives the next save;
+    everything else as written, and the checkpoint settings changed as (was, now). It starts
+    from seeded weights, never ``model.from_run``'s checkpoint (a full-size model's)."""
     doc = spec.model_dump(mode="json")
     doc["budget"]["total_updates"] = updates
+    changed = resume.checkpoint_changes(doc, updates) if resumed else {}
     model: dict[str, Any] = {"path": spec.model.path, "shrunk": None}
     if not spec.model.path.startswith(BUILTIN):
         folder, model["shrunk"] = shrunk_model(spec, base_dir, root / "models")
         doc["model"].update(path=str(folder), revision=directory_digest(folder))
     doc["model"]["from_run"] = None
     try:
-        return parse_spec(doc, source="the rehearsal's spec"), model
+        return parse_spec(doc, source="the rehearsal's spec"), model, changed
     except InvalidInput as exc:
         raise InvalidInput(f"{exc.message} (with {updates} updates: pass another --updates)",
                            details=exc.details) from None
@@ -94,7 +108,8 @@ def rehearse(plan: LaunchPlan, entry: AdapterEntry, runs_dir: Path, updates: int
     spec, base_dir = plan.validated_spec(), Path(plan.base_dir)
     verify_inputs(spec, base_dir)
     root = runs_dir.resolve() / REHEARSALS
-    small, model = rehearsal_spec(spec, base_dir, root, updates)
+    no_resume = resume.unchecked(plan, adapter, updates)
+    small, model, changed = rehearsal_spec(spec, base_dir, root, updates, no_resume is None)
     own = make_plan(small, entry, plan.engine_version, base_dir=base_dir)
     rehearsal = rehearsal_of(own, entry)
     folder = root / own.run_id
@@ -118,8 +133,19 @@ def rehearse(plan: LaunchPlan, entry: AdapterEntry, runs_dir: Path, updates: int
     result = collect_and_validate(own, adapter, attempt, small, exit_, None, started=started,
                                   duration=seconds)
     atomic_write_json(folder / "result.json", result.to_json())
+    resumed = None
+    if no_resume is not None:
+        resumed_line = verdict.Line(resume.NAME, "not measured", no_resume)
+    elif exit_.code != 0 or exit_.interrupted or exit_.timed_out:
+        resumed_line = verdict.Line(resume.NAME, "not measured", "the uninterrupted run did "
+                                                                 "not finish")
+    else:
+        resumed, resumed_line = resume.rehearse_resume(
+            own, adapter, rehearsal, small, folder, updates, python=python,
+            engine_home=engine_home, timeout=timeout, echo_stderr=echo_stderr,
+            live_progress=live_progress)
     found = Verdict(folder, own, plan.experiment_digest, model, rehearsal, exit_, seconds,
                     verdict.lines(small, result, rehearsal, exit_, seconds, prepared.run_dir,
-                                  updates))
+                                  updates, resumed_line), changed, resumed)
     atomic_write_json(folder / "verdict.json", found.to_json())
     return found

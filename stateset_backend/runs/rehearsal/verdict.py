@@ -33,10 +33,12 @@ class Line:
     state: State
     detail: str
     tail: list[str] = field(default_factory=list)
+    numbers: dict[str, Any] = field(default_factory=dict)  # what the detail says, as data
 
     def to_json(self) -> dict[str, Any]:
-        return {"check": self.check, "state": self.state, "detail": self.detail,
-                "tail": self.tail}
+        doc = {"check": self.check, "state": self.state, "detail": self.detail,
+               "tail": self.tail}
+        return {**doc, "numbers": self.numbers} if self.numbers else doc
 
 
 KINDS = {"final": "the final model", "model": "the final model"}  # kinds by what they hold
@@ -50,7 +52,7 @@ def _updates(steps: list[int]) -> str:
     return ("update " if len(steps) == 1 else "updates ") + ", ".join(map(str, steps))
 
 
-def _stderr_tail(run_dir: Path) -> list[str]:
+def stderr_tail(run_dir: Path) -> list[str]:
     try:
         text = (run_dir / STDERR_LOG).read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -65,7 +67,7 @@ def launch(exit_: Exit, seconds: float, run_dir: Path) -> Line:
     how = "was interrupted" if exit_.interrupted else "timed out" if exit_.timed_out else \
         f"exited {exit_.code}"
     return Line("launch", "FAILED", f"the engine {how} after {seconds:.1f} s; the last lines of "
-                                    "its stderr:", _stderr_tail(run_dir))
+                                    "its stderr:", stderr_tail(run_dir))
 
 
 def _from_check(result: Result, name: str, check: str) -> Line:
@@ -157,9 +159,10 @@ def checkpoints(spec: ExperimentSpec, result: Result, updates: int) -> Line:
 
 
 def lines(spec: ExperimentSpec, result: Result, rehearsal: Rehearsal, exit_: Exit,
-          seconds: float, run_dir: Path, updates: int) -> list[Line]:
+          seconds: float, run_dir: Path, updates: int, resume: Line | None = None) -> list[Line]:
     """Every check, in the order a reader asks: did it run, is it this run, are the numbers
-    sane, do the first-update invariants hold, did it leave what a run must leave."""
+    sane, do the first-update invariants hold, did it leave what a run must leave, does a
+    second start continue it."""
     out = [launch(exit_, seconds, run_dir),
            _from_check(result, "identity", "identity"),
            _from_check(result, "metrics_finite", "metrics finite"),
@@ -167,6 +170,8 @@ def lines(spec: ExperimentSpec, result: Result, rehearsal: Rehearsal, exit_: Exi
            rollout_gap(rehearsal, run_dir),
            checkpoints(spec, result, updates),
            _from_check(result, "committed_updates", "updates")]
+    if resume is not None:
+        out.append(resume)
     shown = {"exit_code", "identity", "metrics_finite", "artifacts", "committed_updates"}
     out += [Line(c.name, "FAILED", c.detail) for c in result.checks
             if c.name not in shown and not c.ok]

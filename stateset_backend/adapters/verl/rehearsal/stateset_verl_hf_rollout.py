@@ -15,7 +15,11 @@ distribution before top-k/top-p, which is what verl's actor recomputes, so the t
 rounding while policy and rollout hold the same weights. Each request draws from its own
 generator, seeded from the rollout seed, the update, the prompt and how many times this update
 has already seen that prompt: a group of identical prompts gets distinct samples, and a rerun
-gets the same ones whatever order the requests arrive in.
+(or a resume) gets the same ones whatever order the requests arrive in. That count is kept by
+one ``Occurrences`` actor for every replica, and the replica is not part of the seed: verl's
+load balancer sends each request to the least busy replica, so with two ranks which replica
+serves a prompt changes from run to run, and a per-replica seed would make every run sample
+anew.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
 
 ROLLOUT = "hf"
+OCCURRENCES = f"{ROLLOUT}_rollout_occurrences"  # the one counter every replica asks
 # sampling parameters verl's agent loops send; any other is refused rather than ignored
 KNOWN_PARAMS = {"temperature", "top_p", "top_k", "repetition_penalty", "logprobs",
                 "max_tokens", "max_new_tokens", "seed", "ignore_eos"}
@@ -97,6 +102,19 @@ def _stop_ids(model: Any) -> set[int]:
     return ids
 
 
+@ray.remote(num_cpus=0)
+class Occurrences:
+    """How many times this update has already asked for each prompt, across the replicas."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int | None, tuple[int, ...]], int] = {}
+
+    def next(self, step: int | None, prompt_ids: tuple[int, ...]) -> int:
+        occurrence = self.seen.get((step, prompt_ids), 0)
+        self.seen[(step, prompt_ids)] = occurrence + 1
+        return occurrence
+
+
 class HFServer:
     """One replica's sampler: the model on the host, answering ``generate`` one request at a
     time (the agent loop sends them concurrently; a 2-core host gains nothing from more)."""
@@ -114,14 +132,13 @@ class HFServer:
         self.stop_ids = _stop_ids(self.model)
         self.replica_rank = replica_rank
         self.global_steps: int | None = None
-        self.seen: dict[tuple[int | None, tuple[int, ...]], int] = {}
+        self.occurrences = Occurrences.options(  # type: ignore[attr-defined]
+            name=OCCURRENCES, get_if_exists=True).remote()
 
-    def _generator(self, prompt_ids: list[int], seed: int | None) -> torch.Generator:
-        key = (self.global_steps, tuple(prompt_ids))
-        occurrence = self.seen.get(key, 0)
-        self.seen[key] = occurrence + 1
+    async def _generator(self, prompt_ids: list[int], seed: int | None) -> torch.Generator:
+        occurrence = await self.occurrences.next.remote(self.global_steps, tuple(prompt_ids))
         base = self.config.seed if seed is None else seed
-        text = f"{base}:{self.replica_rank}:{self.global_steps}:{occurrence}:{prompt_ids}"
+        text = f"{base}:{self.global_steps}:{occurrence}:{prompt_ids}"
         digest = hashlib.sha256(text.encode()).digest()
         return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
@@ -142,11 +159,12 @@ class HFServer:
                                                      self.config.response_length))
         max_tokens = max(1, min(int(limit), room))
         stop = set() if params.get("ignore_eos") else self.stop_ids
+        generator = await self._generator(prompt_ids, params.get("seed"))
         tokens, logprobs = sample(
             self.model, prompt_ids, max_tokens=max_tokens,
             temperature=float(params.get("temperature", 1.0)),
             top_k=int(params.get("top_k", -1)), top_p=float(params.get("top_p", 1.0)),
-            stop_ids=stop, generator=self._generator(prompt_ids, params.get("seed")))
+            stop_ids=stop, generator=generator)
         return TokenOutput(token_ids=tokens,
                            log_probs=logprobs if params.get("logprobs") else None,
                            stop_reason="completed",
@@ -171,9 +189,8 @@ class HFServer:
         return None
 
     async def set_global_steps(self, global_steps: int | None) -> None:
-        if global_steps is not None and global_steps != self.global_steps:
+        if global_steps is not None:
             self.global_steps = global_steps
-            self.seen.clear()
 
     async def abort_all_requests(self, **kwargs: Any) -> dict[str, Any]:
         return {"aborted_count": 0, "request_ids": []}
