@@ -107,7 +107,7 @@ MUTANTS: list[Mutant] = [
       kind="collection"),
     m("verl: committed updates counted as log rows", "verl", "0.9.1",
       (VERL_COLLECT,
-       'out.committed_updates = max((int(r["step"]) for r in out.metrics), default=0)',
+       'out.committed_updates = max(steps, default=0)',
        'out.committed_updates = len(out.metrics)'), kind="collection"),
     m("verl: weight decay pinned to the default", "verl", "0.9.1",
       (VERL_RULES, '"optim.weight_decay": k.optim_rule("weight_decay")',
