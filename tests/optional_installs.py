@@ -37,7 +37,8 @@ NEMO_RL_CONFIGS_MISSING = (
 VERL_PYTHON_MISSING = (
     "STATESET_TEST_VERL_PYTHON is not set: a venv with verl 0.9.1 (python3 -m venv "
     ".ci-verl-venv && .ci-verl-venv/bin/pip install torch==2.13.0 verl==0.9.1 cachetools "
-    "uvicorn fastapi), then STATESET_TEST_VERL_PYTHON=$PWD/.ci-verl-venv/bin/python")
+    "uvicorn fastapi 'TransferQueue>=0.1.10' pyzmq msgspec), then "
+    "STATESET_TEST_VERL_PYTHON=$PWD/.ci-verl-venv/bin/python")
 VERL_WHEELS_MISSING = (
     "STATESET_TEST_VERL_WHEELS is not set: a folder with the verl release wheels (for V in "
     "0.4.1 0.5.0 0.6.0 0.6.1 0.7.0 0.7.1 0.8.0 0.9.0; do pip download --no-deps -d .ci-wheels "

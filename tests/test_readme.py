@@ -107,7 +107,7 @@ def test_the_screen_shows_the_measured_main_job():
     assert shown == [bench.screen_time(measured)]
 
 
-@pytest.mark.parametrize("name", ["native_vs_trl", "profile_native"])
+@pytest.mark.parametrize("name", ["native_vs_trl", "profile_native", "rehearse"])
 def test_the_performance_sections_are_the_stored_measurements(name):
     """The README's speed claims are rendered from a stored run of the benchmark, with its
     machine and command, never typed in."""
