@@ -23,6 +23,7 @@ from stateset_backend.cli import (
     conformance,
     engines,
     experiment,
+    importing,
     publish,
     rehearse,
     run,
@@ -33,7 +34,7 @@ from stateset_backend.cli.shared import PROG, Commands, Parser
 
 # the command groups, in the order `--help` lists their commands; each names the top-level
 # commands its add_parsers adds (COMMANDS), so that only the owner of the one given is built
-GROUPS = (spec, engines, experiment, run, rehearse, runs, publish, conformance)
+GROUPS = (spec, engines, experiment, importing, run, rehearse, runs, publish, conformance)
 _OWNER = {name: group for group in GROUPS for name in group.COMMANDS}
 
 

@@ -1,0 +1,337 @@
+"""An engine launch turned into a spec, with every setting of the launch accounted for.
+
+A team's launch is the experiment it knows; a spec it cannot compare to that launch is a
+rewrite it cannot trust. So the import ends with the proof: the imported spec is planned for
+the same engine and release, the plan is read back by the same reader that read the input,
+and every setting the two readings disagree on is named with its reason.
+
+Each setting the input gives ends in one fate: ``mapped`` (a spec field reproduces it),
+``engine_option`` (engine-only, kept in ``engine_options`` outside the experiment's identity),
+``default`` (the release's own default, restated), ``not_expressible`` (the spec or the hub
+cannot carry it; the reason says why) or ``refused`` (not read at all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stateset_backend.common.errors import InvalidInput, StatesetError
+from stateset_backend.common.jsonio import flatten
+from stateset_backend.contracts.loader import parse_version
+from stateset_backend.contracts.surfaces import surface
+from stateset_backend.importing.engines import REWARD_FUNCTION, Launch, read_file
+from stateset_backend.importing.solve import Solver, bare, native_of
+from stateset_backend.spec.content import sha256_file
+from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.translate.rules import _same, explain_rows
+
+PLACEHOLDER_SHA256 = "0" * 64
+_PROBE = "stateset-import-probe"
+
+
+@dataclass
+class Setting:
+    key: str
+    value: Any
+    word: str
+    fate: str
+    spec_field: str | None = None
+    reason: str = ""
+    reproduced: bool | None = None
+    planned: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc = {"key": self.key, "value": self.value, "given_as": self.word, "fate": self.fate,
+               "reproduced": self.reproduced}
+        if self.spec_field:
+            doc["spec_field"] = self.spec_field
+        if self.reason:
+            doc["reason"] = self.reason
+        if self.reproduced is False:
+            doc["planned"] = self.planned
+        return doc
+
+
+@dataclass
+class Imported:
+    engine: str
+    version: str
+    spec: dict[str, Any]
+    settings: list[Setting]
+    refused: dict[str, str]
+    notes: list[str]
+    inputs: list[str]
+    changed_defaults: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def reproduced(self) -> int:
+        return sum(1 for s in self.settings if s.reproduced)
+
+    @property
+    def total(self) -> int:
+        return len(self.settings) + len(self.refused)
+
+    def to_json(self) -> dict[str, Any]:
+        total = self.total
+        return {
+            "engine": self.engine, "engine_version": self.version,
+            "round_trip": {"settings": total, "reproduced": self.reproduced,
+                           "percent": round(100.0 * self.reproduced / total, 1) if total
+                           else 100.0,
+                           "plan_changes_defaults": self.changed_defaults},
+            "settings": [s.to_json() for s in self.settings],
+            "refused": [{"given_as": w, "reason": r} for w, r in self.refused.items()],
+            "inputs": self.inputs, "notes": self.notes, "spec": self.spec}
+
+
+def engine_defaults(engine: str, version: str, dialect_defaults: dict[str, Any]) -> \
+        dict[str, Any]:
+    """Every key the release reads, at its default: the generated surface, and the dialect's
+    recorded defaults for keys read outside the composed config."""
+    out = {bare(k): v for k, v in flatten(dialect_defaults).items()}
+    shipped = surface(engine, version)
+    for key, option in (shipped or {}).get("options", {}).items():
+        out.update(flatten(option.get("default"), key) if isinstance(option.get("default"),
+                                                                     dict) else
+                   {key: option.get("default")})
+    return out
+
+
+def _probe_keys(solver: Solver, doc: dict[str, Any]) -> dict[str, list[str]]:
+    """Which engine keys carry the model's path and each split's file: the rules say, when
+    handed recognisable values."""
+    probe = {**doc, "model": {**doc["model"], "path": f"{_PROBE}-model", "revision": None},
+             "data": {**doc["data"],
+                      "train": {"uri": f"{_PROBE}-train.parquet", "sha256": PLACEHOLDER_SHA256},
+                      "validation": {"uri": f"{_PROBE}-validation.parquet",
+                                     "sha256": PLACEHOLDER_SHA256}}}
+    found: dict[str, list[str]] = {"model": [], "train": [], "validation": [], "reward": []}
+    rows = solver.rows(ExperimentSpec.model_validate(probe)) or []
+    for key, value in native_of(rows).items():
+        for item in value if isinstance(value, list) else [value]:
+            for name in ("model", "train", "validation"):
+                if isinstance(item, str) and f"{_PROBE}-{name}" in item:
+                    found[name].append(key)
+    for row in rows:
+        if row.path == "reward.entrypoint":
+            found["reward"] = sorted(flatten({bare(k): v for k, v in row.native.items()}))
+    return found
+
+
+def _file_input(value: Any, base: Path, what: str, inputs: list[str]) -> tuple[str, str] | None:
+    """(uri, sha256) of a file the launch names: hashed when it is here, a placeholder and a
+    message when not."""
+    if isinstance(value, list):
+        if not value:
+            return None
+        if len(value) > 1:
+            inputs.append(f"{what}: the launch names {len(value)} files; a spec split is one "
+                          f"file: {value[0]!r} is imported, join the others into it")
+        value = value[0]
+    if not isinstance(value, str) or not value:
+        return None
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else base / path
+    if "$" in value or not path.is_file():
+        inputs.append(f"{what}: {value} is not a file on this machine: its sha256 is a "
+                      "placeholder (64 zeros); put the file there and re-run the import, or set "
+                      "the digest yourself (sha256sum)")
+        return value, PLACEHOLDER_SHA256
+    inputs.append(f"{what}: {value} pinned by its sha256")
+    return str(path), sha256_file(path)
+
+
+def _hub_model(path: str) -> tuple[str, str | None]:
+    """A Hugging Face cache snapshot folder names the hub id and the commit it holds."""
+    parts = Path(path).parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        commit = parts[-1]
+        if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit):
+            return parts[-3].removeprefix("models--").replace("--", "/"), commit
+    return path, None
+
+
+def starting_spec(engine: str, launch: Launch, solver: Solver, base: Path,
+                  name: str, inputs: list[str]) -> dict[str, Any]:
+    """A valid spec holding the launch's model, data and reward, before any setting is
+    solved."""
+    doc: dict[str, Any] = {
+        "name": name, "seed": 0,
+        "algorithm": {"objective": "grpo", "group_size": 2, "clip": {},
+                      "loss_aggregation": "token_mean", "kl": None, "advantage": {},
+                      "dynamic_sampling": None, "overlong": None, "gae": None},
+        "model": {"path": "model"},
+        "data": {"train": {"uri": "train.parquet", "sha256": PLACEHOLDER_SHA256},
+                 "max_prompt_tokens": 512, "max_response_tokens": 512},
+        "reward": {"kind": "python", "entrypoint": "reward.py:score",
+                   "sha256": PLACEHOLDER_SHA256},
+        "budget": {"total_updates": 1}}
+    doc = ExperimentSpec.model_validate(doc).model_dump(mode="json")
+    keys = _probe_keys(solver, doc)
+    eff = solver.effective
+    model_key = next((k for k in keys["model"] if k in eff), None)
+    if model_key is not None and isinstance(eff[model_key], str):
+        path, commit = _hub_model(eff[model_key])
+        doc["model"] = {**doc["model"], "path": path, "revision": commit}
+        inputs.append(f"model: {path}" + (f" at commit {commit} (its Hugging Face cache "
+                                          "snapshot)" if commit else
+                                          " (no revision pinned: it loads whatever the path "
+                                          "holds)"))
+    else:
+        inputs.append("model: the launch names no model path; model.path is a placeholder")
+    for split in ("train", "validation"):
+        key = next((k for k in keys[split] if k in launch.settings), None)
+        if key is None:
+            continue
+        got = _file_input(eff[key], base, f"data.{split}", inputs)
+        if got is not None:
+            doc["data"][split] = {"uri": got[0], "sha256": got[1]}
+    if "validation" in doc["data"] and doc["data"]["validation"] and \
+            doc["data"]["validation"]["uri"] == doc["data"]["train"]["uri"]:
+        doc["data"]["validation"] = None
+    doc["reward"] = _reward(engine, launch, keys["reward"], base, inputs)
+    return doc
+
+
+def _reward(engine: str, launch: Launch, keys: list[str], base: Path,
+            inputs: list[str]) -> dict[str, Any]:
+    file_key = next((k for k in keys if k in launch.settings and isinstance(
+        launch.settings[k], str) and launch.settings[k].endswith(".py")), None)
+    if file_key is None:
+        inputs.append(f"reward: the launch uses {engine}'s built-in scoring (no reward file); "
+                      "reward.entrypoint and reward.sha256 are placeholders: name your reward "
+                      "function's file (file.py:function) and its sha256")
+        return {"kind": "python", "entrypoint": "reward.py:score",
+                "sha256": PLACEHOLDER_SHA256}
+    name_key = next((k for k in keys if k != file_key and k.endswith("name")), None)
+    function = launch.settings.get(name_key) if name_key else None
+    function = function or REWARD_FUNCTION.get(engine, "score")
+    got = _file_input(launch.settings[file_key], base, "reward", inputs)
+    assert got is not None
+    return {"kind": "python", "entrypoint": f"{got[0]}:{function}", "sha256": got[1]}
+
+
+def import_file(registry: Any, engine: str, path: Path, version: str | None,
+                overrides: list[str] | None = None) -> Imported:
+    entry = registry.get(engine)
+    adapter = entry.adapter
+    version = version or adapter.contract.newest_known_version()
+    dialect = adapter.contract.dialect(parse_version(version))
+    launch = read_file(engine, path, version, overrides)
+    with entry.guard("reading the rules"):
+        rules = adapter.rules(dialect)
+    defaults = engine_defaults(engine, version, dict(dialect.defaults))
+    effective = {**defaults, **launch.settings}
+    solver = Solver(rules, dialect, engine, effective)
+    inputs: list[str] = []
+    doc = starting_spec(engine, launch, solver, path.resolve().parent, path.stem, inputs)
+    with entry.guard("solving the spec"):
+        spec = solver.solve(doc)
+    rows = explain_rows(spec, rules, dialect, engine)
+    mapped = {bare(k): row.path for row in rows for k in flatten(
+        {kk: vv for kk, vv in row.native.items()})}
+    pinned = native_of(rows)
+    options: dict[str, Any] = {}
+    fates: dict[str, tuple[str, str, str | None]] = {}
+    for key, value in launch.settings.items():
+        if key in pinned:
+            src = mapped.get(key) or next((p for k, p in mapped.items()
+                                           if key.startswith(k + ".")), None)
+            fates[key] = ("mapped", "", src)
+        elif _same(value, defaults.get(key, object())) and key in defaults:
+            fates[key] = ("default", f"{engine} {version}'s own default", None)
+        else:
+            options[key] = value
+            fates[key] = ("engine_option", "engine-only: kept in engine_options, outside the "
+                          "experiment digest", None)
+    spec_doc = spec.model_dump(mode="json")
+    spec_doc["engine_options"] = {engine: options} if options else {}
+    plan, spec_doc = _plan_dropping(entry, version, spec_doc, path, fates, engine)
+    read = _read_plan(engine, plan)
+    planned = {**defaults, **read}
+    settings: list[Setting] = []
+    for key, value in launch.settings.items():
+        fate, reason, src = fates[key]
+        got = planned.get(key)
+        same = _same(got, value) if key in planned else key not in read and \
+            _same(defaults.get(key), value)
+        setting = Setting(key, value, launch.words.get(key, key), fate, src, reason, same, got)
+        if not same and _same_input(src, value, got, path.resolve().parent, spec_doc):
+            setting.reproduced = True
+            setting.reason = ("the hub's reward shim loads this file, checked by its sha256"
+                              if src == "reward.entrypoint" else
+                              "the same file, named by its absolute path")
+        if not same and fate in ("mapped", "default", "engine_option"):
+            setting.fate = "not_expressible"
+            setting.reason = _why_not(key, value, got, src, rows, engine, version)
+        elif same and fate == "not_expressible":
+            setting.fate, setting.reason = "mapped", "the hub's launch sets this value itself"
+        settings.append(setting)
+    changed = [{"key": k, "engine_default": defaults.get(k), "planned": v,
+                "spec_field": mapped.get(k)}
+               for k, v in read.items() if k not in launch.settings and
+               not _same(v, effective.get(k)) and not (isinstance(v, str) and "{run_dir}" in v)]
+    return Imported(engine, version, spec_doc, settings, launch.refused, launch.notes, inputs,
+                    changed)
+
+
+def _same_input(src: str | None, value: Any, got: Any, base: Path,
+                spec: dict[str, Any]) -> bool:
+    """A file the launch names relative to where it runs, or a reward the hub calls through
+    its shim, is the same input the plan gives the engine."""
+    if src in ("data.train.uri", "data.validation.uri") and isinstance(value, str) and \
+            isinstance(got, str) and "$" not in value:
+        return (base / Path(value).expanduser()).resolve() == Path(got).resolve()
+    if src == "reward.entrypoint":
+        return spec["reward"].get("sha256") not in (None, PLACEHOLDER_SHA256)
+    return False
+
+
+def _why_not(key: str, value: Any, got: Any, src: str | None, rows: Any, engine: str,
+             version: str) -> str:
+    if src is not None:
+        row = next((r for r in rows if r.path == src), None)
+        how = f" ({row.reason})" if row is not None and row.reason else ""
+        return (f"{src} translates to {key}={got!r}{how}; no value of it gives {value!r} on "
+                f"{engine} {version}")
+    return f"the hub's launch sets {key}={got!r} itself (the run's identity and outputs)"
+
+
+def _plan_dropping(entry: Any, version: str, doc: dict[str, Any], path: Path,
+                   fates: dict[str, tuple[str, str, str | None]], engine: str) -> \
+        tuple[Any, dict[str, Any]]:
+    """The plan of the imported spec. An engine_options entry the hub's own guards refuse
+    (a key it sets itself, a value the release's parser would refuse) leaves the spec, and
+    its setting is named not expressible with the guard's reason."""
+    from stateset_backend.plan.launch_plan import make_plan
+
+    options = dict(doc["engine_options"].get(engine, {}))
+    for _ in range(len(options) + 1):
+        doc["engine_options"] = {engine: options} if options else {}
+        spec = ExperimentSpec.model_validate(doc)
+        try:
+            return make_plan(spec, entry, version, base_dir=path.resolve().parent), doc
+        except InvalidInput as exc:
+            prefix = f"engine_options.{engine}."
+            culprit = next((k for k in options if exc.message.startswith(prefix + k + ":")),
+                           None)
+            if culprit is None:
+                raise
+            options.pop(culprit)
+            reason = exc.message.removeprefix(prefix + culprit + ":").strip()
+            fates[culprit] = ("not_expressible", reason, None)
+    raise InvalidInput("the imported spec cannot be planned")  # pragma: no cover
+
+
+def _read_plan(engine: str, plan: Any) -> dict[str, Any]:
+    from stateset_backend.conformance import readers
+
+    reader = readers.BUILTIN[engine]
+    try:
+        return {bare(k): v for k, v in reader(plan).items()}
+    except StatesetError:
+        raise
+    except Exception as exc:
+        raise InvalidInput(f"the imported spec's launch cannot be read back: {exc}") from None

@@ -1,0 +1,277 @@
+"""The spec whose launch is the one given: translation run backwards by running it forwards.
+
+The adapters' rules say, for every spec leaf, which engine keys it sets and to what; a second,
+hand-written table from engine keys back to spec leaves would drift from them the first time a
+rule changed. So the import never inverts a rule by hand. It proposes values for each leaf
+(the leaf's own choices, the values the launch gives the keys that leaf's rule sets, and those
+values in the other units the rules convert between: per prompt, per sample, per update) and
+keeps, leaf by leaf, the value whose translation agrees with the most of what the engine will
+read, until no leaf changes. What the rules cannot reproduce stays different, and the import
+screen names it.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from stateset_backend.common.errors import StatesetError
+from stateset_backend.common.jsonio import flatten
+from stateset_backend.contracts.loader import Dialect
+from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.spec.modeltree import leaves, model_in
+from stateset_backend.translate.rules import (
+    CORE_HANDLED,
+    FieldRow,
+    RuleSet,
+    _same,
+    explain_rows,
+)
+
+# Leaves the launch cannot say anything about: the spec's own bookkeeping, and the pinned
+# inputs' digests (filled from the files, never from a launch).
+_NOT_SOLVED = (*CORE_HANDLED, "name", "model.revision", "data.train.sha256",
+               "data.validation.sha256", "data.test", "reward", "environment",
+               "model.from_run")
+_MAX_PASSES = 5
+# Spec leaves whose numbers other rules convert between units (prompts, samples, GPUs).
+_UNITS = ("budget.prompts_per_update", "algorithm.group_size", "budget.mini_batches",
+          "budget.ppo_epochs", "resources.gpus_per_node", "resources.nodes")
+
+
+def bare(key: str) -> str:
+    """A native key without Hydra's add prefixes: every spelling that reaches one key."""
+    return key.lstrip("+")
+
+
+def native_of(rows: list[FieldRow]) -> dict[str, Any]:
+    """What a translation sets, flattened and unprefixed, as the engine's reader sees keys."""
+    out: dict[str, Any] = {}
+    for row in rows:
+        for key, value in row.native.items():
+            out.update(flatten(value, bare(key)) if isinstance(value, dict) and value
+                       else {bare(key): value})
+    return out
+
+
+@dataclass
+class Solver:
+    """One engine release's rules, and the configuration the engine would read."""
+
+    rules: RuleSet
+    dialect: Dialect
+    engine: str
+    effective: dict[str, Any]  # every key the engine reads: its default, or the launch's value
+
+    def rows(self, spec: ExperimentSpec) -> list[FieldRow] | None:
+        try:
+            return explain_rows(spec, self.rules, self.dialect, self.engine)
+        except StatesetError:
+            return None
+
+    def score(self, spec: ExperimentSpec) -> float:
+        """How much of the engine's configuration this spec's translation reproduces: a key
+        set to the value the engine reads counts one, to another value minus one; a refused
+        leaf makes the spec unusable."""
+        rows = self.rows(spec)
+        if rows is None:
+            return float("-inf")
+        total = -100.0 * sum(row.state == "refused" for row in rows)
+        for key, value in native_of(rows).items():
+            if key in self.effective and not _placeholder(value):
+                total += 1.0 if _same(value, self.effective[key]) else -1.0
+        return total
+
+    def solve(self, doc: dict[str, Any]) -> ExperimentSpec:
+        """From a valid starting spec, each leaf in turn takes the candidate that scores best
+        (the current value wins ties), until a whole pass changes nothing."""
+        spec = ExperimentSpec.model_validate(doc)
+        best = self.score(spec)
+        for _ in range(_MAX_PASSES):
+            changed = False
+            for path, value in list(leaves(spec)):
+                if _skip(path):
+                    continue
+                for candidate in self.candidates(spec, path, value):
+                    trial = _with(spec, path, candidate)
+                    if trial is None:
+                        continue
+                    got = self.score(trial)
+                    if got > best:
+                        spec, best, changed = trial, got, True
+                        value = candidate
+            if not changed:
+                break
+        return spec
+
+    def candidates(self, spec: ExperimentSpec, path: str, value: Any) -> Iterator[Any]:
+        annotation = annotation_at(path)
+        seen: list[Any] = [value]
+
+        def fresh(item: Any) -> bool:
+            if any(_same(item, s) and type(item) is type(s) for s in seen):
+                return False
+            seen.append(item)
+            return True
+
+        for item in _choices(annotation):
+            if fresh(item):
+                yield item
+        section = model_in(annotation)
+        if section is not None:
+            if value is None:
+                filled = _neutral_section(section)
+                if filled is not None and fresh(filled):
+                    yield filled
+            return
+        touched = self._touched(spec, path)
+        kinds = _kinds(annotation)
+        numbers = [v for leaf in _UNITS if isinstance(v := _leaf(spec, leaf), int | float)
+                   and not isinstance(v, bool) and v]
+        for raw in touched:
+            for item in _converted(raw, kinds, numbers):
+                if fresh(item):
+                    yield item
+
+    def _touched(self, spec: ExperimentSpec, path: str) -> list[Any]:
+        """The values the engine reads at the keys this leaf's rule sets."""
+        for probe in [spec, *filter(None, (_with(spec, path, v)
+                                           for v in _neutral(annotation_at(path))))]:
+            rows = self.rows(probe)
+            row = next((r for r in rows or [] if r.path == path), None)
+            if row is not None and row.native:  # a refused value sets nothing: probe others
+                keys = flatten({bare(k): v for k, v in row.native.items()})
+                return [self.effective[k] for k in keys if k in self.effective]
+        return []
+
+
+def _placeholder(value: Any) -> bool:
+    """A value only the launch fills in (the run's folder): never the launch's own."""
+    return isinstance(value, str) and "{run_dir}" in value
+
+
+def _skip(path: str) -> bool:
+    return any(path == p or path.startswith(p + ".") for p in _NOT_SOLVED)
+
+
+def _leaf(spec: ExperimentSpec, path: str) -> Any:
+    node: Any = spec
+    for part in path.split("."):
+        node = getattr(node, part, None)
+    return node
+
+
+def _with(spec: ExperimentSpec, path: str, value: Any) -> ExperimentSpec | None:
+    doc = spec.model_dump(mode="json")
+    node = doc
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node[part]
+    node[last] = copy.deepcopy(value)
+    try:
+        return ExperimentSpec.model_validate(doc)
+    except ValidationError:
+        return None
+
+
+def annotation_at(path: str) -> Any:
+    model: type[BaseModel] | None = ExperimentSpec
+    annotation: Any = None
+    for part in path.split("."):
+        if model is None or part not in model.model_fields:
+            return None
+        annotation = model.model_fields[part].annotation
+        model = model_in(annotation)
+    return annotation
+
+
+def _unwrap(annotation: Any) -> list[Any]:
+    """The plain types an annotation admits (Optional, Annotated and unions opened)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [t for arg in typing.get_args(annotation) for t in _unwrap(arg)]
+    return [annotation]
+
+
+def _choices(annotation: Any) -> list[Any]:
+    out: list[Any] = []
+    for t in _unwrap(annotation):
+        if typing.get_origin(t) is typing.Literal:
+            out.extend(typing.get_args(t))
+        elif t is bool:
+            out.extend([True, False])
+        elif t is type(None):
+            out.append(None)
+    return out
+
+
+def _kinds(annotation: Any) -> set[Any]:
+    return {typing.get_origin(t) or t for t in _unwrap(annotation)}
+
+
+def _converted(raw: Any, kinds: set[Any], numbers: list[Any]) -> Iterator[Any]:
+    """The launch's value as the leaf's type, and in the units other leaves convert it by."""
+    if isinstance(raw, bool):
+        if bool in kinds:
+            yield raw
+        return
+    if isinstance(raw, int | float):
+        values = [raw]
+        for n in numbers:
+            values += [raw * n, raw / n, n / raw if raw else 0]
+        for v in values:
+            if int in kinds and float(v).is_integer():
+                yield int(v)
+            elif float in kinds:
+                yield float(v)
+        return
+    if isinstance(raw, str) and str in kinds:
+        yield raw
+    elif isinstance(raw, list) and list in kinds:
+        yield list(raw)
+
+
+def _neutral(annotation: Any) -> list[Any]:
+    """Values a required field of a section can start from before it is solved."""
+    kinds = _kinds(annotation)
+    out = _choices(annotation)
+    if int in kinds:
+        out += [1, 2]
+    if float in kinds:
+        out += [1.0, 0.5, 0.0]
+    if str in kinds:
+        out.append("")
+    return out or [None]
+
+
+def _neutral_section(model: type[BaseModel]) -> dict[str, Any] | None:
+    """An optional section switched on, its required fields at a first valid value."""
+    doc: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        if info.is_required():
+            sub = model_in(info.annotation)
+            doc[name] = _neutral_section(sub) if sub is not None else _neutral(info.annotation)
+    for name, value in list(doc.items()):
+        if isinstance(value, list):
+            for item in value:
+                try:
+                    model.model_validate({**doc, name: item})
+                except ValidationError:
+                    continue
+                doc[name] = item
+                break
+            else:
+                doc[name] = value[0]
+    try:
+        model.model_validate(doc)
+    except ValidationError:
+        return None
+    return doc

@@ -1,0 +1,176 @@
+"""`import verl`: a verl script or overrides file becomes a spec whose plan verl reads back as
+the input, every other setting named with its reason."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from pathlib import Path
+
+from stateset_backend.engines.registry import build_registry
+from stateset_backend.importing.launch import PLACEHOLDER_SHA256, import_file
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.spec.files import load_spec
+
+ROOT = Path(__file__).parent.parent
+RECIPE = ROOT / "examples" / "recipes" / "verl-grpo-qwen2-7b-math.json"
+# the hub names the run and its outputs itself: the recipe's plan carries one run's names
+HUB_NAMES = {"trainer.experiment_name", "trainer.project_name"}
+
+
+def _script_of(plan_argv: list[str]) -> str:
+    words = [shlex.quote(w) for w in plan_argv[plan_argv.index("verl.trainer.main_ppo") + 1:]]
+    return "#!/bin/bash\nset -x\npython3 -m verl.trainer.main_ppo \\\n  " + \
+        " \\\n  ".join(words) + ' "$@"\n'
+
+
+def test_the_recipe_round_trips_through_its_own_launch(tmp_path):
+    """The recipe's plan, written as a verl script, imports back to the recipe's experiment,
+    and the imported spec's plan reproduces every setting but the run's own names."""
+    registry = build_registry()
+    recipe = load_spec(RECIPE)
+    plan = make_plan(recipe, registry.get("verl"), "0.7.0", base_dir=RECIPE.parent)
+    script = tmp_path / "run.sh"
+    script.write_text(_script_of(plan.argv))
+    imported = import_file(registry, "verl", script, "0.7.0")
+    doc = imported.to_json()
+    missed = {s["key"] for s in doc["settings"] if not s["reproduced"]}
+    assert missed == HUB_NAMES
+    assert doc["round_trip"]["percent"] >= 95.0
+    assert doc["round_trip"]["plan_changes_defaults"] == []
+    spec = imported.spec
+    want = recipe.model_dump(mode="json")
+    for section in ("algorithm", "optim", "budget", "rollout", "checkpoint", "evaluation",
+                    "resources", "seed"):
+        assert spec[section] == want[section], section
+    assert {k: v for k, v in spec["model"].items()} == want["model"]
+    assert spec["data"]["train"]["sha256"] == want["data"]["train"]["sha256"]
+    assert spec["data"]["validation"]["sha256"] == want["data"]["validation"]["sha256"]
+    assert spec["engine_options"] == {}
+    assert any("$@" in note for note in doc["notes"])
+
+
+SCRIPT = """#!/bin/bash
+set -x
+export VLLM_ATTENTION_BACKEND=XFORMERS
+train=data/train.parquet
+MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
+STAMP=$(date +%s)
+
+python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo \\
+    data.train_files=$train \\
+    data.val_files=$HOME/data/test.parquet \\
+    data.train_batch_size=64 \\
+    data.max_prompt_length=512 \\
+    data.max_response_length=256 \\
+    reward.custom_reward_function.path=reward.py \\
+    reward.custom_reward_function.name=score \\
+    actor_rollout_ref.model.path=$MODEL \\
+    actor_rollout_ref.actor.optim.lr=3e-6 \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=16 \\
+    actor_rollout_ref.actor.use_kl_loss=True \\
+    actor_rollout_ref.actor.kl_loss_coef=0.01 \\
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl \\
+    actor_rollout_ref.actor.clip_ratio_high=0.28 \\
+    actor_rollout_ref.rollout.n=8 \\
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.55 \\
+    trainer.experiment_name=run_$STAMP \\
+    trainer.total_training_steps=100 \\
+    trainer.total_epochs=100 \\
+    trainer.n_gpus_per_node=4 $@
+"""
+
+
+def test_a_script_with_shell_variables(tmp_path, cli):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.parquet").write_bytes(b"rows")
+    (tmp_path / "reward.py").write_text("def score(*a, **k):\n    return 0.0\n")
+    script = tmp_path / "run.sh"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out" / "spec.json"
+    out.parent.mkdir()
+    proc = cli("import", "verl", script, "--engine-version", "0.9.1", "-o", out, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    spec = json.loads(out.read_text())
+    assert spec["algorithm"]["group_size"] == 8
+    assert spec["algorithm"]["clip"]["high"] == 0.28
+    assert spec["algorithm"]["kl"] == {"coef": 0.01, "estimator": "k3", "placement": "loss",
+                                       "clamp": 10.0}
+    assert spec["budget"]["total_updates"] == 100
+    assert spec["budget"]["mini_batches"] == 4  # 64 prompts, 16 per mini-batch
+    assert spec["optim"]["lr"] == 3e-6
+    assert spec["model"]["path"] == "Qwen/Qwen2.5-0.5B-Instruct"
+    # a file that is here is pinned by its digest, one that is not gets a placeholder
+    assert spec["data"]["train"]["sha256"] == hashlib.sha256(b"rows").hexdigest()
+    assert spec["data"]["validation"]["sha256"] == PLACEHOLDER_SHA256
+    assert spec["reward"]["entrypoint"].endswith("reward.py:score")
+    assert spec["reward"]["sha256"] == hashlib.sha256(
+        (tmp_path / "reward.py").read_bytes()).hexdigest()
+    assert (out.parent / spec["data"]["train"]["uri"]).resolve() == \
+        (tmp_path / "data" / "train.parquet").resolve() or \
+        Path(spec["data"]["train"]["uri"]) == (tmp_path / "data" / "train.parquet").resolve()
+    assert spec["engine_options"] == {
+        "verl": {"actor_rollout_ref.rollout.gpu_memory_utilization": 0.55}}
+    fates = {s["key"]: s for s in doc["settings"]}
+    assert fates["actor_rollout_ref.rollout.n"]["spec_field"] == "algorithm.group_size"
+    assert fates["trainer.experiment_name"]["fate"] == "not_expressible"
+    # nothing of the shell ran: what only the shell would know is reported
+    notes = "\n".join(doc["notes"])
+    assert "$HOME" in notes and "$(date +%s)" in notes and "$@" in notes
+    assert any("placeholder" in line for line in doc["inputs"])
+    # every setting of the input is accounted for
+    assert doc["round_trip"]["settings"] == len(doc["settings"]) + len(doc["refused"])
+
+
+def test_an_overrides_file_reads_like_the_script(tmp_path, cli):
+    overrides = tmp_path / "overrides.txt"
+    overrides.write_text("# one override per line\nalgorithm.adv_estimator=grpo\n"
+                         "actor_rollout_ref.rollout.n=4\ndata.train_batch_size=32\n")
+    proc = cli("import", "verl", overrides, "--engine-version", "0.9.1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["spec"]["algorithm"]["group_size"] == 4
+    assert doc["spec"]["budget"]["prompts_per_update"] == 32
+    assert doc["round_trip"]["reproduced"] == doc["round_trip"]["settings"] == 3
+
+
+def test_the_screen_names_every_fate(tmp_path, cli):
+    script = tmp_path / "run.sh"
+    script.write_text(SCRIPT)
+    proc = cli("import", "verl", script, "--engine-version", "0.9.1")
+    assert proc.returncode == 0, proc.stderr
+    for title in ("mapped to the spec", "kept in engine_options", "not expressible",
+                  "refused", "inputs:", "notes:", "add -o spec.json"):
+        assert title in proc.stdout
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, cli):
+    no_engine = tmp_path / "train.sh"
+    no_engine.write_text("#!/bin/bash\npython3 train.py --lr 1e-6\n")
+    unknown = tmp_path / "unknown.sh"
+    unknown.write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.lrr=1\n")
+    grammar = tmp_path / "grammar.txt"
+    grammar.write_text("data.train_batch_size=[1,\n")
+    for path, words in ((no_engine, "no verl command"), (unknown, "no such key"),
+                        (grammar, "")):
+        proc = cli("import", "verl", path, "--engine-version", "0.9.1")
+        assert proc.returncode == 2, (path, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+        assert words in proc.stderr
+    missing = cli("import", "verl", tmp_path / "nothing.sh")
+    assert missing.returncode == 2
+    unknown_release = cli("import", "verl", unknown, "--engine-version", "0.1.0")
+    assert unknown_release.returncode == 3
+    not_engine = cli("import", "trl-nope", unknown)
+    assert not_engine.returncode == 2
+
+
+def test_nothing_is_written_when_the_import_fails(tmp_path, cli):
+    bad = tmp_path / "bad.sh"
+    bad.write_text("echo nothing here\n")
+    out = tmp_path / "spec.json"
+    assert cli("import", "verl", bad, "-o", out).returncode == 2
+    assert not out.exists()
