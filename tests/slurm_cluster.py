@@ -25,6 +25,10 @@ DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "s
 # teardown (`ray stop --force`) stops every Ray process on the machine (the Ray a Slurm job starts
 # too), and the session's test Slurm is started once, not once per worker.
 ON_ONE_WORKER = pytest.mark.xdist_group("daemons")
+# Where Ray looks for token authentication's mode and token (besides ~/.ray/auth_token): a test
+# that starts Ray clears them and gives Ray a home of its own, so the token of whoever runs the
+# tests can neither switch a test's Ray to token mode nor end up in a test's files.
+RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 INSTALL = ("apt-get install slurmctld slurmd slurm-client munge (Debian's Slurm, run as root; "
            ".ci/run installs it)")
 

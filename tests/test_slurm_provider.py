@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from slurm_cluster import ON_ONE_WORKER, slurm  # noqa: F401  (the fixture)
+from slurm_cluster import ON_ONE_WORKER, RAY_AUTH_VARS, slurm  # noqa: F401  (the fixture)
 
 from stateset_backend.common.errors import Unsupported
 from stateset_backend.providers.base import EXIT_STOPPED, STOP_REQUEST, PreparedLaunch
@@ -94,8 +94,14 @@ def _prepared(run_dir: Path, code: str, launch: str = "process",
 
 
 @pytest.fixture
-def on_slurm(slurm, monkeypatch):  # noqa: F811
+def on_slurm(slurm, monkeypatch, tmp_path):  # noqa: F811
+    """Jobs get this environment (sbatch exports it): a home of their own and no Ray token
+    setting of the user's."""
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    for name in RAY_AUTH_VARS:
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     return slurm
 
 
@@ -153,9 +159,17 @@ def test_slurms_warning_signal_stops_an_engine_that_honours_it(on_slurm, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_ray_launch_runs_head_and_driver_on_the_node(on_slurm, tmp_path):
+@pytest.mark.parametrize("token_file", [False, True], ids=["no-token", "users-token-file"])
+def test_a_ray_launch_runs_head_and_driver_on_the_node(on_slurm, tmp_path, token_file):
+    """With a token file in the user's home, `ray start` runs the head in token mode: the
+    job's other Ray processes must then use the token too, and nothing of the run holds it."""
     pytest.importorskip("ray", reason="Ray is missing: pip install -e '.[ray]'")
+    token = "stateset-test-" + os.urandom(16).hex()
+    if token_file:
+        (tmp_path / "home" / ".ray").mkdir()
+        (tmp_path / "home" / ".ray" / "auth_token").write_text(token)
     driver = ("import os, ray\n"
+              "print('auth', os.environ.get('RAY_AUTH_MODE', 'unset'))\n"
               "ray.init(_node_ip_address=os.environ['STATESET_HEAD_IP'], log_to_driver=False)\n"
               "@ray.remote(num_cpus=0.25)\n"
               "def square(x):\n    return x * x\n"
@@ -168,6 +182,9 @@ def test_a_ray_launch_runs_head_and_driver_on_the_node(on_slurm, tmp_path):
     out = prepared.stdout_path.read_text()
     assert exit_.code == 0, prepared.stderr_path.read_text()[-2000:]
     assert "[0, 1, 4, 9, 16, 25, 36, 49]" in out and "1 127.0.0.2:6379" in out
+    assert f"auth {'token' if token_file else 'unset'}" in out
+    for path in prepared.run_dir.rglob("*"):
+        assert not path.is_file() or token.encode() not in path.read_bytes(), path
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import ON_ONE_WORKER, slurm  # noqa: F401  (the fixture)
+from slurm_cluster import ON_ONE_WORKER, RAY_AUTH_VARS, slurm  # noqa: F401  (the fixture)
 
 from stateset_backend.cli import main
 
@@ -39,8 +39,13 @@ def spec(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def on_slurm(slurm, monkeypatch):  # noqa: F811
+def on_slurm(slurm, monkeypatch, tmp_path):  # noqa: F811
+    """Jobs get this environment (sbatch exports it): a home of their own, no Ray token."""
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    for name in RAY_AUTH_VARS:
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     return slurm
 
 

@@ -93,6 +93,14 @@ if [ -z "$head_ip" ]; then
     head_ip=$(srun --overlap -N1 -n1 -w "$head_node" hostname --ip-address | awk '{{print $1}}')
 fi
 export RAY_ADDRESS="$head_ip:{port}" STATESET_HEAD_IP="$head_ip"
+# Ray's token authentication: `ray start` turns it on by itself where a token exists, a process
+# that connects to an address does not, so the job sets one mode for all its Ray processes.
+# The token stays where the user keeps it (RAY_AUTH_TOKEN or the token file): never in a file
+# of the run.
+if [ -z "${{RAY_AUTH_MODE:-}}" ] && {{ [ -n "${{RAY_AUTH_TOKEN:-}}" ] ||
+        [ -s "${{RAY_AUTH_TOKEN_PATH:-${{HOME:-/nonexistent}}/.ray/auth_token}}" ]; }}; then
+    export RAY_AUTH_MODE=token
+fi
 ray_common=(--temp-dir "${{TMPDIR:-/tmp}}/stateset-ray-$SLURM_JOB_ID" --disable-usage-stats)
 srun --overlap -N1 -n1 -w "$head_node"{container} "${{ray_cli[@]}}" start --head \
     --node-ip-address="$head_ip" --port={port} --include-dashboard=false \
