@@ -60,14 +60,24 @@ class JobState:
     reason: str | None = None
 
 
+class Refused(EngineFailed):
+    """Slurm would not take the job: nothing ran, and the attempt records why."""
+
+
+def said(done: subprocess.CompletedProcess[str]) -> str:
+    """What a Slurm tool printed, as one line: its own words, each line once."""
+    lines = [" ".join(line.split()) for line in (done.stderr or done.stdout).splitlines()]
+    return "; ".join(dict.fromkeys(line for line in lines if line)) or \
+        f"no message (exit {done.returncode})"
+
+
 def _tool(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if shutil.which(argv[0]) is None:
         raise Unsupported(SLURM_INSTALL)
     done = subprocess.run(list(argv), capture_output=True, text=True, check=False,
                           stdin=subprocess.DEVNULL)
     if check and done.returncode != 0:
-        raise EngineFailed(f"{argv[0]} failed ({done.returncode}): "
-                           f"{(done.stderr or done.stdout).strip().splitlines()[-1:] or ''}")
+        raise EngineFailed(f"{argv[0]} failed ({done.returncode}): {said(done)}")
     return done
 
 
@@ -89,10 +99,12 @@ def submit(prepared: PreparedLaunch) -> str:
     done = _tool("sbatch", "--parsable", f"--chdir={run_dir}",
                  f"--output={_slurm_path(prepared.stdout_path)}",
                  f"--error={_slurm_path(prepared.stderr_path)}",
-                 str(run_dir / SCRIPT_FILE))
+                 str(run_dir / SCRIPT_FILE), check=False)
+    if done.returncode != 0:
+        raise Refused(f"Slurm refused the job, nothing ran: {said(done)}")
     job_id = done.stdout.strip().split(";")[0]  # "id" or "id;cluster"
     if not job_id.isdigit():
-        raise EngineFailed(f"sbatch printed {done.stdout.strip()!r}, not a job id")
+        raise Refused(f"sbatch printed {done.stdout.strip()!r}, not a job id")
     return job_id
 
 
@@ -210,7 +222,10 @@ class SlurmProvider:
     """An attempt as one batch job; the run directory must be on the shared filesystem."""
 
     def launch(self, prepared: PreparedLaunch, timeout: float | None) -> Exit:
-        job_id = submit(prepared)
+        try:
+            job_id = submit(prepared)
+        except Refused as exc:  # an attempt like any other: it ends with its result
+            return Exit(1, reason=exc.message)
         (prepared.run_dir / "slurm" / "job_id").write_text(job_id + "\n")
         print(f"stateset-backend: submitted Slurm job {job_id}", file=sys.stderr, flush=True)
         return follow(job_id, prepared, timeout)
