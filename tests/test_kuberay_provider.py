@@ -462,15 +462,23 @@ def test_without_kubectl_apply_is_refused_saying_how_to_install_it(registry, ech
     assert not (store.run_dir(plan.run_id) / "attempts").exists()  # refused before an attempt
 
 
+@pytest.mark.parametrize("said", ["error: unable to connect to the server",
+                                  'Error from server (Forbidden): rayjobs.ray.io is forbidden: '
+                                  'User "dev" cannot create resource "rayjobs"'])
 def test_a_manifest_the_cluster_refuses_ends_the_attempt_failed(registry, echo_volume, kubectl,
-                                                               tmp_path):
-    """kubectl apply fails (here: no server): the attempt still ends with a failed result."""
+                                                               tmp_path, said):
+    """kubectl apply fails (no server, no permission): the attempt still ends with a failed
+    result, and kubectl's error is said once."""
     refuse = tmp_path / "bin" / "kubectl"
-    refuse.write_text("#!/bin/sh\necho 'error: unable to connect to the server' >&2\nexit 1\n")
+    refuse.write_text(f"#!/bin/sh\necho {shlex.quote(said)} >&2\nexit 1\n")
     plan, store = _echo_plan(registry, echo_volume)
-    result, _ = run_plan(plan, registry, store, echo_stderr=False, apply=True)
+    result, path = run_plan(plan, registry, store, echo_stderr=False, apply=True)
     assert result.status == "failed"
-    assert "not created" in next(c.detail for c in result.checks if c.name == "exit_code")
+    detail = next(c.detail for c in result.checks if c.name == "exit_code")
+    assert "not created" in detail and detail.count(said) == 1, detail
+    with pytest.raises(EngineFailed) as raised:
+        raise_for_status(result, path)
+    assert raised.value.message.count(said) == 1, raised.value.message
 
 
 @pytest.mark.parametrize("status, expected", [
@@ -519,8 +527,17 @@ def test_the_cli_plans_prepares_then_applies(registry, echo_volume, kubectl, tmp
     assert main(["plan", "--engine", "echo", "--engine-version", "1.2.0", str(spec), "-o",
                  str(plan_file), "--provider", "kuberay", "--kuberay-settings",
                  str(settings_file)]) == 0
+    capsys.readouterr()
     assert main(["run", str(plan_file), "--runs-dir", str(store.root), "--quiet"]) == 7
-    assert "--apply" in capsys.readouterr().err and calls() == []
+    out, err = capsys.readouterr()
+    # what was asked for, said as such: no error line, the apply command last, once
+    assert "error" not in err + out and calls() == []
+    run_id = json.loads(plan_file.read_text())["run_id"]
+    manifest = store.run_dir(run_id) / "attempts" / "1" / RAYJOB_FILE
+    lines = out.strip().splitlines()
+    assert lines[0] == f"run {run_id} attempt 1: prepared, not applied (nothing ran)"
+    assert lines[-1].strip() == f"kubectl apply --validate=strict -f {manifest}"
+    assert sum("--apply" in line for line in lines) == 1
     assert main(["run", str(plan_file), "--runs-dir", str(store.root), "--quiet",
                  "--apply"]) == 0
     assert calls()[0][0] == "apply"

@@ -47,7 +47,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # a pipe keeps bad input to its one line
         target = f"{args.document} on {args.engine}" if args.engine else args.document
         print(f"stateset-backend: checking {target}", file=sys.stderr, flush=True)
-    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.common.errors import InvalidInput, NotExecuted
     from stateset_backend.runs.runner import (
         completed,
         newest_checkpoint,
@@ -108,6 +108,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"stateset-backend: the cluster stopped attempt {result.attempt} after a "
                   f"checkpoint; resuming it ({requeues} more resume(s) allowed)",
                   file=sys.stderr, flush=True)
+    if result.status == "prepared" and not args.json:  # as asked: a screen, not an error
+        from stateset_backend.runs.kuberay_attempt import prepared_screen
+
+        print(prepared_screen(plan, store, result), flush=True)
+        return NotExecuted.exit_code
     if result.status != "succeeded":
         newest = newest_checkpoint(registry.get(plan.engine).adapter, store, plan.run_id)
         raise_for_status(result, path, None if newest is None else newest[1].update)

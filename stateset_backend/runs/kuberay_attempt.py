@@ -70,6 +70,26 @@ def provider(settings: KubeRaySettings, prepared: PreparedLaunch,
                            settings.submission_mode)
 
 
+def prepared_screen(plan: LaunchPlan, store: RunStore, result: Result) -> str:
+    """What `run` without ``--apply`` did, for the person who asked for it: not an error
+    (nothing failed; the attempt was prepared as asked), ending with the command that
+    applies it, so it can be copied from the last line."""
+    settings = kuberay.settings_from(plan.provider_settings)
+    attempt_dir = store.run_dir(plan.run_id) / "attempts" / str(result.attempt)
+    manifest = shlex.quote(str(attempt_dir / kuberay.RAYJOB_FILE))
+    plan_path = shlex.quote(str(store.run_dir(plan.run_id) / "plan.json"))
+    root = shlex.quote(str(store.root))
+    return "\n".join([
+        f"run {plan.run_id} attempt {result.attempt}: prepared, not applied (nothing ran)",
+        f"  RayJob   {settings.namespace}/{rayjob_name(plan.run_id, result.attempt)}",
+        f"  manifest {manifest}",
+        "next:",
+        "  apply it and follow it to a checked result:",
+        f"    stateset-backend run {plan_path} --runs-dir {root} --apply",
+        "  or apply it yourself (its outputs land in this attempt, unchecked):",
+        f"    kubectl apply --validate=strict -f {manifest}"])
+
+
 def not_applied(plan: LaunchPlan, spec: ExperimentSpec, store: RunStore, attempt: Attempt,
                 manifest: Path, settings: KubeRaySettings) -> Result:
     """What an attempt that was only prepared records: nothing ran, and how to run it."""

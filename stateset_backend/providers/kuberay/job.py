@@ -65,9 +65,10 @@ def kubectl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(["kubectl", *args], capture_output=True, text=True, check=False,
                           stdin=subprocess.DEVNULL)
     if check and done.returncode != 0:
-        last = (done.stderr or done.stdout).strip().splitlines()[-1:]
+        lines = [" ".join(line.split()) for line in (done.stderr or done.stdout).splitlines()]
+        said = "; ".join(dict.fromkeys(line for line in lines if line))  # each line once
         raise EngineFailed(f"kubectl {args[0]} failed ({done.returncode})"
-                           + (f": {last[0]}" if last else ""))
+                           + (f": {said}" if said else ""))
     return done
 
 
@@ -130,8 +131,10 @@ class KubeRayProvider:
         try:
             apply(self.manifest)
         except EngineFailed as exc:  # unreachable cluster, refused manifest: the attempt says so
-            prepared.stderr_path.write_text(exc.message + "\n", encoding="utf-8")
-            return Exit(1, reason=f"the RayJob was not created: {exc.message}")
+            # kubectl's words once: the result's error line reads them from stderr.log
+            prepared.stderr_path.write_text(f"kubectl apply error: {exc.message}\n",
+                                            encoding="utf-8")
+            return Exit(1, reason="the RayJob was not created")
         if prepared.echo_stderr:
             print(f"stateset-backend: applied RayJob {self.namespace}/{self.name}; following "
                   f"it (kubectl get rayjob {self.name} -n {self.namespace})", file=sys.stderr,
