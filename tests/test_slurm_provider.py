@@ -195,3 +195,36 @@ def test_a_job_past_its_time_limit_ends_as_a_documented_failure(on_slurm, tmp_pa
     exit_ = SlurmProvider().launch(prepared, timeout=300)
     assert exit_.timed_out and not exit_.interrupted
     assert exit_.reason == "Slurm ended the job at its time limit"
+
+
+def _submitted(cluster) -> int:
+    return len([r for r in cluster.run("squeue", "-h", "-o", "%i").stdout.splitlines() if r])
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+def test_a_warning_not_shorter_than_the_time_limit_is_refused_before_submission(
+        on_slurm, tmp_path, capsys, command):
+    """The engine would be asked to stop after its first update: exit 2 before anything
+    reaches Slurm, naming both options."""
+    from stateset_backend.cli import build_parser, main
+
+    spec = Path(__file__).resolve().parents[1] / "examples" / "support-routing.json"
+    before = _submitted(on_slurm)
+    out = ["-o", str(tmp_path / "plan.json")] if command == "plan" else \
+        ["--runs-dir", str(tmp_path / "runs")]
+    capsys.readouterr()
+    code = main([command, "--engine", "native", str(spec), *out, "--provider", "slurm",
+                 "--slurm-shared-root", "/", "--slurm-time", "00:02:00",
+                 "--slurm-checkpoint-warning", "120"])
+    err = capsys.readouterr().err
+    line, = err.strip().splitlines()
+    assert code == 2 and "Traceback" not in err
+    assert line == ("stateset-backend: error: slurm checkpoint_warning_s "
+                    "(--slurm-checkpoint-warning): 120 s must be shorter than the time limit "
+                    "00:02:00 (120 s, --slurm-time); lower it or raise the limit")
+    defined = {o for a in build_parser()._actions for o in a.option_strings} | {
+        o for a in build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict)
+        for p in a.choices.values() for b in p._actions for o in b.option_strings}
+    assert {"--slurm-checkpoint-warning", "--slurm-time"} <= defined
+    assert _submitted(on_slurm) == before and not (tmp_path / "runs").exists()
+    assert not (tmp_path / "plan.json").exists()

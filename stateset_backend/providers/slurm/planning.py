@@ -28,7 +28,8 @@ def settings_of(doc: dict[str, Any]) -> SlurmSettings:
         where = ".".join(elided(str(part)) for part in first["loc"]) or "settings"
         option = OPTIONS.get(str(first["loc"][0])) if first["loc"] else None
         raise InvalidInput(f"slurm {where}" + (f" ({option})" if option else "")
-                           + f": {elided_line(first['msg'])}") from None
+                           + f": {elided_line(first['msg'].removeprefix('Value error, '))}") \
+            from None
 
 
 def plan_files(doc: dict[str, Any], *, run_id: str, engine: str, launch: ClusterLaunch,

@@ -12,12 +12,26 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from stateset_backend.providers.slurm.flags import OPTIONS
 
 SlurmName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")]
 # MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS: the forms sbatch --time accepts
 TimeLimit = Annotated[str, Field(pattern=r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")]
 Image = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/@+#-]{0,254}$")]
+
+
+def limit_seconds(text: str) -> int | None:
+    """A ``--time`` value in seconds, read as sbatch reads it; None for no limit (0)."""
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    else:  # MM, MM:SS, HH:MM:SS
+        hours, minutes, seconds = [0, *parts, 0][:3] if len(parts) < 3 else parts
+    total = ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    return total or None
 
 
 class SlurmSettings(BaseModel):
@@ -43,6 +57,18 @@ class SlurmSettings(BaseModel):
                                                       "attempt after the cluster stopped it")
     ray_port: int = Field(6379, ge=1024, le=65535)
     rendezvous_port: int = Field(29500, ge=1024, le=65535)
+
+    @field_validator("checkpoint_warning_s")
+    @classmethod
+    def _before_the_limit(cls, value: int, info: ValidationInfo) -> int:
+        """A warning at or past the start of the job would ask the engine to stop after its
+        first update: refused while planning, not discovered in the job's log."""
+        limit = limit_seconds(info.data["time_limit"]) if "time_limit" in info.data else None
+        if limit is not None and value >= limit:
+            raise ValueError(f"{value} s must be shorter than the time limit "
+                             f"{info.data['time_limit']} ({limit} s, {OPTIONS['time_limit']}); "
+                             f"lower it or raise the limit")
+        return value
 
     @field_validator("shared_root")
     @classmethod
