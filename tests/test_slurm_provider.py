@@ -84,11 +84,12 @@ def test_a_cancel_by_the_user_or_the_timeout_is_named(tmp_path):
 
 
 def _prepared(run_dir: Path, code: str, launch: str = "process",
-              set_env: dict[str, str] | None = None, **settings: object) -> PreparedLaunch:
+              set_env: dict[str, str] | None = None, processes: int | None = None,
+              **settings: object) -> PreparedLaunch:
     (run_dir / "slurm").mkdir(parents=True)
     (run_dir / SCRIPT_FILE).write_text(render(
         SlurmSettings(shared_root=str(run_dir.anchor), **settings), launch=launch,
-        run_id=RUN_ID, engine="probe", nodes=1, gpus_per_node=0))
+        run_id=RUN_ID, engine="probe", nodes=1, gpus_per_node=0, processes_per_node=processes))
     return PreparedLaunch([sys.executable, "-c", code], run_dir, dict(os.environ),
                           set_env or {}, "probe", False)
 
@@ -174,17 +175,87 @@ def test_a_ray_launch_runs_head_and_driver_on_the_node(on_slurm, tmp_path, token
               "@ray.remote(num_cpus=0.25)\n"
               "def square(x):\n    return x * x\n"
               "print(ray.get([square.remote(i) for i in range(8)]))\n"
-              "print(sum(n['Alive'] for n in ray.nodes()), os.environ['RAY_ADDRESS'])\n")
+              "print(sum(n['Alive'] for n in ray.nodes()), os.environ['RAY_ADDRESS'])\n"
+              "print('cpus', os.environ['SLURM_CPUS_PER_TASK'], "
+              "ray.cluster_resources()['CPU'])\n")
     # Ray rewrites 127.0.0.1 to the host's interface address; 127.0.0.2 keeps it on loopback
     prepared = _prepared(tmp_path / "run", driver, launch="ray",
                          set_env={"STATESET_RAY_IP": "127.0.0.2"})
     exit_ = SlurmProvider().launch(prepared, timeout=240)
     out = prepared.stdout_path.read_text()
     assert exit_.code == 0, prepared.stderr_path.read_text()[-2000:]
-    assert "[0, 1, 4, 9, 16, 25, 36, 49]" in out and "1 127.0.0.2:6379" in out
+    port = _ports(prepared)["ray_port"]
+    assert "[0, 1, 4, 9, 16, 25, 36, 49]" in out and f"1 127.0.0.2:{port}" in out
+    # the driver and the engine's workers get the CPUs Slurm gave the job, and Ray knows them
+    assert "cpus 2 2.0" in out and "NumCPUs=2 " in _job(on_slurm, prepared)
     assert f"auth {'token' if token_file else 'unset'}" in out
     for path in prepared.run_dir.rglob("*"):
         assert not path.is_file() or token.encode() not in path.read_bytes(), path
+
+
+def _ports(prepared: PreparedLaunch) -> dict[str, int]:
+    text = (prepared.run_dir / "slurm" / "ports").read_text()
+    return {k: int(v) for k, v in (line.split("=") for line in text.split())}
+
+
+def _job(cluster, prepared: PreparedLaunch) -> str:
+    job = (prepared.run_dir / "slurm" / "job_id").read_text().strip()
+    return cluster.run("scontrol", "show", "job", "-o", job).stdout
+
+
+@pytest.mark.slow
+def test_the_job_asks_for_a_cpu_for_every_process_it_starts(on_slurm, tmp_path):
+    code = "import os; print('cpus', os.environ.get('SLURM_CPUS_PER_TASK'))"
+    prepared = _prepared(tmp_path / "run", code, launch="torchrun", processes=2)
+    assert "#SBATCH --cpus-per-task=2" in (prepared.run_dir / SCRIPT_FILE).read_text()
+    exit_ = SlurmProvider().launch(prepared, timeout=60)
+    assert exit_.code == 0, prepared.stderr_path.read_text()
+    assert "NumCPUs=2 " in _job(on_slurm, prepared)
+    assert prepared.stdout_path.read_text() == "cpus 2\n"  # the step has them too
+    job = int((prepared.run_dir / "slurm" / "job_id").read_text())
+    assert _ports(prepared) == {"rendezvous_port": 20000 + job % 3000 * 3}
+
+
+def test_fewer_cpus_than_processes_is_refused_naming_the_option():
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.providers.slurm.planning import plan_files
+
+    with pytest.raises(InvalidInput, match=r"\(--slurm-cpus-per-task\): 1 is fewer than the 2 "
+                                           r"processes native starts on each node"):
+        plan_files({"shared_root": "/", "cpus_per_task": 1}, run_id=RUN_ID, engine="native",
+                   launch="torchrun", nodes=1, gpus_per_node=0, base_dir=Path("/"),
+                   processes_per_node=2)
+
+
+@pytest.mark.slow
+def test_two_ray_jobs_on_one_host_each_get_their_own_ports(on_slurm, tmp_path):
+    """Both heads on the same first node at once: with one fixed port the second job's head
+    could not start, and its driver would join the first job's cluster."""
+    pytest.importorskip("ray", reason="Ray is missing: pip install -e '.[ray]'")
+    driver = ("import os, ray\n"
+              "ray.init(_node_ip_address=os.environ['STATESET_HEAD_IP'], log_to_driver=False)\n"
+              "print(os.environ['RAY_ADDRESS'], ray.get_runtime_context().get_job_id(), "
+              "sum(n['Alive'] for n in ray.nodes()))\n")
+    jobs = [_prepared(tmp_path / f"run{i}", driver, launch="ray", cpus_per_task=1,
+                      set_env={"STATESET_RAY_IP": "127.0.0.2"}) for i in (1, 2)]
+    exits: dict[int, object] = {}
+    threads = [threading.Thread(target=lambda i=i: exits.__setitem__(
+        i, SlurmProvider().launch(jobs[i], timeout=300))) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+        time.sleep(1)
+    for thread in threads:
+        thread.join()
+    ports = [_ports(p)["ray_port"] for p in jobs]
+    assert ports[0] != ports[1]
+    for i, prepared in enumerate(jobs):
+        assert exits[i].code == 0, prepared.stderr_path.read_text()[-2000:]
+        said = [line for line in prepared.stdout_path.read_text().splitlines()
+                if line.startswith("127.0.0.2:")]
+        assert said == [f"127.0.0.2:{ports[i]} {said[0].split()[1]} 1"]  # its own 1-node head
+        assert f"Ray head on 127.0.0.2:{ports[i]}" in prepared.stderr_path.read_text()
+    running = [_job(on_slurm, p) for p in jobs]  # both ran on the same node
+    assert all("NodeList=" in r for r in running)
 
 
 @pytest.mark.slow

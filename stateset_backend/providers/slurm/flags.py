@@ -5,7 +5,7 @@ building the parser loads no pydantic."""
 
 from __future__ import annotations
 
-# ray_port and rendezvous_port have no option: a plan keeps their defaults
+# ray_port and rendezvous_port have no option: each job chooses its own from its id
 OPTIONS: dict[str, str] = {
     "shared_root": "--slurm-shared-root",
     "partition": "--slurm-partition",

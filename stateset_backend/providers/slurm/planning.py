@@ -15,7 +15,12 @@ from pydantic import ValidationError
 from stateset_backend.common.display import elided, elided_line
 from stateset_backend.common.errors import InvalidInput, Unsupported
 from stateset_backend.providers.slurm.flags import OPTIONS
-from stateset_backend.providers.slurm.script import SCRIPT_FILE, ClusterLaunch, render
+from stateset_backend.providers.slurm.script import (
+    SCRIPT_FILE,
+    ClusterLaunch,
+    cpus_per_node,
+    render,
+)
 from stateset_backend.providers.slurm.settings import SlurmSettings
 
 
@@ -33,10 +38,17 @@ def settings_of(doc: dict[str, Any]) -> SlurmSettings:
 
 
 def plan_files(doc: dict[str, Any], *, run_id: str, engine: str, launch: ClusterLaunch,
-               nodes: int, gpus_per_node: int, base_dir: Path) -> tuple[dict[str, Any],
-                                                                         dict[str, str]]:
+               nodes: int, gpus_per_node: int, base_dir: Path,
+               processes_per_node: int | None = None) -> tuple[dict[str, Any],
+                                                               dict[str, str]]:
     """The settings as the plan records them, and the files the plan adds (the script)."""
     settings = settings_of(doc)
+    processes = processes_per_node or gpus_per_node or 1
+    if settings.cpus_per_task is not None and settings.cpus_per_task < processes:
+        raise InvalidInput(f"slurm cpus_per_task ({OPTIONS['cpus_per_task']}): "
+                           f"{settings.cpus_per_task} is fewer than the {processes} processes "
+                           f"{engine} starts on each node; give at least {processes}, or leave "
+                           f"it out ({cpus_per_node(launch, processes)} is asked for then)")
     if not settings.holds(str(base_dir)):
         raise InvalidInput(f"the spec's folder {base_dir} is not on the shared filesystem "
                            f"{settings.shared_root} (--slurm-shared-root): the nodes could not "
@@ -45,7 +57,7 @@ def plan_files(doc: dict[str, Any], *, run_id: str, engine: str, launch: Cluster
         raise Unsupported(f"{engine} runs as one process here and cannot spread over "
                           f"{nodes} nodes; set resources.nodes to 1")
     script = render(settings, launch=launch, run_id=run_id, engine=engine, nodes=nodes,
-                    gpus_per_node=gpus_per_node)
+                    gpus_per_node=gpus_per_node, processes_per_node=processes_per_node)
     return settings.model_dump(mode="json"), {SCRIPT_FILE: script}
 
 

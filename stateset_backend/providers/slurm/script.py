@@ -4,6 +4,9 @@
 - torchrun (the native engine across nodes): one step per node; torchrun's own environment
   variables (``PET_NNODES``, ``PET_RDZV_*``) point every node's agent at a rendezvous on the
   first node, so the launch's argv is the same on every node.
+
+The job asks for a CPU per process it starts, and its ports come from its job id (a fixed
+port would let two jobs whose first node is the same host meet, or fail, at one port).
 - Ray (verl, OpenRLHF, NeMo RL): a Ray head on the first node, one worker per other node, all
   ``srun --overlap`` steps; once every node has joined, the driver runs on the first node with
   ``RAY_ADDRESS`` set, which each engine's ``ray.init()`` connects to (verl runs its trainer
@@ -32,6 +35,10 @@ SCRIPT_FILE = "slurm/job.sbatch"
 ARGV_FILE = "slurm/argv"  # the engine's argv, NUL-separated, placeholders filled
 ENV_FILE = "slurm/env"  # NAME=value items the plan sets, NUL-separated
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# A job's ports (three for Ray: GCS, client server, dashboard agent) start at
+# PORT_FLOOR + (job id % PORT_SLOTS) * 3: above Ray's worker ports (10002-19999), below Linux's
+# ephemeral ports (32768-), so a job's listeners never take a port the kernel hands out
+PORT_FLOOR, PORT_SLOTS = 20000, 3000
 
 _PREAMBLE = r"""set -euo pipefail
 # The launch, as data: argv and environment from NUL-separated files (never shell text).
@@ -63,6 +70,11 @@ finish() {{  # the job's status: the engine's, or 75 when it stopped on the stop
 
 nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
 head_node=${{nodes[0]}}
+# every step gets the job's CPUs per node (srun no longer reads SLURM_CPUS_PER_TASK)
+export SRUN_CPUS_PER_TASK="${{SLURM_CPUS_PER_TASK:-1}}"
+# this job's own ports, from its id unless the plan fixes them: two jobs whose first node is
+# the same host never meet at one port; recorded in the attempt and its log
+port_base=$(( {port_floor} + SLURM_JOB_ID % {port_slots} * 3 ))
 """
 
 _PROCESS = r"""srun --overlap --nodes=1 --ntasks=1 -w "$head_node"{container} "${{ENGINE[@]}}" &
@@ -70,10 +82,13 @@ rc=0; wait_for $! || rc=$?
 finish "$rc"
 """
 
-_TORCHRUN = r"""if [ "$SLURM_JOB_NUM_NODES" -gt 1 ]; then
+_TORCHRUN = r"""port={port}
+printf 'rendezvous_port=%s\n' "$port" > slurm/ports
+if [ "$SLURM_JOB_NUM_NODES" -gt 1 ]; then
+    echo "stateset-backend: rendezvous on $head_node:$port" >&2
     # every node's torchrun agent meets at a rendezvous on the first node
     export PET_NNODES="$SLURM_JOB_NUM_NODES" PET_RDZV_BACKEND=c10d
-    export PET_RDZV_ENDPOINT="$head_node:{port}" PET_RDZV_ID="stateset-$SLURM_JOB_ID"
+    export PET_RDZV_ENDPOINT="$head_node:$port" PET_RDZV_ID="stateset-$SLURM_JOB_ID"
     srun --ntasks-per-node=1 --kill-on-bad-exit=1{container} "${{ENGINE[@]}}" &
 else
     srun --overlap --nodes=1 --ntasks=1 -w "$head_node"{container} "${{ENGINE[@]}}" &
@@ -92,7 +107,11 @@ head_ip=${{STATESET_RAY_IP:-}}
 if [ -z "$head_ip" ]; then
     head_ip=$(srun --overlap -N1 -n1 -w "$head_node" hostname --ip-address | awk '{{print $1}}')
 fi
-export RAY_ADDRESS="$head_ip:{port}" STATESET_HEAD_IP="$head_ip"
+port={port}
+printf 'ray_port=%s\nray_client_server_port=%s\ndashboard_agent_listen_port=%s\n' \
+    "$port" $((port + 1)) $((port + 2)) > slurm/ports
+echo "stateset-backend: Ray head on $head_ip:$port" >&2
+export RAY_ADDRESS="$head_ip:$port" STATESET_HEAD_IP="$head_ip"
 # Ray's token authentication: `ray start` turns it on by itself where a token exists, a process
 # that connects to an address does not, so the job sets one mode for all its Ray processes.
 # The token stays where the user keeps it (RAY_AUTH_TOKEN or the token file): never in a file
@@ -101,10 +120,12 @@ if [ -z "${{RAY_AUTH_MODE:-}}" ] && {{ [ -n "${{RAY_AUTH_TOKEN:-}}" ] ||
         [ -s "${{RAY_AUTH_TOKEN_PATH:-${{HOME:-/nonexistent}}/.ray/auth_token}}" ]; }}; then
     export RAY_AUTH_MODE=token
 fi
-ray_common=(--temp-dir "${{TMPDIR:-/tmp}}/stateset-ray-$SLURM_JOB_ID" --disable-usage-stats)
+# Ray schedules onto the CPUs Slurm gave the job, and its fixed-port listeners move with the job
+ray_common=(--temp-dir "${{TMPDIR:-/tmp}}/stateset-ray-$SLURM_JOB_ID" --disable-usage-stats
+            --num-cpus "$SRUN_CPUS_PER_TASK" --dashboard-agent-listen-port $((port + 2)))
 srun --overlap -N1 -n1 -w "$head_node"{container} "${{ray_cli[@]}}" start --head \
-    --node-ip-address="$head_ip" --port={port} --include-dashboard=false \
-    "${{ray_common[@]}}" --block &
+    --node-ip-address="$head_ip" --port="$port" --ray-client-server-port=$((port + 1)) \
+    --include-dashboard=false "${{ray_common[@]}}" --block &
 for ((i = 1; i < ${{#nodes[@]}}; i++)); do
     srun --overlap -N1 -n1 -w "${{nodes[$i]}}"{container} "${{ray_cli[@]}}" start \
         --address "$RAY_ADDRESS" "${{ray_common[@]}}" --block &
@@ -117,9 +138,17 @@ finish "$rc"  # Slurm ends the Ray steps when the script exits
 """
 
 
+def cpus_per_node(launch: ClusterLaunch, processes: int) -> int:
+    """CPUs for every process the job starts on a node: one per engine process, and on the
+    Ray layout one more for the driver (Ray's own daemons share them)."""
+    return processes + (1 if launch == "ray" else 0)
+
+
 def render(settings: SlurmSettings, *, launch: ClusterLaunch, run_id: str, engine: str,
-           nodes: int, gpus_per_node: int) -> str:
-    """The batch script: ``#SBATCH`` lines from validated settings, then the engine's layout."""
+           nodes: int, gpus_per_node: int, processes_per_node: int | None = None) -> str:
+    """The batch script: ``#SBATCH`` lines from validated settings, then the engine's layout.
+    ``processes_per_node`` is the engine's (the spec's ``resources``); without it one per GPU,
+    else one."""
     if not (_NAME.fullmatch(run_id) and _NAME.fullmatch(engine)):
         raise Unsupported(f"the Slurm provider names its job after the run and the engine, "
                           f"and {engine!r} is not a name Slurm can carry")
@@ -135,8 +164,10 @@ def render(settings: SlurmSettings, *, launch: ClusterLaunch, run_id: str, engin
              "#SBATCH --no-requeue"]
     if gpus_per_node:
         lines.append(f"#SBATCH --gpus-per-node={gpus_per_node}")
+    processes = processes_per_node or gpus_per_node or 1
+    cpus = settings.cpus_per_task or cpus_per_node(launch, processes)
     for flag, value in (("partition", settings.partition), ("account", settings.account),
-                        ("qos", settings.qos), ("cpus-per-task", settings.cpus_per_task)):
+                        ("qos", settings.qos), ("cpus-per-task", cpus)):
         if value is not None:
             lines.append(f"#SBATCH --{flag}={value}")
     container = ""
@@ -146,7 +177,9 @@ def render(settings: SlurmSettings, *, launch: ClusterLaunch, run_id: str, engin
                      f" --container-mounts={shlex.quote(mount)}"
                      ' --container-workdir="$PWD"')
     body = {"process": _PROCESS, "torchrun": _TORCHRUN, "ray": _RAY}[launch]
-    port = settings.ray_port if launch == "ray" else settings.rendezvous_port
+    fixed = settings.ray_port if launch == "ray" else settings.rendezvous_port
     text = _PREAMBLE.format(argv=ARGV_FILE, env=ENV_FILE, stop=STOP_REQUEST,
-                            stopped=EXIT_STOPPED) + body.format(container=container, port=port)
+                            stopped=EXIT_STOPPED, port_floor=PORT_FLOOR,
+                            port_slots=PORT_SLOTS) + \
+        body.format(container=container, port="$port_base" if fixed is None else fixed)
     return "\n".join(lines) + "\n\n" + text

@@ -55,8 +55,9 @@ class SlurmSettings(BaseModel):
                     "(--signal=B:USR1@N); an engine that honours it checkpoints and stops")
     requeue: int = Field(0, ge=0, le=100, description="times `run` resumes the run as a new "
                                                       "attempt after the cluster stopped it")
-    ray_port: int = Field(6379, ge=1024, le=65535)
-    rendezvous_port: int = Field(29500, ge=1024, le=65535)
+    # None: chosen per job from its id (providers/slurm/script.py); a number fixes it
+    ray_port: int | None = Field(None, ge=1024, le=65533)
+    rendezvous_port: int | None = Field(None, ge=1024, le=65535)
 
     @field_validator("checkpoint_warning_s")
     @classmethod
