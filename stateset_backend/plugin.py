@@ -26,7 +26,7 @@ from stateset_backend.common.errors import AdapterBug, InvalidInput, StatesetErr
 from stateset_backend.common.jsonio import atomic_write_bytes, atomic_write_json
 from stateset_backend.contracts.capabilities import VOCABULARY as CAPABILITIES
 from stateset_backend.contracts.capabilities import required_capabilities
-from stateset_backend.contracts.loader import Contract, Deviation, Dialect
+from stateset_backend.contracts.loader import Contract, Deviation, Dialect, parse_version
 from stateset_backend.contracts.surfaces import check_options
 from stateset_backend.engines.adapter import (
     ENGINE_HOME,
@@ -54,12 +54,13 @@ from stateset_backend.native.layout import (
     read_runtime,
     runtime_identity,
 )
-from stateset_backend.native.tiny_model import BUILTIN_PREFIX, builtin_dir
+from stateset_backend.native.tiny_model import builtin_dir
 from stateset_backend.providers.base import PROVIDERS_ACROSS_NODES
 from stateset_backend.runs.lineage import STAGED_CHECKPOINT
 from stateset_backend.runs.tensorboard import canonical_rows, read_hparams, read_scalars
 from stateset_backend.spec.content import directory_digest, sha256_file
 from stateset_backend.spec.inputs import (
+    BUILTIN_PREFIX,
     REWARD_SHIM_FILE,
     Uncountable,
     local_path,
@@ -70,6 +71,7 @@ from stateset_backend.spec.inputs import (
 )
 from stateset_backend.spec.model import LOWER_IS_BETTER, ExperimentSpec
 from stateset_backend.spec.modeltree import all_leaf_paths, leaves
+from stateset_backend.spec.schedule import NEXT_LR
 from stateset_backend.translate import overrides
 from stateset_backend.translate.hub import pinned_model_path, revision_outcome
 from stateset_backend.translate.rules import (
@@ -117,6 +119,7 @@ __all__ = [
     "ENGINE_HOME",
     "LOWER_IS_BETTER",
     "MANIFEST",
+    "NEXT_LR",
     "PROVIDERS_ACROSS_NODES",
     "PYTHON",
     "REWARD_SHIM_FILE",
@@ -179,6 +182,7 @@ __all__ = [
     "na",
     "only",
     "overrides",
+    "parse_version",
     "pinned_model_path",
     "read_hparams",
     "read_runtime",

@@ -7,6 +7,7 @@ reader of its launch come from the adapter's own ``kit_support()``, as they do f
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -43,6 +44,8 @@ VERL_RELEASES = ["0.4.1", "0.5.0", "0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", 
 class TestVerlConformance(AdapterConformance):
     engine_versions = VERL_RELEASES
     data_format = "parquet"  # verl reads parquet only
+    # verl's own environment (CI's .ci-verl-venv): the kit runs verl's trainer there
+    engine_python = os.environ.get("STATESET_TEST_VERL_PYTHON")
 
     @pytest.fixture
     def adapter(self):

@@ -57,7 +57,7 @@ import pytest
 
 from stateset_backend.common.errors import InvalidInput
 from stateset_backend.common.jsonio import flatten
-from stateset_backend.conformance import checks, launch_run, readers, stubs, writers
+from stateset_backend.conformance import checks, engine_run, launch_run, readers, stubs, writers
 from stateset_backend.conformance.checks import COLLECTION_CASES, CheckFailed, Writer
 from stateset_backend.conformance.fixtures import KitFixtures, reported, unsupported, unverified
 from stateset_backend.conformance.samples import SAMPLED, SampleFiles
@@ -273,6 +273,43 @@ class AdapterConformance(KitFixtures):
             compared = launch_run.check_launch_runs(plan, dict(stub), parse_launch(plan),
                                                     tmp_path, known, adapter)
         assert compared, "the stub received nothing the kit could compare"
+
+    def test_engine_runs_as_the_spec_asks(
+            self, adapter: EngineAdapter, engine_version: str, sample_files: SampleFiles,
+            write_outputs: Writer | None,
+            parse_launch: Callable[[LaunchPlan], dict[str, Any]] | None,
+            tmp_path: Path) -> None:
+        """Where the engine can run here (the adapter's ``rehearse``, an installed release),
+        its own trainer runs the watched sample for a few updates and does what the spec asks,
+        seen where the hub holds the pen: the reward shim's calls, validation, the learning
+        rate it logged, its checkpoints, KL at update 1, a resume; and the kit's writer
+        matches what the engine wrote (engine_run)."""
+        self._version(adapter, engine_version)
+        from stateset_backend.common.errors import Unsupported
+
+        python = type(self).engine_python
+        base, plan = self._base(adapter, engine_version, sample_files)
+        try:
+            adapter.rehearse(plan)
+        except Unsupported as exc:
+            unsupported(f"the engine cannot run here, so what it does is not watched: {exc}")
+        installed = adapter.installed_version(python, None)
+        if installed is None or parse_version(installed) != parse_version(engine_version):
+            pytest.skip(f"{adapter.name} {engine_version} is not installed "
+                        + (f"where engine_python points ({python})" if python else "here")
+                        + (f" ({installed} is)" if installed else "")
+                        + ": install it, or set the class's engine_python to its interpreter")
+        doc = engine_run.watched_doc(adapter, engine_version, base, tmp_path / "watched",
+                                     type(self).data_format)
+        with reported():
+            found = engine_run.run_engine(adapter, engine_version, doc, tmp_path / "watched",
+                                          python=python)
+            shown = engine_run.check_verdict(found)
+            if write_outputs is not None:
+                engine_run.check_writer_matches(
+                    adapter, found, self._writer(adapter, found.plan, write_outputs,
+                                                 parse_launch), tmp_path)
+        print("\n".join(shown))
 
     def test_declared_deviations_run(
             self, adapter: EngineAdapter, engine_version: str, sample_files: SampleFiles,

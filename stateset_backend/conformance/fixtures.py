@@ -72,6 +72,9 @@ class KitFixtures:
     #: the versions were picked by hand (``conformance --engine-version``), not meant to
     #: cover every dialect: the coverage check is reported skipped instead of failed
     chosen_versions: ClassVar[bool] = False
+    #: the interpreter of the environment the engine is installed in (``rehearse --python``),
+    #: for the check that runs the engine itself; None: this one
+    engine_python: ClassVar[str | None] = None
 
     # -- what the adapter's class provides -----------------------------------------------------
     @pytest.fixture

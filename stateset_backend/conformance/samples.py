@@ -94,6 +94,18 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def parquet_row(row: dict[str, str], index: int) -> dict[str, Any]:
+    """A parquet row as the RL engines that read parquet expect it (verl's layout, which the
+    others' loaders accept too): the prompt as chat messages, the answer where verl's reward
+    manager takes it, the prompt's text where verl hands it to the reward; ``answer`` stays for
+    the spec's ``answer_field``."""
+    return {"data_source": "conformance",
+            "prompt": [{"role": "user", "content": row["prompt"]}],
+            "answer": row["answer"],
+            "reward_model": {"style": "rule", "ground_truth": row["answer"]},
+            "extra_info": {"prompt": row["prompt"], "index": index}}
+
+
 def write_sample_files(root: Path, data_format: str = "jsonl") -> SampleFiles:
     """Write train/validation/test splits, a reward and an environment into ``root``."""
     if data_format not in ("jsonl", "parquet"):
@@ -115,7 +127,8 @@ def write_sample_files(root: Path, data_format: str = "jsonl") -> SampleFiles:
             except ImportError:
                 raise RuntimeError("parquet samples need pyarrow: pip install "
                                    "'stateset-backend[conformance]'") from None
-            pq.write_table(pa.Table.from_pylist(records), path)
+            pq.write_table(pa.Table.from_pylist(
+                [parquet_row(r, i) for i, r in enumerate(records)]), path)
         sums[f"data/{name}.{data_format}"] = _sha(path.read_bytes())
     for name, source in (("reward.py", REWARD_SOURCE), ("env.py", ENVIRONMENT_SOURCE)):
         (root / name).write_text(source, encoding="utf-8")

@@ -23,6 +23,7 @@ from stateset_backend.native.multiturn.conversation import conversation_logprobs
 from stateset_backend.native.parallel.distributed import World, all_reduce_gradients
 from stateset_backend.native.rollout import response_logprobs, response_token_logprobs
 from stateset_backend.spec.model import Algorithm, Environment, Optim
+from stateset_backend.spec.schedule import lr_factor
 
 Batch = RolloutBatch | ConversationBatch
 
@@ -40,27 +41,6 @@ class LearnerConfig:
     mini_batches: int
     grad_clip: float
     compute: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
-
-
-# LR decay after warmup, as a function of progress in [0, 1] and the floor ratio
-SCHEDULES: dict[str, Callable[[float, float], float]] = {
-    "constant": lambda progress, floor: 1.0,
-    # verl's get_cosine_schedule_with_warmup (half a cosine), floored at min_lr_ratio
-    "cosine": lambda progress, floor: max(floor, math.cos(math.pi * progress) * (1 - floor) * 0.5
-                                          + (1 + floor) * 0.5),
-    "linear": lambda progress, floor: floor + (1 - floor) * (1 - progress),
-}
-
-
-def lr_factor(update: int, *, schedule: str, warmup: int, total: int,
-              min_lr_ratio: float) -> float:
-    """LR multiplier at update ``update`` (0-based): u/W during warmup (the first update runs at
-    lr 0 when W > 0, as in verl and Hugging Face), then the schedule's decay from update W to
-    ``total``."""
-    if update < warmup:
-        return update / warmup
-    progress = min(1.0, (update - warmup) / max(1, total - warmup))
-    return SCHEDULES[schedule](progress, min_lr_ratio)
 
 
 FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from stateset_backend.native.data import resolve
 from stateset_backend.spec.content import sha256_file
+from stateset_backend.spec.inputs import REWARD_CALLS_ENV, REWARD_CALLS_SOURCE
 from stateset_backend.spec.model import Reward
 
 RewardFn = Callable[[str, str, str], float]
@@ -48,4 +51,13 @@ def load_reward(reward: Reward, base_dir: Path) -> RewardFn:
             raise RewardError(f"reward returned {value} for prompt {prompt[:60]!r}")
         return value
 
-    return checked
+    return _recorded(checked) if os.environ.get(REWARD_CALLS_ENV) else checked
+
+
+def _recorded(fn: RewardFn) -> RewardFn:
+    """The calls a rehearsal watches, recorded by the very code the external engines' reward
+    shim runs, so every engine's calls are read one way."""
+    namespace: dict[str, Any] = {}
+    exec(compile(REWARD_CALLS_SOURCE, "<stateset reward calls>", "exec"), namespace)
+    recorded: RewardFn = namespace["_recorded"](fn)
+    return recorded

@@ -11,21 +11,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from stateset_backend.common.errors import InvalidInput
+from stateset_backend.spec.inputs import builtin_model_dir
+
 ASSETS = Path(__file__).resolve().parent / "assets"
-BUILTIN_PREFIX = "builtin:"
 SPECIALS = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
 
 
 def builtin_dir(model_path: str) -> Path | None:
     """The asset directory a ``builtin:<name>`` model path names, or None for other paths."""
-    if not model_path.startswith(BUILTIN_PREFIX):
-        return None
-    name = model_path[len(BUILTIN_PREFIX):]
-    directory = ASSETS / name
-    if not name or "/" in name or not (directory / "config.json").is_file():
-        known = sorted(p.name for p in ASSETS.iterdir() if p.is_dir())
-        raise FileNotFoundError(f"no built-in model {name!r} (built-in: {', '.join(known)})")
-    return directory
+    try:
+        return builtin_model_dir(model_path)
+    except InvalidInput as exc:
+        raise FileNotFoundError(exc.message.removeprefix("model.path: ")) from None
 
 
 def write_tiny_llama(out: Path, words: list[str], max_positions: int = 64) -> None:

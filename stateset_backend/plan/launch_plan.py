@@ -25,7 +25,7 @@ from stateset_backend.engines.adapter import LaunchContext, check_all_pinned
 from stateset_backend.engines.registry import AdapterEntry
 from stateset_backend.spec.digest import binding_digest, experiment_digest, plan_checksum
 from stateset_backend.spec.files import SAFE_INTEGER, parse_spec
-from stateset_backend.spec.inputs import check_budget_fits
+from stateset_backend.spec.inputs import check_budget_fits, check_chat_template
 from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.translate.rules import Translation, option_conflict, translate
 
@@ -112,6 +112,7 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     check(contract, engine_version, required).raise_if_missing()
     check_engine_options(entry, engine_version, spec.engine_options.get(adapter.name, {}))
     check_budget_fits(spec, (base_dir or Path.cwd()).resolve())
+    check_chat_template(spec, (base_dir or Path.cwd()).resolve())
     dialect = contract.dialect(parse_version(engine_version))
     with entry.guard("translating the spec"):
         translation = translate(spec, adapter.rules(dialect), dialect, adapter.name,

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from stateset_backend.common.display import problems_text
 from stateset_backend.common.errors import InvalidInput
+from stateset_backend.common.jsonio import MAX_JSON_BYTES
 from stateset_backend.common.reading import kind_of, open_regular, read_regular
 from stateset_backend.spec.content import sha256_file
 from stateset_backend.spec.model import ExperimentSpec
@@ -34,6 +35,26 @@ def local_paths(spec: ExperimentSpec) -> list[tuple[str, str]]:
             paths.append((f"{section}.entrypoint", entry.rpartition(":")[0]))
     return [(f, p.removeprefix("file://")) for f, p in paths
             if "://" not in p or p.startswith("file://")]
+
+
+BUILTIN_PREFIX = "builtin:"
+# the native engine's tiny models ship as config and tokenizer files inside the package
+BUILTIN_ASSETS = Path(__file__).resolve().parent.parent / "native" / "assets"
+
+
+def builtin_model_dir(model_path: str) -> Path | None:
+    """The asset folder a ``builtin:<name>`` model path names (None for other paths): what
+    every engine that accepts a built-in model loads its config and tokenizer from."""
+    if not model_path.startswith(BUILTIN_PREFIX):
+        return None
+    name = model_path.removeprefix(BUILTIN_PREFIX)
+    directory = BUILTIN_ASSETS / name
+    if not name or "/" in name or not (directory / "config.json").is_file():
+        known = sorted(p.name for p in BUILTIN_ASSETS.iterdir() if p.is_dir()) \
+            if BUILTIN_ASSETS.is_dir() else []
+        raise InvalidInput(f"model.path: no built-in model {name!r} "
+                           f"(built-in: {', '.join(known) or 'none'})")
+    return directory
 
 
 def local_path(uri: str, base_dir: Path) -> Path | None:
@@ -235,6 +256,32 @@ def split_rows(uri: str, base_dir: Path, field: str = "data.train.uri") -> int:
     raise Uncountable(f"{path}: only .jsonl, .json and .parquet splits can be counted")
 
 
+def check_chat_template(spec: ExperimentSpec, base_dir: Path) -> None:
+    """``data.chat_template`` on a local model folder whose tokenizer has no chat template:
+    engines then fail on the first prompt they render (verl drops every row and dies on an
+    empty sampler) or fall back to a template of their own, so it is refused before launch.
+    A hub id or remote model is left to the engine, which holds its files."""
+    if not spec.data.chat_template:
+        return
+    folder = local_path(spec.model.path, base_dir)
+    if folder is None or not (folder / "tokenizer_config.json").is_file() or \
+            (folder / "chat_template.jinja").is_file() or \
+            (folder / "chat_template.json").is_file():
+        return
+    config = folder / "tokenizer_config.json"
+    try:
+        import json
+
+        template = json.loads(read_regular(config, MAX_JSON_BYTES)).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return  # an unreadable tokenizer config is the engine's to report, with its loader
+    if not template:
+        raise InvalidInput(f"data.chat_template is true, but the tokenizer in {str(folder)!r} "
+                           "has no chat template: add one to its tokenizer_config.json (or a "
+                           "chat_template.jinja), or set data.chat_template to false to give "
+                           "the engine the prompts as they are")
+
+
 def check_budget_fits(spec: ExperimentSpec, base_dir: Path) -> None:
     """A train split smaller than one update can never run a single update: invalid input at
     plan time, not a failure after launch. A split that cannot be counted here (remote, not
@@ -250,6 +297,36 @@ def check_budget_fits(spec: ExperimentSpec, base_dir: Path) -> None:
 
 
 REWARD_SHIM_FILE = "stateset_reward.py"
+
+# Where a rehearsal watches the engine: with this variable set, every call the engine makes to
+# the spec's reward appends one JSON line (prompt, response, answer, score, pid) to the file it
+# names. The hub writes the shim, so the engine cannot describe these calls otherwise than it
+# makes them. One source for the shim and the native engine, which runs it in process.
+REWARD_CALLS_ENV = "STATESET_REWARD_CALLS"
+REWARD_CALLS_SOURCE = '''
+import json as _json
+import os as _os
+
+_CALLS_ENV = "STATESET_REWARD_CALLS"
+
+
+def _recorded(function):
+    """``function`` with each call appended to the file $STATESET_REWARD_CALLS names: one
+    write of one line in append mode, so processes scoring at once never interleave a line."""
+    def recorded(prompt, response, answer):
+        value = function(prompt, response, answer)
+        line = _json.dumps({"prompt": str(prompt), "response": str(response),
+                            "answer": str(answer), "score": repr(value),
+                            "pid": _os.getpid()}) + "\\n"
+        fd = _os.open(_os.environ[_CALLS_ENV], _os.O_WRONLY | _os.O_APPEND | _os.O_CREAT, 0o600)
+        try:
+            _os.write(fd, line.encode("utf-8"))
+        finally:
+            _os.close(fd)
+        return value
+
+    return recorded
+'''
 
 _REWARD_LOADER = '''"""Generated by stateset-backend: {engine}'s reward call -> the spec's reward.
 
@@ -268,6 +345,9 @@ _module = types.ModuleType("stateset_user_reward")
 _module.__file__ = _PATH
 exec(compile(_source, _PATH, "exec"), _module.__dict__)
 score = getattr(_module, _FUNCTION)
+''' + REWARD_CALLS_SOURCE.replace("{", "{{").replace("}", "}}") + '''
+if _os.environ.get(_CALLS_ENV):
+    score = _recorded(score)
 '''
 
 

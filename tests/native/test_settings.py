@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from stateset_backend.native.data import DataError, PromptSampler
-from stateset_backend.native.learner import lr_factor
 from stateset_backend.native.model import ModelError
 from stateset_backend.native.rollout import _top_k_filter
 from stateset_backend.native.trainer import SettingsError
+from stateset_backend.spec.schedule import lr_factor
 
 
 @pytest.mark.parametrize("schedule, expected", [

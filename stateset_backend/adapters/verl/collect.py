@@ -10,14 +10,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from packaging.version import Version
+
 from stateset_backend.adapters.verl.dialect import VerlKeys
 from stateset_backend.adapters.verl.render import CHECKPOINTS, LOG_ROOT
 from stateset_backend.plugin import (
+    NEXT_LR,
     Checkpoint,
     Collected,
     LaunchContext,
     checkpoint_artifacts,
     overrides,
+    parse_version,
 )
 
 # canonical metric -> verl's metric key (the same in its file and TensorBoard loggers)
@@ -27,15 +31,28 @@ METRICS = {"reward/mean": "critic/score/mean", "loss/policy": "actor/pg_loss",
            "response_length/mean": "response_length/mean", "tokens_per_second": "perf/throughput"}
 
 
+# verl's engine workers (0.8 on) step the scheduler, then log its rate as actor/lr: the rate of
+# the next update (the legacy workers before them logged the rate first, then stepped)
+RATE_AFTER_STEP = Version("0.8.0")
+
+
+def metric_names(engine_version: str) -> dict[str, str]:
+    """Canonical metric -> verl's key, for the release that wrote the log."""
+    if parse_version(engine_version) < RATE_AFTER_STEP:
+        return dict(METRICS)
+    return {(NEXT_LR if c == "lr" else c): r for c, r in METRICS.items()}
+
+
 def outputs(attempt_dir: Path, ctx: LaunchContext, keys: VerlKeys) -> Collected:
-    out = Collected(raw_metric_names=dict(METRICS))
+    names = metric_names(ctx.engine_version)
+    out = Collected(raw_metric_names=names)
     if keys.logger == "tensorboard":
         from stateset_backend.plugin import canonical_rows, read_scalars
 
         log_dir = attempt_dir / LOG_ROOT / ctx.run_name
         if log_dir.is_dir():
             out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
-            out.metrics = canonical_rows(read_scalars(log_dir), METRICS)
+            out.metrics = canonical_rows(read_scalars(log_dir), names)
     # the file logger writes the path the launch gave it (plans made before that:
     # <root>/<project>/<experiment_name>.jsonl)
     given = attempt_dir / f"{ctx.run_name}.jsonl"
@@ -47,7 +64,7 @@ def outputs(attempt_dir: Path, ctx: LaunchContext, keys: VerlKeys) -> Collected:
             if line.strip():
                 doc = json.loads(line)
                 row = {"step": doc["step"]}
-                row.update({c: doc["data"][r] for c, r in METRICS.items() if r in doc["data"]})
+                row.update({c: doc["data"][r] for c, r in names.items() if r in doc["data"]})
                 out.metrics.append(row)
     steps = [int(r["step"]) for r in out.metrics]
     out.committed_updates = max(steps, default=0)

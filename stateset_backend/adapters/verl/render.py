@@ -16,6 +16,7 @@ from typing import Any
 from stateset_backend.adapters.agent_shims import CONFIG_FILE as CONVERSATION_FILE
 from stateset_backend.adapters.agent_shims import VERL_AGENT_NAME, VERL_AGENT_TARGET, shim_files
 from stateset_backend.adapters.verl.dialect import ACTOR, VerlKeys
+from stateset_backend.adapters.verl.rows import LAYOUT, layout_problems
 from stateset_backend.adapters.verl.rules import AGENT_LOOPS_FILE
 from stateset_backend.plugin import (
     PYTHON,
@@ -25,6 +26,7 @@ from stateset_backend.plugin import (
     LaunchContext,
     NativeLaunch,
     Translation,
+    Unsupported,
     conversation_settings,
     environment_file,
     is_conversation,
@@ -60,7 +62,9 @@ def launch(translation: Translation, spec: ExperimentSpec, ctx: LaunchContext,
             continue  # converted by the conversation launcher
         path = local_path(native[key], Path(ctx.base_dir or "."))
         if path is not None:
-            native[key] = str(resolved(translation.sources.get(key, key), path))
+            field = translation.sources.get(key, key)
+            native[key] = str(resolved(field, path))
+            _check_layout(field, path, spec)
     # Identity and outputs: the run id and digest name the run inside verl's own outputs.
     # The project name is a folder name to verl's loggers and dumps: never the user's text.
     owned = {
@@ -85,6 +89,18 @@ def launch(translation: Translation, spec: ExperimentSpec, ctx: LaunchContext,
         set_env=_logger_env(keys, ctx),
         env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "WANDB_API_KEY"],
         native=native)
+
+
+def _check_layout(field: str, path: Path, spec: ExperimentSpec) -> None:
+    """A split verl's pipeline cannot read is refused at plan time, with the columns to add."""
+    if not path.is_file():
+        return
+    split = spec.data.validation if field.startswith("data.validation") and \
+        spec.data.validation is not None else spec.data.train
+    problems = layout_problems(path, split.prompt_field)
+    if problems:
+        raise Unsupported(f"{field.removesuffix('.uri')}: {path.name} is not in verl's row "
+                          f"layout ({'; '.join(problems)}): {LAYOUT}; convert the split first")
 
 
 def _open_mappings(native: dict[str, Any], translation: Translation) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +156,20 @@ def _build(source: Path, target: Path, seed: int) -> None:
                    "parameters": sum(p.numel() for p in model.parameters())}
     (target / DESCRIPTION).write_text(json.dumps(description, indent=2) + "\n",
                                       encoding="utf-8")
+
+
+def token_counter(folder: Path) -> Callable[[str], int] | None:
+    """Tokens of a completion's text as the model's own tokenizer counts them (no special
+    tokens added), to hold what reached the reward to ``data.max_response_tokens``; None when
+    the folder's tokenizer cannot be loaded here."""
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception:  # transformers' loaders raise many types; the check is then not made
+        return None
+
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return count

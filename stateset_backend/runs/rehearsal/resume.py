@@ -51,6 +51,7 @@ from stateset_backend.runs.runner import (
 from stateset_backend.runs.runtime import check_resume
 from stateset_backend.runs.store import Attempt
 from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.spec.schedule import NEXT_LR
 
 NAME = "resume"
 FOLDER = "resumed"  # the second start's run directory, beside the first's ``attempt``
@@ -87,7 +88,7 @@ def kind_of(name: str) -> Tolerance | None:
     """The tolerance a canonical metric is compared with; None for a wall-clock figure."""
     if any(part in name for part in WALL_CLOCK):
         return None
-    if name == "lr":
+    if name in ("lr", NEXT_LR):
         return SCHEDULE
     return SAMPLED if name.startswith(SAMPLED_PREFIXES) else COMPUTED
 

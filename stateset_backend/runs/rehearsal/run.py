@@ -15,13 +15,13 @@ from stateset_backend.engines.adapter import Rehearsal
 from stateset_backend.engines.registry import AdapterEntry
 from stateset_backend.plan.launch_plan import LaunchPlan, make_plan, verify_engine_version
 from stateset_backend.providers.local import Exit, run_local
-from stateset_backend.runs.rehearsal import resume, verdict
-from stateset_backend.runs.rehearsal.model import shrunk_model
+from stateset_backend.runs.rehearsal import resume, verdict, watch
+from stateset_backend.runs.rehearsal.model import shrunk_model, token_counter
 from stateset_backend.runs.runner import collect_and_validate, fill_placeholders, prepare_attempt
 from stateset_backend.runs.store import Attempt
 from stateset_backend.spec.content import directory_digest
 from stateset_backend.spec.files import parse_spec
-from stateset_backend.spec.inputs import verify_inputs
+from stateset_backend.spec.inputs import builtin_model_dir, verify_inputs
 from stateset_backend.spec.model import ExperimentSpec
 
 REHEARSALS = ".rehearsals"
@@ -126,7 +126,8 @@ def rehearse(plan: LaunchPlan, entry: AdapterEntry, runs_dir: Path, updates: int
     argv = [fill_placeholders(a, prepared.run_dir, python or sys.executable, engine_home)
             for a in rehearsal.argv]
     started, t0 = utc_now(), time.monotonic()
-    exit_ = run_local(argv, cwd=prepared.run_dir, env=rehearsal.environment(prepared.env),
+    env = {**rehearsal.environment(prepared.env), **watch.environment(prepared.run_dir)}
+    exit_ = run_local(argv, cwd=prepared.run_dir, env=env,
                       timeout=timeout, echo_stderr=echo_stderr,
                       stdout_path=prepared.stdout_path, stderr_path=prepared.stderr_path)
     seconds = time.monotonic() - t0
@@ -144,8 +145,13 @@ def rehearse(plan: LaunchPlan, entry: AdapterEntry, runs_dir: Path, updates: int
             own, adapter, rehearsal, small, folder, updates, python=python,
             engine_home=engine_home, timeout=timeout, echo_stderr=echo_stderr,
             live_progress=live_progress)
+    launched = exit_.code == 0 and not exit_.interrupted and not exit_.timed_out
+    tokenizer = builtin_model_dir(small.model.path) or Path(small.model.path)
+    watched = [*watch.reward_calls(small, base_dir, prepared.run_dir, updates,
+                                   token_counter(tokenizer), launched),
+               watch.learning_rate(small, verdict.rows_of(result, prepared.run_dir))]
     found = Verdict(folder, own, plan.experiment_digest, model, rehearsal, exit_, seconds,
                     verdict.lines(small, result, rehearsal, exit_, seconds, prepared.run_dir,
-                                  updates, resumed_line), changed, resumed)
+                                  updates, resumed_line, watched), changed, resumed)
     atomic_write_json(folder / "verdict.json", found.to_json())
     return found

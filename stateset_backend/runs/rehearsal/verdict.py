@@ -77,7 +77,7 @@ def _from_check(result: Result, name: str, check: str) -> Line:
     return Line(check, "ok" if found.ok else "FAILED", found.detail)
 
 
-def _rows(result: Result, run_dir: Path) -> list[dict[str, Any]]:
+def rows_of(result: Result, run_dir: Path) -> list[dict[str, Any]]:
     if result.metrics.series is None or not (run_dir / result.metrics.series).is_file():
         return []
     text = (run_dir / result.metrics.series).read_text(encoding="utf-8")
@@ -97,7 +97,7 @@ def first_update_kl(spec: ExperimentSpec, result: Result, run_dir: Path) -> Line
                                           "steps (ppo_epochs x mini_batches); only the first "
                                           "sees the policy equal to its reference")
     raw = result.metrics.raw_names.get("kl", "kl")
-    value = next((row["kl"] for row in _rows(result, run_dir)
+    value = next((row["kl"] for row in rows_of(result, run_dir)
                   if row.get("step") == 1 and isinstance(row.get("kl"), int | float)), None)
     if value is None:
         return Line(name, "not measured", f"the engine reported no KL ({raw}) at update 1")
@@ -159,15 +159,18 @@ def checkpoints(spec: ExperimentSpec, result: Result, updates: int) -> Line:
 
 
 def lines(spec: ExperimentSpec, result: Result, rehearsal: Rehearsal, exit_: Exit,
-          seconds: float, run_dir: Path, updates: int, resume: Line | None = None) -> list[Line]:
+          seconds: float, run_dir: Path, updates: int, resume: Line | None = None,
+          watched: list[Line] | None = None) -> list[Line]:
     """Every check, in the order a reader asks: did it run, is it this run, are the numbers
-    sane, do the first-update invariants hold, did it leave what a run must leave, does a
-    second start continue it."""
+    sane, do the first-update invariants hold, did it do what the spec asks (``watched``:
+    its reward calls, validation and learning rate), did it leave what a run must leave, does
+    a second start continue it."""
     out = [launch(exit_, seconds, run_dir),
            _from_check(result, "identity", "identity"),
            _from_check(result, "metrics_finite", "metrics finite"),
            first_update_kl(spec, result, run_dir),
            rollout_gap(rehearsal, run_dir),
+           *(watched or []),
            checkpoints(spec, result, updates),
            _from_check(result, "committed_updates", "updates")]
     if resume is not None:
