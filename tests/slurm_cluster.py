@@ -83,7 +83,9 @@ def _config(folder: Path, munge_socket: Path) -> str:
         f"SlurmdLogFile={folder}/slurmd.log",
         f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory=2000 "
         "State=UNKNOWN",
-        "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP", ""])
+        "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+        # a partition with a time cap, as most clusters have, for jobs it can never start
+        "PartitionName=short Nodes=ALL MaxTime=00:05:00 State=UP", ""])
 
 
 def _stop(pid_files: list[Path]) -> None:
@@ -134,7 +136,8 @@ def slurm(tmp_path_factory) -> Iterator[Cluster]:
                        capture_output=True)
         cluster = Cluster(folder, conf, env)
         deadline = time.monotonic() + 30
-        while cluster.run("sinfo", "-h", "-N", "-o", "%T").stdout.strip() != "idle":
+        # a node in two partitions is listed twice
+        while set(cluster.run("sinfo", "-h", "-N", "-o", "%T").stdout.split()) != {"idle"}:
             if time.monotonic() > deadline:
                 logs = "\n".join((folder / f).read_text()[-800:] for f in
                                  ("slurmctld.log", "slurmd.log") if (folder / f).exists())

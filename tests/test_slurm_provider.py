@@ -85,11 +85,12 @@ def test_a_cancel_by_the_user_or_the_timeout_is_named(tmp_path):
 
 def _prepared(run_dir: Path, code: str, launch: str = "process",
               set_env: dict[str, str] | None = None, processes: int | None = None,
-              **settings: object) -> PreparedLaunch:
+              nodes: int = 1, **settings: object) -> PreparedLaunch:
     (run_dir / "slurm").mkdir(parents=True)
     (run_dir / SCRIPT_FILE).write_text(render(
         SlurmSettings(shared_root=str(run_dir.anchor), **settings), launch=launch,
-        run_id=RUN_ID, engine="probe", nodes=1, gpus_per_node=0, processes_per_node=processes))
+        run_id=RUN_ID, engine="probe", nodes=nodes, gpus_per_node=0,
+        processes_per_node=processes))
     return PreparedLaunch([sys.executable, "-c", code], run_dir, dict(os.environ),
                           set_env or {}, "probe", False)
 
@@ -299,3 +300,46 @@ def test_a_warning_not_shorter_than_the_time_limit_is_refused_before_submission(
     assert {"--slurm-checkpoint-warning", "--slurm-time"} <= defined
     assert _submitted(on_slurm) == before and not (tmp_path / "runs").exists()
     assert not (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.parametrize("asked, why", [
+    ({"partition": "short", "time_limit": "00:10:00"},
+     "its time limit 00:10:00 (--slurm-time) is above partition short's MaxTime 00:05:00"),
+    ({"nodes": 2, "launch": "torchrun"},
+     "it asks for 2 nodes and partition debug gives a job at most 1"),
+])
+def test_a_job_its_partition_can_never_start_is_not_submitted(on_slurm, tmp_path, asked, why):
+    """Slurm would accept both and leave them pending for ever (no EnforcePartLimits)."""
+    before = _submitted(on_slurm)
+    prepared = _prepared(tmp_path / "run", "print('never')", **asked)
+    exit_ = SlurmProvider().launch(prepared, timeout=30)
+    assert exit_.code == 1 and not exit_.timed_out
+    assert exit_.reason.startswith("Slurm would never start this job (nothing was submitted): ")
+    assert why in exit_.reason
+    assert not (prepared.run_dir / "slurm" / "job_id").exists()
+    assert _submitted(on_slurm) == before
+
+
+@pytest.mark.slow
+def test_a_waiting_job_says_why_and_a_timeout_records_it(on_slurm, tmp_path, capsys,
+                                                          monkeypatch):
+    from stateset_backend.providers.slurm import queue
+
+    monkeypatch.setattr(queue, "REPORT_EVERY_S", 1.0)
+    cpus = os.cpu_count() or 1
+    blocker = on_slurm.run("sbatch", "--parsable", f"--cpus-per-task={cpus}", "-o", "/dev/null",
+                           "--wrap", "sleep 120").stdout.strip()
+    try:
+        prepared = _prepared(tmp_path / "run", "print('ran')")
+        exit_ = SlurmProvider().launch(prepared, timeout=5)
+    finally:
+        on_slurm.run("scancel", blocker)
+    job = (prepared.run_dir / "slurm" / "job_id").read_text().strip()
+    said = [line for line in capsys.readouterr().err.splitlines()
+            if line.startswith(f"stateset-backend: Slurm job {job} pending (")]
+    assert len(said) >= 2 and "waited 0:0" in said[-1], said  # at once, then again
+    reason = said[-1].split("pending (")[1].split(")")[0]  # the last one seen
+    assert reason in ("Resources", "Priority")
+    assert exit_.timed_out and exit_.reason == (
+        f"the run's timeout cancelled the job (scancel) while it was still pending ({reason}) "
+        "in the queue")

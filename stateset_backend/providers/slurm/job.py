@@ -31,6 +31,7 @@ from stateset_backend.providers.base import (
     cancelled_exit,
 )
 from stateset_backend.providers.local import Exit, forward_interrupts
+from stateset_backend.providers.slurm.queue import PendingReport, never_starts
 from stateset_backend.providers.slurm.script import ARGV_FILE, ENV_FILE, SCRIPT_FILE
 
 POLL_SECONDS = 0.5
@@ -164,12 +165,15 @@ def follow(job_id: str, prepared: PreparedLaunch, timeout: float | None) -> Exit
         stop.set()
 
     echo = _Echo(prepared.stderr_path, prepared.echo_stderr)
+    report = PendingReport(job_id)
     deadline = None if timeout is None else time.monotonic() + timeout
     state: JobState | None = None
     with forward_interrupts(on_signal):
         while True:
             echo.pump()
             state = job_state(job_id)
+            if state is not None:
+                report.see(state.state, state.reason)
             if state is not None and state.state in ENDED:
                 break
             timed_out = deadline is not None and time.monotonic() > deadline
@@ -181,7 +185,7 @@ def follow(job_id: str, prepared: PreparedLaunch, timeout: float | None) -> Exit
                 break
             stop.wait(POLL_SECONDS)
     echo.pump()
-    return to_exit(state, prepared.run_dir, cancelled_by)
+    return to_exit(state, prepared.run_dir, cancelled_by, report.waiting)
 
 
 def _wait_ended(job_id: str, limit_s: float = 120.0) -> JobState | None:
@@ -194,10 +198,13 @@ def _wait_ended(job_id: str, limit_s: float = 120.0) -> JobState | None:
     return None
 
 
-def to_exit(state: JobState | None, run_dir: Path, cancelled_by: list[str]) -> Exit:
-    """The attempt's end, from how Slurm says the job ended."""
+def to_exit(state: JobState | None, run_dir: Path, cancelled_by: list[str],
+            waiting: str | None = None) -> Exit:
+    """The attempt's end, from how Slurm says the job ended; ``waiting`` is the queue state
+    the job was last seen in when it never started ("pending (Resources)")."""
     if cancelled_by:
-        return cancelled_exit(cancelled_by[0], "cancelled the job (scancel)")
+        queued = f" while it was still {waiting} in the queue" if waiting else ""
+        return cancelled_exit(cancelled_by[0], f"cancelled the job (scancel){queued}")
     if state is None:
         return Exit(1, reason="Slurm no longer knows the job and recorded no end state")
     code = state.exit_code if state.exit_code is not None else 1
@@ -222,6 +229,10 @@ class SlurmProvider:
     """An attempt as one batch job; the run directory must be on the shared filesystem."""
 
     def launch(self, prepared: PreparedLaunch, timeout: float | None) -> Exit:
+        problem = never_starts((prepared.run_dir / SCRIPT_FILE).read_text(encoding="utf-8"),
+                               _tool("scontrol", "show", "partition", "-o", check=False).stdout)
+        if problem is not None:  # it would wait for ever: an attempt that ran nothing
+            return Exit(1, reason=problem)
         try:
             job_id = submit(prepared)
         except Refused as exc:  # an attempt like any other: it ends with its result
