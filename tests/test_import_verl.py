@@ -15,8 +15,8 @@ from stateset_backend.spec.files import load_spec
 
 ROOT = Path(__file__).parent.parent
 RECIPE = ROOT / "examples" / "recipes" / "verl-grpo-qwen2-7b-math.json"
-# the hub names the run and its outputs itself: the recipe's plan carries one run's names
-HUB_NAMES = {"trainer.experiment_name", "trainer.project_name"}
+# the hub names each run itself (its run id and experiment digest)
+HUB_NAMES = {"trainer.experiment_name"}
 
 
 def _script_of(plan_argv: list[str]) -> str:
@@ -27,7 +27,7 @@ def _script_of(plan_argv: list[str]) -> str:
 
 def test_the_recipe_round_trips_through_its_own_launch(tmp_path):
     """The recipe's plan, written as a verl script, imports back to the recipe's experiment,
-    and the imported spec's plan reproduces every setting but the run's own names."""
+    and the imported spec's plan reproduces every setting but the run's own name."""
     registry = build_registry()
     recipe = load_spec(RECIPE)
     plan = make_plan(recipe, registry.get("verl"), "0.7.0", base_dir=RECIPE.parent)
@@ -48,6 +48,7 @@ def test_the_recipe_round_trips_through_its_own_launch(tmp_path):
     assert spec["data"]["train"]["sha256"] == want["data"]["train"]["sha256"]
     assert spec["data"]["validation"]["sha256"] == want["data"]["validation"]["sha256"]
     assert spec["engine_options"] == {}
+    assert spec["name"] == want["name"]  # verl's project name is the experiment's name
     assert any("$@" in note for note in doc["notes"])
 
 

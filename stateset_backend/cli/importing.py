@@ -64,9 +64,14 @@ def _value(value: Any) -> str:
 
 def _screen(doc: dict[str, Any], source: str, output: str | None) -> None:
     trip = doc["round_trip"]
-    print(f"{doc['engine']} {doc['engine_version']}: {trip['settings']} settings in {source}; "
-          f"the imported spec's plan, read back as {doc['engine']} reads it, reproduces "
-          f"{trip['reproduced']} ({trip['percent']}%)")
+    if "error" in trip:
+        print(f"{doc['engine']} {doc['engine_version']}: {trip['settings']} settings in "
+              f"{source}; the imported spec cannot be planned here, so nothing was read back: "
+              f"{trip['error']}")
+    else:
+        print(f"{doc['engine']} {doc['engine_version']}: {trip['settings']} settings in "
+              f"{source}; the imported spec's plan, read back as {doc['engine']} reads it, "
+              f"reproduces {trip['reproduced']} ({trip['percent']}%)")
     groups = [("mapped", "mapped to the spec"),
               ("engine_option", "kept in engine_options (engine-only, outside the digest)"),
               ("default", f"{doc['engine']}'s own default, restated"),

@@ -64,6 +64,7 @@ class Imported:
     notes: list[str]
     inputs: list[str]
     changed_defaults: list[dict[str, Any]] = field(default_factory=list)
+    round_trip_error: str | None = None
 
     @property
     def reproduced(self) -> int:
@@ -80,7 +81,9 @@ class Imported:
             "round_trip": {"settings": total, "reproduced": self.reproduced,
                            "percent": round(100.0 * self.reproduced / total, 1) if total
                            else 100.0,
-                           "plan_changes_defaults": self.changed_defaults},
+                           "plan_changes_defaults": self.changed_defaults,
+                           **({"error": self.round_trip_error} if self.round_trip_error
+                              else {})},
             "settings": [s.to_json() for s in self.settings],
             "refused": [{"given_as": w, "reason": r} for w, r in self.refused.items()],
             "inputs": self.inputs, "notes": self.notes, "spec": self.spec}
@@ -224,11 +227,21 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
         rules = adapter.rules(dialect)
     defaults = engine_defaults(engine, version, dict(dialect.defaults))
     effective = {**defaults, **launch.settings}
-    solver = Solver(rules, dialect, engine, effective)
+    solver = Solver(rules, dialect, engine, effective, frozenset(launch.settings))
     inputs: list[str] = []
-    doc = starting_spec(engine, launch, solver, path.resolve().parent, path.stem, inputs)
+    named = next((v for k, v in launch.settings.items() if k.endswith("project_name") and
+                  isinstance(v, str) and v), None)  # the engine's own name for the experiment
+    doc = starting_spec(engine, launch, solver, path.resolve().parent, named or path.stem,
+                        inputs)
     with entry.guard("solving the spec"):
         spec = solver.solve(doc)
+        counted = _updates_from_passes({**defaults, **launch.settings},
+                                       spec.budget.prompts_per_update,
+                                       _rows(spec, path.resolve().parent))
+        if counted is not None and counted != spec.budget.total_updates:
+            doc = spec.model_dump(mode="json")
+            doc["budget"]["total_updates"] = counted
+            spec = solver.solve(doc)
     rows = explain_rows(spec, rules, dialect, engine)
     mapped = {bare(k): row.path for row in rows for k in flatten(
         {kk: vv for kk, vv in row.native.items()})}
@@ -248,45 +261,84 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
                           "experiment digest", None)
     spec_doc = spec.model_dump(mode="json")
     spec_doc["engine_options"] = {engine: options} if options else {}
-    plan, spec_doc = _plan_dropping(entry, version, spec_doc, path, fates, engine)
+    imported = Imported(engine, version, spec_doc, [], launch.refused, launch.notes, inputs)
+    base = path.resolve().parent
+    try:
+        plan, stand_in = _plan_dropping(entry, version, spec_doc, base, fates, engine,
+                                        launch.settings)
+    except StatesetError as exc:  # the spec is written; what it would launch is not known
+        imported.round_trip_error = exc.message
+        for key, value in launch.settings.items():
+            fate, reason, src = fates[key]
+            imported.settings.append(Setting(key, value, launch.words.get(key, key), fate, src,
+                                             reason, None))
+        return imported
     read = _read_plan(engine, plan)
     planned = {**defaults, **read}
-    settings: list[Setting] = []
     for key, value in launch.settings.items():
         fate, reason, src = fates[key]
         got = planned.get(key)
         same = _same(got, value) if key in planned else key not in read and \
             _same(defaults.get(key), value)
         setting = Setting(key, value, launch.words.get(key, key), fate, src, reason, same, got)
-        if not same and _same_input(src, value, got, path.resolve().parent, spec_doc):
-            setting.reproduced = True
-            setting.reason = ("the hub's reward shim loads this file, checked by its sha256"
-                              if src == "reward.entrypoint" else
-                              "the same file, named by its absolute path")
+        if not same:
+            why = _same_input(src, value, got, base, spec_doc, stand_in)
+            if why is not None:
+                same, setting.reproduced, setting.reason = True, True, why
         if not same and fate in ("mapped", "default", "engine_option"):
             setting.fate = "not_expressible"
             setting.reason = _why_not(key, value, got, src, rows, engine, version)
         elif same and fate == "not_expressible":
             setting.fate, setting.reason = "mapped", "the hub's launch sets this value itself"
-        settings.append(setting)
-    changed = [{"key": k, "engine_default": defaults.get(k), "planned": v,
-                "spec_field": mapped.get(k)}
-               for k, v in read.items() if k not in launch.settings and
-               not _same(v, effective.get(k)) and not (isinstance(v, str) and "{run_dir}" in v)]
-    return Imported(engine, version, spec_doc, settings, launch.refused, launch.notes, inputs,
-                    changed)
+        imported.settings.append(setting)
+    imported.changed_defaults = [
+        {"key": k, "engine_default": defaults.get(k), "planned": v, "spec_field": mapped.get(k)}
+        for k, v in read.items() if k not in launch.settings and
+        not _same(v, effective.get(k)) and not (isinstance(v, str) and "{run_dir}" in v)
+        and not (stand_in and v == stand_in)]
+    return imported
 
 
-def _same_input(src: str | None, value: Any, got: Any, base: Path,
-                spec: dict[str, Any]) -> bool:
-    """A file the launch names relative to where it runs, or a reward the hub calls through
-    its shim, is the same input the plan gives the engine."""
-    if src in ("data.train.uri", "data.validation.uri") and isinstance(value, str) and \
-            isinstance(got, str) and "$" not in value:
-        return (base / Path(value).expanduser()).resolve() == Path(got).resolve()
+def _rows(spec: ExperimentSpec, base: Path) -> int | None:
+    from stateset_backend.spec.inputs import Uncountable, split_rows
+
+    try:
+        return split_rows(spec.data.train.uri, base)
+    except Uncountable:
+        return None
+
+
+def _updates_from_passes(settings: dict[str, Any], prompts: int,
+                         rows: int | None) -> int | None:
+    """An engine without a step limit (OpenRLHF) runs passes over the rows it keeps; the
+    launch's updates are passes times rows kept over the prompts per update, which is how the
+    hub's launch sizes them (and the round trip checks it)."""
+    passes = next((v for k, v in settings.items() if k.endswith("num_episodes")), None)
+    kept = next((v for k, v in settings.items() if k.endswith("max_samples")), None)
+    if rows is not None and isinstance(kept, int):
+        kept = min(kept, rows)
+    if isinstance(passes, int) and isinstance(kept, int) and prompts and kept >= prompts:
+        return int(passes * (kept // prompts))
+    return None
+
+
+def _same_input(src: str | None, value: Any, got: Any, base: Path, spec: dict[str, Any],
+                stand_in: str | None) -> str | None:
+    """Why the plan's value is the launch's input after all, or None: a file the launch names
+    relative to where it runs, a reward the hub calls through its shim, a split that is not on
+    this machine (the round trip plans a stand-in of the rows the launch keeps)."""
+    if src not in ("data.train.uri", "data.validation.uri", "reward.entrypoint"):
+        return None
     if src == "reward.entrypoint":
-        return spec["reward"].get("sha256") not in (None, PLACEHOLDER_SHA256)
-    return False
+        return None if spec["reward"].get("sha256") in (None, PLACEHOLDER_SHA256) else \
+            "the hub's reward shim loads this file, checked by its sha256"
+    if stand_in is not None and got == stand_in:
+        return ("not on this machine: the round trip planned a stand-in split of the rows the "
+                "launch keeps")
+    if isinstance(value, str) and isinstance(got, str) and "$" not in value and \
+            (base / Path(value).expanduser()).resolve() == Path(got).resolve():
+        return "the same file, named by its absolute path"
+    return None
 
 
 def _why_not(key: str, value: Any, got: Any, src: str | None, rows: Any, engine: str,
@@ -299,30 +351,73 @@ def _why_not(key: str, value: Any, got: Any, src: str | None, rows: Any, engine:
     return f"the hub's launch sets {key}={got!r} itself (the run's identity and outputs)"
 
 
-def _plan_dropping(entry: Any, version: str, doc: dict[str, Any], path: Path,
-                   fates: dict[str, tuple[str, str, str | None]], engine: str) -> \
-        tuple[Any, dict[str, Any]]:
+def _plan_dropping(entry: Any, version: str, doc: dict[str, Any], base: Path,
+                   fates: dict[str, tuple[str, str, str | None]], engine: str,
+                   settings: dict[str, Any]) -> tuple[Any, str | None]:
     """The plan of the imported spec. An engine_options entry the hub's own guards refuse
     (a key it sets itself, a value the release's parser would refuse) leaves the spec, and
-    its setting is named not expressible with the guard's reason."""
+    its setting is named not expressible with the guard's reason. A train split that is not
+    on this machine is planned as a stand-in file of the rows the launch keeps, for engines
+    that size their passes from the split (the stand-in's path is returned)."""
     from stateset_backend.plan.launch_plan import make_plan
 
     options = dict(doc["engine_options"].get(engine, {}))
-    for _ in range(len(options) + 1):
+    stand_in: str | None = None
+    planned = doc
+    for _ in range(len(options) + 2):
         doc["engine_options"] = {engine: options} if options else {}
-        spec = ExperimentSpec.model_validate(doc)
+        planned = _with_stand_in(doc, stand_in)
         try:
-            return make_plan(spec, entry, version, base_dir=path.resolve().parent), doc
-        except InvalidInput as exc:
+            return make_plan(ExperimentSpec.model_validate(planned), entry, version,
+                             base_dir=base), stand_in
+        except StatesetError as exc:
             prefix = f"engine_options.{engine}."
             culprit = next((k for k in options if exc.message.startswith(prefix + k + ":")),
                            None)
-            if culprit is None:
-                raise
-            options.pop(culprit)
-            reason = exc.message.removeprefix(prefix + culprit + ":").strip()
-            fates[culprit] = ("not_expressible", reason, None)
+            if culprit is not None:
+                options.pop(culprit)
+                fates[culprit] = ("not_expressible",
+                                  exc.message.removeprefix(prefix + culprit + ":").strip(),
+                                  None)
+                continue
+            if stand_in is None and doc["data"]["train"]["sha256"] == PLACEHOLDER_SHA256 and \
+                    "row count" in exc.message:
+                stand_in = _stand_in_split(doc, settings)
+                continue
+            raise
     raise InvalidInput("the imported spec cannot be planned")  # pragma: no cover
+
+
+def _remove(name: str) -> None:
+    import contextlib
+    import os
+
+    with contextlib.suppress(OSError):
+        os.unlink(name)
+
+
+def _with_stand_in(doc: dict[str, Any], stand_in: str | None) -> dict[str, Any]:
+    if stand_in is None:
+        return doc
+    return {**doc, "data": {**doc["data"], "train": {**doc["data"]["train"], "uri": stand_in}}}
+
+
+def _stand_in_split(doc: dict[str, Any], settings: dict[str, Any]) -> str:
+    """A JSON lines file of empty rows, as many as the launch keeps (or one pass of the
+    budget), kept for the life of the process."""
+    import atexit
+    import os
+    import tempfile
+
+    kept = next((v for k, v in settings.items() if k.endswith("max_samples")), None)
+    budget = doc["budget"]
+    rows = kept if isinstance(kept, int) and kept > 0 else \
+        budget["prompts_per_update"] * budget["total_updates"]
+    handle, name = tempfile.mkstemp(prefix="stateset-import-", suffix=".jsonl")
+    with os.fdopen(handle, "w") as out:
+        out.write("{}\n" * rows)
+    atexit.register(_remove, name)
+    return name
 
 
 def _read_plan(engine: str, plan: Any) -> dict[str, Any]:

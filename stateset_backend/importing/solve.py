@@ -13,6 +13,7 @@ screen names it.
 from __future__ import annotations
 
 import copy
+import math
 import types
 import typing
 from collections.abc import Iterator
@@ -40,9 +41,13 @@ _NOT_SOLVED = (*CORE_HANDLED, "name", "model.revision", "data.train.sha256",
                "data.validation.sha256", "data.test", "reward", "environment",
                "model.from_run")
 _MAX_PASSES = 5
+_GIVEN_WEIGHT = 10.0
 # Spec leaves whose numbers other rules convert between units (prompts, samples, GPUs).
 _UNITS = ("budget.prompts_per_update", "algorithm.group_size", "budget.mini_batches",
-          "budget.ppo_epochs", "resources.gpus_per_node", "resources.nodes")
+          "budget.ppo_epochs", "budget.total_updates", "resources.gpus_per_node",
+          "resources.nodes")
+# Token limits some engines read as one sum (a prompt and its response).
+_SUMMANDS = ("data.max_prompt_tokens", "data.max_response_tokens")
 
 
 def bare(key: str) -> str:
@@ -68,6 +73,7 @@ class Solver:
     dialect: Dialect
     engine: str
     effective: dict[str, Any]  # every key the engine reads: its default, or the launch's value
+    given: frozenset[str] = frozenset()  # the keys the launch itself sets
 
     def rows(self, spec: ExperimentSpec) -> list[FieldRow] | None:
         try:
@@ -78,14 +84,19 @@ class Solver:
     def score(self, spec: ExperimentSpec) -> float:
         """How much of the engine's configuration this spec's translation reproduces: a key
         set to the value the engine reads counts one, to another value minus one; a refused
-        leaf makes the spec unusable."""
+        leaf makes the spec unusable, a declared deviation costs a little."""
         rows = self.rows(spec)
         if rows is None:
             return float("-inf")
-        total = -100.0 * sum(row.state == "refused" for row in rows)
+        # between two specs the engine reads alike, the one it runs exactly (no declared
+        # deviation) is the experiment the launch ran
+        total = -100.0 * sum(row.state == "refused" for row in rows) - \
+            0.25 * sum(row.state == "declared" for row in rows)
         for key, value in native_of(rows).items():
             if key in self.effective and not _placeholder(value):
-                total += 1.0 if _same(value, self.effective[key]) else -1.0
+                # what the launch says outweighs what it leaves to the release's defaults
+                weight = _GIVEN_WEIGHT if key in self.given else 1.0
+                total += weight if _same(value, self.effective[key]) else -weight
         return total
 
     def solve(self, doc: dict[str, Any]) -> ExperimentSpec:
@@ -94,21 +105,43 @@ class Solver:
         spec = ExperimentSpec.model_validate(doc)
         best = self.score(spec)
         for _ in range(_MAX_PASSES):
-            changed = False
-            for path, value in list(leaves(spec)):
-                if _skip(path):
-                    continue
-                for candidate in self.candidates(spec, path, value):
-                    trial = _with(spec, path, candidate)
-                    if trial is None:
-                        continue
-                    got = self.score(trial)
-                    if got > best:
-                        spec, best, changed = trial, got, True
-                        value = candidate
+            spec, best, changed = self._pass(spec, best, "", deep=True)
             if not changed:
                 break
         return spec
+
+    def _pass(self, spec: ExperimentSpec, best: float, prefix: str,
+              deep: bool) -> tuple[ExperimentSpec, float, bool]:
+        """One greedy pass over the leaves under ``prefix``. A move that changes what other
+        leaves mean (switching a section on, another objective) is judged after a pass over
+        the leaves it governs, since alone it rarely scores better."""
+        changed = False
+        for path, value in list(leaves(spec)):
+            if _skip(path) or not path.startswith(prefix):
+                continue
+            for candidate, trial in self._trials(spec, path, value):
+                got = self.score(trial)
+                for scope in _governed(path, value, candidate) if deep else ():
+                    trial, got, _ = self._pass(trial, got, scope, deep=False)
+                if got > best:
+                    spec, best, changed = trial, got, True
+                    value = candidate
+        return spec, best, changed
+
+    def _trials(self, spec: ExperimentSpec, path: str,
+                value: Any) -> Iterator[tuple[Any, ExperimentSpec]]:
+        for candidate in self.candidates(spec, path, value):
+            trial = _with(spec, path, candidate)
+            if trial is None and path == "algorithm.objective":
+                # another objective starts from its own published recipe (a critic for ppo)
+                trial = _with(spec, "algorithm", {"objective": candidate,
+                                                  "group_size": spec.algorithm.group_size})
+            if trial is not None:
+                yield candidate, trial
+                continue
+            for partner in _partners(spec, path, candidate):
+                yield candidate, partner
+
 
     def candidates(self, spec: ExperimentSpec, path: str, value: Any) -> Iterator[Any]:
         annotation = annotation_at(path)
@@ -134,8 +167,10 @@ class Solver:
         kinds = _kinds(annotation)
         numbers = [v for leaf in _UNITS if isinstance(v := _leaf(spec, leaf), int | float)
                    and not isinstance(v, bool) and v]
+        summands = [v for leaf in _SUMMANDS if leaf != path and
+                    isinstance(v := _leaf(spec, leaf), int)]
         for raw in touched:
-            for item in _converted(raw, kinds, numbers):
+            for item in _converted(raw, kinds, numbers, summands):
                 if fresh(item):
                     yield item
 
@@ -149,6 +184,20 @@ class Solver:
                 keys = flatten({bare(k): v for k, v in row.native.items()})
                 return [self.effective[k] for k in keys if k in self.effective]
         return []
+
+
+def _governed(path: str, old: Any, new: Any) -> tuple[str, ...]:
+    """The leaves a move changes the meaning of: a section switched on, the whole algorithm
+    for another objective, the other half of a sum an engine reads as one limit."""
+    if path == "algorithm.objective":
+        return ("algorithm.",)
+    if old is None and isinstance(new, dict):  # its own leaves, and its siblings' meaning
+        return (path.rsplit(".", 1)[0] + "." if "." in path else path + ".",)
+    if path in _SUMMANDS:
+        return tuple(p for p in _SUMMANDS if p != path)
+    if path in _UNITS:  # the others are counted in this one's units
+        return tuple(p for p in _UNITS if p != path)
+    return ()
 
 
 def _placeholder(value: Any) -> bool:
@@ -167,17 +216,37 @@ def _leaf(spec: ExperimentSpec, path: str) -> Any:
     return node
 
 
-def _with(spec: ExperimentSpec, path: str, value: Any) -> ExperimentSpec | None:
+def _with(spec: ExperimentSpec, path: str, value: Any,
+          *more: tuple[str, Any]) -> ExperimentSpec | None:
+    """The spec with leaves replaced, or None when the result is not a valid spec."""
     doc = spec.model_dump(mode="json")
-    node = doc
-    *parents, last = path.split(".")
-    for part in parents:
-        node = node[part]
-    node[last] = copy.deepcopy(value)
+    for where, what in ((path, value), *more):
+        node: Any = doc
+        *parents, last = where.split(".")
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict):  # an earlier move switched the section off
+            return None
+        node[last] = copy.deepcopy(what)
     try:
         return ExperimentSpec.model_validate(doc)
     except ValidationError:
         return None
+
+
+def _partners(spec: ExperimentSpec, path: str, value: Any) -> Iterator[ExperimentSpec]:
+    """A move the spec's own consistency rules refuse alone (dynamic sampling without
+    excluding zero-variance groups), made valid by a choice of one other leaf of its section."""
+    section = path.split(".", 1)[0] + "."
+    for other, current in list(leaves(spec)):
+        if other == path or not other.startswith(section) or _skip(other):
+            continue
+        for choice in _choices(annotation_at(other)):
+            if choice is None or _same(choice, current):
+                continue
+            trial = _with(spec, path, value, (other, choice))
+            if trial is not None:
+                yield trial
 
 
 def annotation_at(path: str) -> Any:
@@ -217,7 +286,8 @@ def _kinds(annotation: Any) -> set[Any]:
     return {typing.get_origin(t) or t for t in _unwrap(annotation)}
 
 
-def _converted(raw: Any, kinds: set[Any], numbers: list[Any]) -> Iterator[Any]:
+def _converted(raw: Any, kinds: set[Any], numbers: list[Any],
+               summands: list[int]) -> Iterator[Any]:
     """The launch's value as the leaf's type, and in the units other leaves convert it by."""
     if isinstance(raw, bool):
         if bool in kinds:
@@ -227,6 +297,11 @@ def _converted(raw: Any, kinds: set[Any], numbers: list[Any]) -> Iterator[Any]:
         values = [raw]
         for n in numbers:
             values += [raw * n, raw / n, n / raw if raw else 0]
+        if raw:  # samples per step over prompts and samples per prompt
+            values += [a * b / raw for i, a in enumerate(numbers) for b in numbers[i + 1:]]
+        values += [raw - n for n in summands]
+        if 0 < raw < 1:  # a fraction of a count (warmup as a ratio of the steps)
+            values += [math.ceil(raw * n) for n in numbers] + [round(raw * n) for n in numbers]
         for v in values:
             if int in kinds and float(v).is_integer():
                 yield int(v)
@@ -235,8 +310,11 @@ def _converted(raw: Any, kinds: set[Any], numbers: list[Any]) -> Iterator[Any]:
         return
     if isinstance(raw, str) and str in kinds:
         yield raw
-    elif isinstance(raw, list) and list in kinds:
+    elif isinstance(raw, list) and (list in kinds or tuple in kinds):
         yield list(raw)
+    elif isinstance(raw, list):  # one key for several leaves (clip low and high as a pair)
+        for item in raw:
+            yield from _converted(item, kinds, [], [])
 
 
 def _neutral(annotation: Any) -> list[Any]:
