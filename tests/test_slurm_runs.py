@@ -175,3 +175,56 @@ def test_a_refused_submission_is_a_failed_attempt_in_the_listing(on_slurm, spec,
         assert main(["--json", "runs", "list", "--runs-dir", str(runs)]) == 0
         listed = capsys.readouterr().out
         assert doc["run_id"] in listed and "failed" in listed
+
+
+def _in_flight(capsys, runs: Path, *status: str) -> list[dict]:
+    capsys.readouterr()
+    assert main(["--json", "runs", "list", "--runs-dir", str(runs), *status]) == 0
+    return json.loads(capsys.readouterr().out)["in_flight"]
+
+
+def test_runs_list_shows_attempts_in_flight_and_a_resume_gets_more_time(
+        on_slurm, spec, tmp_path, capsys):
+    doc = _plan(spec, tmp_path / "plan.json", "--slurm-time", "00:05:00")
+    plan, runs = tmp_path / "plan.json", tmp_path / "runs"
+    run_dir = runs / doc["run_id"]
+    first = run_dir / "attempts" / "1"
+    blocker = on_slurm.run("sbatch", "--parsable", f"--cpus-per-task={os.cpu_count() or 1}",
+                           "-o", "/dev/null", "--wrap", "sleep 300").stdout.strip()
+    proc = _start(plan, runs)
+    try:
+        job = _wait_for(lambda: first / "slurm" / "job_id" if (
+            first / "slurm" / "job_id").is_file() else None).read_text().strip()
+        waiting = _wait_for(lambda: [r for r in _in_flight(capsys, runs, "--status", "pending")
+                                     if r["reason"]] or None)  # once Slurm has a reason
+        assert waiting == [{"run_id": doc["run_id"], "attempt": 1, "provider": "slurm",
+                            "job": job, "state": "pending", "reason": waiting[0]["reason"]}]
+        assert waiting[0]["reason"] in ("Resources", "Priority")
+    finally:
+        on_slurm.run("scancel", blocker)
+    _wait_for(lambda: first / "checkpoints" / "update-000010"
+              if (first / "checkpoints" / "update-000010").is_dir() else None)
+    running = _in_flight(capsys, runs)
+    assert [(r["run_id"], r["job"], r["state"]) for r in running] == [
+        (doc["run_id"], job, "running")]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert _in_flight(capsys, runs) == []
+    # only a later attempt of the run may get another limit, and only the limit
+    for refused in (["--slurm-time", "00:20:00"],
+                    ["--resume", "--slurm-time", "00:20:00", "--slurm-partition", "debug"]):
+        assert main(["run", "--runs-dir", str(runs), str(plan), *refused]) == 2
+        line, = capsys.readouterr().err.strip().splitlines()
+        assert "--slurm-time with a plan gives a Slurm plan's run more time" in line
+    assert main(["run", "--runs-dir", str(runs), "--quiet", str(plan), "--resume",
+                 "--slurm-time", "00:20:00"]) == 0
+    second = run_dir / "attempts" / "2"
+    script = (second / "slurm" / "job.sbatch").read_text()
+    assert "#SBATCH --time=00:20:00" in script.splitlines()
+    assert "the plan's: 00:05:00" in script and "#SBATCH --time=00:05:00" not in script
+    job2 = (second / "slurm" / "job_id").read_text().strip()
+    assert "TimeLimit=00:20:00 " in on_slurm.run("scontrol", "show", "job", "-o", job2).stdout
+    resumed = json.loads((second / "result.json").read_text())
+    assert resumed["status"] == "succeeded" and resumed["resumed_from"]["attempt"] == 1
+    assert json.loads((run_dir / "plan.json").read_text()) == json.loads(plan.read_text())

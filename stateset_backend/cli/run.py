@@ -12,6 +12,7 @@ from typing import Any
 
 from stateset_backend.cli.shared import RUNS_DIR_HELP, Commands, emit, load_registry, read_spec
 from stateset_backend.cli.target import engine_options, plan_for, provider_options
+from stateset_backend.providers.slurm.flags import OPTIONS
 
 COMMANDS = ("run",)
 
@@ -48,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         target = f"{args.document} on {args.engine}" if args.engine else args.document
         print(f"stateset-backend: checking {target}", file=sys.stderr, flush=True)
     from stateset_backend.common.errors import InvalidInput, NotExecuted
+    from stateset_backend.providers.base import SUBMITTED
     from stateset_backend.runs.runner import (
         completed,
         newest_checkpoint,
@@ -56,9 +58,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         stopped_by_cluster,
     )
     from stateset_backend.runs.store import RunStore, runs_dir_from
+    from stateset_backend.runs.views import record_submitted
 
     registry = load_registry()
     store = RunStore(runs_dir_from(args.runs_dir))
+    SUBMITTED.append(record_submitted)  # a listing shows a cluster's job while it runs
     if args.resume and args.engine is not None:
         raise InvalidInput(_resume_needs_plan(args.document, args.engine, store))
     if args.engine is not None:
@@ -67,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif args.engine_version is not None:
         raise InvalidInput("--engine-version needs --engine (a plan already fixes the version)")
     else:
-        plan = _load_run_document(args.document)
+        plan = _with_slurm_time(_load_run_document(args.document), args)
     if args.retry and (args.resume or args.engine is not None):
         raise InvalidInput("--retry runs a plan's run again from scratch: give the plan, "
                            "without --resume" + (" (with --engine every run is a new run)"
@@ -110,7 +114,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
     if result.status == "prepared" and not args.json:  # as asked: a screen, not an error
         from stateset_backend.runs.kuberay_attempt import prepared_screen
-
         print(prepared_screen(plan, store, result), flush=True)
         return NotExecuted.exit_code
     if result.status != "succeeded":
@@ -167,6 +170,22 @@ def _earlier_attempts(plan: Any, store: Any, document: str,
     return 2, {}, (f"run {run} already has {count}; attempt {newest} {ended}. Continue it "
                    f"from its newest checkpoint: {cmd} --resume; or train it again from "
                    f"scratch as attempt {newest + 1}: {cmd} --retry")
+
+
+def _with_slurm_time(plan: Any, args: argparse.Namespace) -> Any:
+    """A plan fixes where it runs; only a later attempt of its run may get another time limit
+    (a run its limit cut off resumes with more), recorded in that attempt's script."""
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.providers.slurm.planning import with_time_limit
+    given = [s for s in OPTIONS if getattr(args, f"slurm_{s}", None) is not None]
+    if given and (given != ["time_limit"] or plan.provider != "slurm" or
+                  not (args.resume or args.retry)):
+        raise InvalidInput(f"{OPTIONS['time_limit']} with a plan gives a Slurm plan's run more "
+                           "time for --resume or --retry; the plan fixes the rest")
+    if not given:
+        return plan
+    settings, files = with_time_limit(plan.provider_settings, plan.files, args.slurm_time_limit)
+    return plan.model_copy(update={"provider_settings": settings, "files": files})
 
 
 def _load_run_document(path: str) -> Any:

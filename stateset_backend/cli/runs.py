@@ -33,7 +33,10 @@ def add_parsers(commands: Commands) -> None:
     q.add_argument("--digest", help="only runs of this experiment digest")
     q.add_argument("--engine", help="only runs on this engine")
     q.add_argument("--status", choices=["succeeded", "failed", "invalid", "interrupted",
-                                        "quarantined", "prepared", "unreadable"])
+                                        "quarantined", "prepared", "unreadable", "running",
+                                        "pending"],
+                   help="only runs whose latest attempt ended so; running or pending: only "
+                        "attempts in flight")
     _paging(q)
     q = runs_sub.add_parser("show", parents=parents, help="one run: identity, attempts, "
                                                           "checkpoints, selection")
@@ -102,8 +105,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
         limit, offset = _page(args)
         rows, total = store.page(digest=digest, engine=args.engine, status=args.status,
                                  limit=limit, offset=offset)
+        flying = [r for r in runs.in_flight(store) if args.status in (None, r["state"])] \
+            if args.page == 1 and args.status in (None, "running", "pending") else []
         doc = {"runs": rows, "total": total, "page": args.page, "limit": limit,
-               "more": max(0, total - offset - len(rows))}
+               "more": max(0, total - offset - len(rows)), "in_flight": flying}
         emit(args, doc, lambda: runs_table(doc))
     elif args.runs_command == "show":
         doc = runs.show(store, args.run)

@@ -7,6 +7,7 @@ the attempt's log files and stop the whole engine on Ctrl-C, SIGTERM or the time
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -25,6 +26,22 @@ EXIT_STOPPED = 75  # the engine's status after it stopped on that request (EX_TE
 # process group here, the Ray provider as one job entry point. An engine whose launch must run
 # on every node (the native engine's torchrun across ``resources.nodes``) needs one of these.
 PROVIDERS_ACROSS_NODES = frozenset({"slurm"})
+
+
+# Told (attempt directory, provider, job id) once a cluster has accepted an attempt's job: the
+# run store records the attempt as in flight, so listings show it while it waits and runs,
+# before it has a result. A list the caller fills, because providers know nothing of the store.
+SUBMITTED: list[Callable[[Path, str, str], None]] = []
+
+
+def announce_submitted(run_dir: Path, provider: str, job: str) -> None:
+    """Tell whoever listens that the job was accepted; a listener's failure (a store it cannot
+    write) costs the listing its line, never the attempt."""
+    for listener in SUBMITTED:
+        try:
+            listener(run_dir, provider, job)
+        except Exception:  # the job runs whatever the listing knows
+            continue
 
 
 @dataclass(frozen=True)

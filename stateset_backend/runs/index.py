@@ -9,7 +9,10 @@ missing, damaged or of another ``VERSION`` (``PRAGMA user_version``). Its tables
   set on each run's newest attempt, ``detail`` the JSON of what `runs compare` shows of it;
 - ``runs``: every run folder with a plan, written when its first attempt begins, so that a
   prefix names a run before it has a result;
-- ``evaluations``: the held-out evaluation records `evaluate` wrote, as the views show them.
+- ``evaluations``: the held-out evaluation records `evaluate` wrote, as the views show them;
+- ``in_flight``: attempts whose job a cluster accepted and that have no result yet (provider
+  and job id), so that `runs list` shows them, asking the provider for their state, without
+  opening a folder; an attempt's row goes when its result is indexed.
 
 A run id begins with the UTC time its plan was made (``20260101T000000Z-1a2b3c4d``), so the
 primary key's order is the creation order: the newest page of a listing reads the last entries
@@ -25,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the readers never load the result model
     from stateset_backend.runs.results import Result
 
-VERSION = 2
+VERSION = 3
 COLUMNS = ("run_id", "attempt", "experiment_digest", "binding_digest", "plan_checksum",
            "engine", "engine_version", "status", "exit_code", "committed_updates",
            "planned_updates", "started_at", "ended_at", "deviations")
@@ -42,8 +45,12 @@ SCHEMA = (
     "CREATE TABLE runs (run_id TEXT PRIMARY KEY) WITHOUT ROWID",
     "CREATE TABLE evaluations (run_id TEXT NOT NULL, record TEXT NOT NULL, attempt INTEGER, "
     "entry TEXT NOT NULL, PRIMARY KEY (run_id, record))",
+    "CREATE TABLE in_flight (run_id TEXT NOT NULL, attempt INTEGER NOT NULL, "
+    "provider TEXT NOT NULL, job TEXT NOT NULL, PRIMARY KEY (run_id, attempt))",
     f"PRAGMA user_version = {VERSION}",
 )
+IN_FLIGHT = ("SELECT run_id, attempt, provider, job FROM in_flight "
+             "ORDER BY run_id DESC, attempt DESC")
 STATUSES = ("succeeded", "failed", "invalid", "interrupted", "quarantined", "prepared",
             "unreadable")
 # a set of run ids passed as one JSON parameter (no limit on how many)
@@ -101,6 +108,14 @@ def put_attempts(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
     conn.execute("UPDATE attempts SET latest = (attempt = (SELECT MAX(b.attempt) FROM "
                  f"attempts b WHERE b.run_id = attempts.run_id)) WHERE {_IN_SET}", [runs])
     put_runs(conn, [row[0] for row in rows])
+    conn.executemany("DELETE FROM in_flight WHERE run_id = ? AND attempt = ?",
+                     [(row[0], row[1]) for row in rows])
+
+
+def put_in_flight(conn: sqlite3.Connection, run_id: str, attempt: int, provider: str,
+                  job: str) -> None:
+    conn.execute("INSERT OR REPLACE INTO in_flight VALUES (?, ?, ?, ?)",
+                 (run_id, attempt, provider, job))
 
 
 def put_runs(conn: sqlite3.Connection, run_ids: list[str]) -> None:

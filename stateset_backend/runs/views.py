@@ -53,6 +53,42 @@ def _no_result(folder: Path) -> str:
             "of its plan records it as interrupted")
 
 
+def record_submitted(attempt_dir: Path, provider: str, job: str) -> None:
+    """A cluster accepted this attempt's job: the index shows it as in flight until its
+    result replaces it (listens to providers.base.SUBMITTED while `run` runs)."""
+    from stateset_backend.runs import index
+
+    run_dir = attempt_dir.parent.parent
+    RunStore(run_dir.parent)._write(lambda conn: index.put_in_flight(
+        conn, run_dir.name, int(attempt_dir.name), provider, job))
+
+
+def in_flight(store: RunStore) -> list[dict[str, Any]]:
+    """Attempts a cluster accepted that have no result yet, newest first, each with its
+    provider's state now: a Slurm job's as the controller says it (``pending`` with Slurm's
+    reason, ``running``). From the index and the provider, never a run's folder."""
+    from stateset_backend.common.errors import StatesetError
+    from stateset_backend.runs import index
+
+    rows = []
+    for run_id, attempt, provider, job in store._select(index.IN_FLIGHT, []):
+        row = {"run_id": run_id, "attempt": attempt, "provider": provider, "job": job,
+               "state": "unknown", "reason": ""}
+        if provider == "slurm":
+            from stateset_backend.providers.slurm.job import job_state
+
+            try:
+                state = job_state(job)
+            except StatesetError as exc:  # no Slurm client on this machine
+                state, row["reason"] = None, exc.message
+            if state is not None:
+                row.update(state=state.state.lower(), reason=state.reason or "")
+            elif not row["reason"]:
+                row["reason"] = "Slurm no longer knows the job"
+        rows.append(row)
+    return rows
+
+
 def show(store: RunStore, run_id: str) -> dict[str, Any]:
     """Identity, plan checksum, every attempt with its status and reason, checkpoints with
     their hashes, the selection and the declared deviations of one run."""

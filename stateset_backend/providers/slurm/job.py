@@ -28,6 +28,7 @@ from stateset_backend.providers.base import (
     EXIT_STOPPED,
     STOP_REQUEST,
     PreparedLaunch,
+    announce_submitted,
     cancelled_exit,
 )
 from stateset_backend.providers.local import Exit, forward_interrupts
@@ -238,6 +239,7 @@ class SlurmProvider:
         except Refused as exc:  # an attempt like any other: it ends with its result
             return Exit(1, reason=exc.message)
         (prepared.run_dir / "slurm" / "job_id").write_text(job_id + "\n")
+        announce_submitted(prepared.run_dir, "slurm", job_id)
         print(f"stateset-backend: submitted Slurm job {job_id}", file=sys.stderr, flush=True)
         return follow(job_id, prepared, timeout)
 

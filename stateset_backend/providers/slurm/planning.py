@@ -68,3 +68,21 @@ def check_runs_dir(doc: dict[str, Any], runs_dir: Path) -> None:
         raise InvalidInput(f"runs directory {runs_dir.resolve()} is not on the shared "
                            f"filesystem {settings.shared_root} of this Slurm plan: the job could "
                            "not write its outputs there; pass --runs-dir under it")
+
+
+def with_time_limit(doc: dict[str, Any], files: dict[str, str],
+                    time_limit: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A plan's settings and script for a later attempt given more (or less) time: the run's
+    identity is the experiment, not the queue's limit, so a run cut off by its limit resumes
+    with a longer one. The new limit is checked like the plan's (the warning must stay
+    shorter) and recorded in the attempt's script, beside the plan's own."""
+    settings = settings_of({**doc, "time_limit": time_limit})
+    script = files.get(SCRIPT_FILE, "")
+    planned = f"#SBATCH --time={doc.get('time_limit')}"
+    if planned not in script.splitlines():
+        raise InvalidInput(f"this plan's script has no {planned} line to change")
+    script = script.replace(
+        planned + "\n", f"# this attempt's time limit, given to `run` ({OPTIONS['time_limit']}); "
+                        f"the plan's: {doc.get('time_limit')}\n"
+                        f"#SBATCH --time={settings.time_limit}\n", 1)
+    return settings.model_dump(mode="json"), {**files, SCRIPT_FILE: script}
