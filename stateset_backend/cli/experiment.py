@@ -9,7 +9,11 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
-from stateset_backend.cli.explain_tables import print_effective, print_side_by_side
+from stateset_backend.cli.explain_tables import (
+    print_effective,
+    print_side_by_side,
+    print_upgrade,
+)
 from stateset_backend.cli.shared import Commands, emit, load_registry, read_spec
 from stateset_backend.cli.target import (
     engine_options,
@@ -43,6 +47,9 @@ def add_parsers(commands: Commands) -> None:
     p.add_argument("--differs", action="store_true",
                    help="with --effective: only the settings that are not the same "
                         "everywhere by default")
+    p.add_argument("--upgrade", metavar="FROM..TO",
+                   help="with --engine: what moving this spec from one release to another "
+                        "changes (keys, values, defaults, deviations, refusals)")
     p.add_argument("spec")
     p = commands.add("plan", cmd_plan, "make a reviewable launch plan")
     engine_options(p)
@@ -90,6 +97,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     spec = read_spec(args.spec)
     registry = load_registry()
+    if args.upgrade is not None:
+        return _explain_upgrade(args, spec, registry)
     if args.all_engines == (args.engine is not None):
         raise InvalidInput("explain takes --engine E or --all-engines")
     if args.all_engines and args.engine_version:
@@ -124,6 +133,28 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 "fields": [r.to_json() for r in c.rows]} for c in columns]
     doc: dict[str, Any] = {"engines": engines} if args.all_engines else engines[0]
     emit(args, doc, lambda: print_side_by_side(engines, effective, args.spec))
+    return 0
+
+
+def _explain_upgrade(args: argparse.Namespace, spec: ExperimentSpec, registry: Any) -> int:
+    from stateset_backend.common.errors import InvalidInput
+    from stateset_backend.contracts.loader import parse_version
+    from stateset_backend.translate.upgrade import Release, parse_range, upgrade
+
+    if args.engine is None or args.all_engines or args.engine_version or args.effective:
+        raise InvalidInput("--upgrade FROM..TO compares two releases of one engine: give "
+                           "--engine E alone (no --all-engines, --engine-version or "
+                           "--effective)")
+    entry = registry.get(args.engine)
+    adapter = entry.adapter
+    releases = []
+    for version in parse_range(adapter.name, args.upgrade):
+        dialect = adapter.contract.dialect(parse_version(version))
+        with entry.guard("explaining the spec"):
+            releases.append(Release(version, dialect, adapter.rules(dialect)))
+    with entry.guard("explaining the spec"):
+        doc = upgrade(spec, adapter.name, releases[0], releases[1])
+    emit(args, doc, lambda: print_upgrade(doc))
     return 0
 
 

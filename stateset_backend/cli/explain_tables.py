@@ -132,3 +132,52 @@ def print_effective(table: dict[str, Any], differs: bool) -> None:
                       "declared deviation or a refusal); the others run as the spec says "
                       "everywhere", markup=False)
     console.print(_LEGEND, markup=False)
+
+
+def print_upgrade(doc: dict[str, Any]) -> None:
+    """One block per kind of change, each line a setting: what it was, what it becomes."""
+    console = rich_console()
+
+    def say(text: str) -> None:
+        console.print(elided_line(text), markup=False, highlight=False)
+
+    say(f"{doc['engine']} {doc['from']} -> {doc['to']} (dialect {doc['dialects']['from']} -> "
+        f"{doc['dialects']['to']})")
+    if doc["settings"]:
+        say(f"\nsettings that change ({len(doc['settings'])}):")
+    for s in doc["settings"]:
+        a, b = s["before"] or {}, s["after"] or {}
+        say(f"  {s['field']}: {', '.join(s['changes'])}")
+        for label, side in (("before", a), ("after", b)):
+            if not side:
+                continue
+            keys = ", ".join(f"{k}={elided_json(v)}" for k, v in side.get("native", {}).items())
+            extra = side.get("deviation") or side.get("reason") or ""
+            say(f"    {label}: {side['state']}" + (f" {keys}" if keys else "") +
+                (f" ({elided(str(extra))})" if extra else ""))
+    if doc["deviations"]:
+        say(f"\ndeclared deviations ({len(doc['deviations'])}):")
+        for d in doc["deviations"]:
+            say(f"  {d['deviation']} ({d['setting']}): {d['what']}")
+    if doc["defaults"]:
+        say(f"\ndefaults that change ({len(doc['defaults'])}):")
+        for d in doc["defaults"]:
+            held = f" (the launch pins it: {d['pinned_by']})" if d["pinned_by"] else \
+                " (the launch leaves it to the engine)"
+            was = f" (was {d['was']})" if d.get("was") else ""
+            say(f"  {d['key']}{was}: {elided_json(d['before'])} -> {elided_json(d['after'])}"
+                f"{held}")
+    if doc["no_longer_read"]:
+        say(f"\nkeys the {doc['from']} launch sets that the {doc['to']} launch does not "
+            f"({len(doc['no_longer_read'])}):")
+        for d in doc["no_longer_read"]:
+            say(f"  {d['key']} (from {d['set_by']}): {d['why']}")
+    if doc["engine_options"]:
+        say(f"\nengine_options ({len(doc['engine_options'])}):")
+        for d in doc["engine_options"]:
+            say(f"  {d['key']}: {d['why']}")
+    if not any(doc[k] for k in ("settings", "deviations", "defaults", "no_longer_read",
+                                "engine_options")):
+        say("\nnothing this spec sets changes")
+    say(f"\nexperiment digest: {'holds' if doc['digest_meaning_holds'] else 'changes meaning'}"
+        f" - {doc['digest_meaning']}")
