@@ -89,6 +89,10 @@ def test_an_engine_that_does_what_the_spec_asks_passes(tmp_path):
     assert validation.state == "ok", validation
     assert validation.detail == ("after updates 1, 2, as the spec asks (and before update 1); "
                                  "3 completions a pass")
+    last = [*_update(TRAIN[:2]), *_update(TRAIN[2:4]), *_validate()]
+    _, validation = _lines(tmp_path, last, **{"evaluation.every": 3})
+    assert validation.detail == ("none due in 2 updates at every 3, as the spec asks (and "
+                                 "after update 2); 3 completions a pass"), validation
 
 
 @pytest.mark.parametrize("calls, says", [

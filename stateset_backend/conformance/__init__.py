@@ -39,7 +39,11 @@ Every check is derived from the adapter's contract, never hand-written per engin
 - collection: healthy outputs are ``succeeded``; NaN, Infinity and string metrics, missing or
   escaping artifacts, a missing identity and no committed update are ``invalid``;
 - resume (when ``resume:exact`` is claimed): the checkpoint is found, accepted and continued
-  from without touching the earlier attempt.
+  from without touching the earlier attempt;
+- where the engine runs here (the adapter's ``rehearse``, the release installed, the class's
+  ``engine_python``): its own trainer runs a sample made to show what it does, and what it did
+  (its calls to the hub's reward shim, its validation passes, the rate it logged, its files,
+  KL at update 1, a resume) is what the spec asks; the kit's writer must match its outputs.
 
 A capability or case the adapter declares in ``unsupported`` (or a case its writer raises
 :class:`CannotWrite` for) is reported ``unsupported``: never passed, never silently skipped.
@@ -138,12 +142,28 @@ class AdapterConformance(KitFixtures):
         from stateset_backend.spec.modeltree import all_leaf_paths
 
         leaves = set(all_leaf_paths(ExperimentSpec)) if adapter.name == "native" else set()
-        base, _ = self._base(adapter, engine_version, sample_files)
+        base, base_plan = self._base(adapter, engine_version, sample_files)
+        known = surface(adapter.name, engine_version) or adapter.kit_support().surface
         with reported():
             varied = checks.check_sensitivity(
                 adapter, engine_version, base, sample_files, parse_launch,
-                also_read=leaves.__contains__,
-                surface=surface(adapter.name, engine_version) or adapter.kit_support().surface)
+                also_read=leaves.__contains__, surface=known)
+            # settings that live only in a capability's sample (validation, checkpoints, LoRA,
+            # KL, ...), each varied in that sample
+            at_base = flatten(base_plan.spec)
+            for sample, plan in self._claimed(adapter, engine_version, sample_files):
+                own = {k for k, v in flatten(plan.spec).items()
+                       if k not in at_base or at_base[k] != v}
+                if not own:
+                    continue
+                try:
+                    varied += checks.check_sensitivity(
+                        adapter, engine_version, sample.doc, sample_files, parse_launch,
+                        also_read=leaves.__contains__, surface=known,
+                        only=lambda path, own=own: path in own or any(  # type: ignore[misc]
+                            k.startswith(path + ".") for k in own))
+                except CheckFailed as exc:
+                    raise CheckFailed(f"{sample.capability}: {exc}") from None
             compared = checks.check_distinct_launches(adapter, engine_version, base,
                                                       sample_files, parse_launch)
         if not varied and not compared:

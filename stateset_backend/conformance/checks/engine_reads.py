@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from stateset_backend.common.errors import InvalidInput
 from stateset_backend.common.jsonio import flatten
@@ -23,6 +23,8 @@ from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import EngineAdapter
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.spec.files import parse_spec
+from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.spec.modeltree import model_in
 from stateset_backend.translate.rules import explain_rows
 
 
@@ -133,10 +135,34 @@ def check_reads_as_declared(adapter: EngineAdapter, plan: LaunchPlan, read: dict
 
 
 # -- sensitivity: a setting reaches exactly the keys its rule claims -----------------------------
-def _variants(value: Any) -> list[Any]:
-    """Two values distinct from each other and from ``value``, of its type, small moves that
-    specs usually accept (tried in order; those the spec or the engine refuses are skipped)."""
-    if isinstance(value, bool) or value is None:
+def _annotation(path: str) -> Any:
+    """The spec field's type at a dotted leaf path (None where the path leaves the model)."""
+    model: Any = ExperimentSpec
+    annotation: Any = None
+    for part in path.split("."):
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return None
+        annotation = fields[part].annotation
+        model = model_in(annotation)
+    return annotation
+
+
+def _choices(annotation: Any) -> tuple[Any, ...]:
+    """The values a Literal-typed (or optional Literal) field allows; empty for other types."""
+    if get_origin(annotation) is Literal:
+        return get_args(annotation)
+    return tuple(v for arg in get_args(annotation) if get_origin(arg) is Literal
+                 for v in get_args(arg))
+
+
+def _variants(value: Any, path: str = "") -> list[Any]:
+    """Values distinct from ``value`` and each other, of its kind, that specs usually accept
+    (tried in order; those the spec or the engine refuses are skipped): small moves of a
+    number, the other boolean, the other members of an enum."""
+    if isinstance(value, bool):
+        return [not value]
+    if value is None:
         return []
     tries: list[Any]
     if isinstance(value, int):
@@ -144,6 +170,8 @@ def _variants(value: Any) -> list[Any]:
     elif isinstance(value, float):
         tries = [value * 0.5, value * 0.75, value * 1.25, value + 0.05, value + 0.1] \
             if value else [0.01, 0.02, 0.05]
+    elif isinstance(value, str):
+        tries = list(_choices(_annotation(path)))
     else:
         return []
     return [v for v in dict.fromkeys(tries) if v != value]
@@ -169,15 +197,26 @@ def _moot(path: str, spec: Any) -> bool:
     return path == "optim.min_lr_ratio" and spec.optim.schedule == "constant"
 
 
+# Leaves whose other values may launch alike: an objective names a recipe of other settings
+# (with those held, objectives of one class are one experiment; check_distinct_launches holds
+# the classes apart); a conversation's kind says whether its environment class declares tools,
+# which the shims read from the class itself (the capability check holds the kinds apart)
+HELD_APART = frozenset({"algorithm.objective", "environment.kind"})
+
+
 def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any],
                       files: SampleFiles, read: Callable[[LaunchPlan], dict[str, Any]],
                       also_read: Callable[[str], bool] = lambda key: False,
-                      surface: dict[str, Any] | None = None) -> int:
-    """For every numeric leaf the translation pins onto engine keys: the sample planned at
-    two more values (distinct from each other and the base) and read back as the engine reads
-    it. At least one claimed key must read differently (the setting reaches the engine), and
-    every key that reads differently must be one the translation says changed (no setting
-    leaks into keys it does not claim). Returns how many leaves were varied."""
+                      surface: dict[str, Any] | None = None,
+                      only: Callable[[str], bool] | None = None) -> int:
+    """For every leaf the translation pins onto engine keys (``only`` those it accepts): the
+    sample planned at other values of the leaf's kind (two more numbers, the other boolean,
+    the enum's other members; with only one that plans, against the sample itself) and read
+    back as the engine reads it. Every key the translation claims is in the rendered launch;
+    at least one claimed key must read differently, or a file the launch writes must differ
+    (the setting reaches the engine; the hub's shims read theirs from files), and every
+    key that reads differently must be one the launch changed (no setting leaks into keys it
+    does not claim). Returns how many leaves were varied."""
     dialect = adapter.contract.dialect(parse_version(version))
     origin = plan_doc(adapter, version, base, files)
     spec = origin.validated_spec()
@@ -186,17 +225,21 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
     varied = 0
     for row in rows:
         if row.state != "pinned" or not row.native or row.path.split(".")[0] in (
-                "resources", "seed", "engine_options"):
+                "resources", "seed", "engine_options") or (only and not only(row.path)) or \
+                row.path in HELD_APART:
             continue
+        _carried(origin, row.path, row.native)
         plans = []
-        for value in _variants(row.value):
+        for value in _variants(row.value, row.path):
             plan = plan_or_none(adapter, version, with_leaf(full, row.path, value), files)
             if plan is not None:
                 plans.append((value, plan))
             if len(plans) == 2:
                 break
-        if len(plans) < 2:
+        if not plans:
             continue
+        if len(plans) == 1:
+            plans.insert(0, (row.value, origin))
         (a_value, a), (b_value, b) = plans
         read_a = flatten(normalize_values(read(a), a))
         read_b = flatten(normalize_values(read(b), b))
@@ -212,7 +255,7 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
         declared_b, _ = _flat_native(b)
         moved = {k for k in set(declared_a) | set(declared_b)
                  if not same_value(declared_a.get(k), declared_b.get(k))}
-        if not changed & claimed and not _moot(row.path, spec):
+        if not changed & claimed and not _moot(row.path, spec) and a.files == b.files:
             raise CheckFailed(f"{row.path}: planned at {a_value!r} and {b_value!r}, the "
                               f"engine reads the same value for every key the translation "
                               f"claims for it ({sorted(claimed)[:4]}): the setting never "
@@ -223,6 +266,21 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
                               "reads the launch, which its translation does not set")
         varied += 1
     return varied
+
+
+def _carried(plan: LaunchPlan, path: str, native: dict[str, Any]) -> None:
+    """Every key the translation pins for ``path`` (to a value: None is "leave unset") is in
+    the rendered launch: a render that drops a translated key leaves the engine at its own
+    default, whatever the spec says."""
+    declared, _ = _flat_native(plan)
+    pinned = {k: v for key, value in native.items()
+              for k, v in (flatten(value, key.lstrip("+")) if isinstance(value, dict) and value
+                           else {key.lstrip("+"): value}).items()}
+    lost = sorted(k for k, v in pinned.items() if v is not None and k not in declared
+                  and not any(d.startswith(k + ".") for d in declared))
+    if lost:
+        raise CheckFailed(f"{path}: its translation sets {lost[:4]}, but the rendered launch "
+                          "does not carry them: the engine runs with its own default")
 
 
 # Objectives whose math differs whatever the other settings are: two of different classes
