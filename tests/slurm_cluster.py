@@ -15,6 +15,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,8 +66,24 @@ class Cluster:
                               check=False, timeout=60)
 
 
-def _config(folder: Path, munge_socket: Path) -> str:
+def _config(folder: Path, munge_socket: Path, two_nodes: bool = False) -> str:
     host = socket.gethostname().split(".")[0]
+    if two_nodes:  # two slurmd on this host, one CPU each, as two machines of one CPU
+        nodes = [f"NodeName=node{i} NodeHostname={host} NodeAddr=127.0.0.1 "
+                 f"Port={_free_port()} CPUs=1 RealMemory=2000 State=UNKNOWN" for i in (1, 2)]
+        partitions = ["PartitionName=two Nodes=node1,node2 Default=YES MaxTime=INFINITE "
+                      "State=UP"]
+        slurmd = [f"SlurmdSpoolDir={folder}/spool-%n", f"SlurmdPidFile={folder}/slurmd-%n.pid",
+                  f"SlurmdLogFile={folder}/slurmd-%n.log"]
+    else:
+        nodes = [f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory=2000 "
+                 "State=UNKNOWN"]
+        partitions = [
+            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+            # a partition with a time cap, as most clusters have, for jobs it can never start
+            "PartitionName=short Nodes=ALL MaxTime=00:05:00 State=UP"]
+        slurmd = [f"SlurmdSpoolDir={folder}/spool", f"SlurmdPidFile={folder}/slurmd.pid",
+                  f"SlurmdLogFile={folder}/slurmd.log"]
     return "\n".join([
         "ClusterName=stateset-test", f"SlurmctldHost={host}(127.0.0.1)", "SlurmUser=root",
         "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={munge_socket}",
@@ -78,14 +95,8 @@ def _config(folder: Path, munge_socket: Path) -> str:
         "SelectTypeParameters=CR_Core", "SchedulerType=sched/backfill",
         "SchedulerParameters=batch_sched_delay=0", "ReturnToService=2", "KillWait=5",
         "MinJobAge=300", "InactiveLimit=0", f"StateSaveLocation={folder}/state",
-        f"SlurmdSpoolDir={folder}/spool", f"SlurmctldPidFile={folder}/slurmctld.pid",
-        f"SlurmdPidFile={folder}/slurmd.pid", f"SlurmctldLogFile={folder}/slurmctld.log",
-        f"SlurmdLogFile={folder}/slurmd.log",
-        f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory=2000 "
-        "State=UNKNOWN",
-        "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
-        # a partition with a time cap, as most clusters have, for jobs it can never start
-        "PartitionName=short Nodes=ALL MaxTime=00:05:00 State=UP", ""])
+        f"SlurmctldPidFile={folder}/slurmctld.pid", f"SlurmctldLogFile={folder}/slurmctld.log",
+        *slurmd, *nodes, *partitions, ""])
 
 
 def _stop(pid_files: list[Path]) -> None:
@@ -108,12 +119,8 @@ def _stop(pid_files: list[Path]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.fixture(scope="session")
-def slurm(tmp_path_factory) -> Iterator[Cluster]:
-    why = missing()
-    if why:
-        pytest.skip(why)
-    folder = tmp_path_factory.mktemp("slurm")
+@contextmanager
+def _cluster(folder: Path, two_nodes: bool = False) -> Iterator[Cluster]:
     for sub in ("state", "spool", "munge"):
         (folder / sub).mkdir()
     munge = folder / "munge"
@@ -122,9 +129,11 @@ def slurm(tmp_path_factory) -> Iterator[Cluster]:
                    capture_output=True)
     key.chmod(0o600)
     conf = folder / "slurm.conf"
-    conf.write_text(_config(folder, sock))
+    conf.write_text(_config(folder, sock, two_nodes))
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    pid_files = [munge_pid, folder / "slurmctld.pid", folder / "slurmd.pid"]
+    names = ["node1", "node2"] if two_nodes else [None]
+    slurmd_pids = [folder / (f"slurmd-{n}.pid" if n else "slurmd.pid") for n in names]
+    pid_files = [munge_pid, folder / "slurmctld.pid", *slurmd_pids]
     try:
         subprocess.run([_daemon("munged"), "--force", f"--key-file={key}", f"--socket={sock}",
                         f"--pid-file={munge_pid}", f"--log-file={munge / 'munged.log'}",
@@ -132,17 +141,37 @@ def slurm(tmp_path_factory) -> Iterator[Cluster]:
                        capture_output=True)
         subprocess.run([_daemon("slurmctld"), "-i", "-f", str(conf)], check=True, env=env,
                        capture_output=True)
-        subprocess.run([_daemon("slurmd"), "-f", str(conf)], check=True, env=env,
-                       capture_output=True)
+        for name in names:
+            subprocess.run([_daemon("slurmd"), "-f", str(conf), *(["-N", name] if name else [])],
+                           check=True, env=env, capture_output=True)
         cluster = Cluster(folder, conf, env)
         deadline = time.monotonic() + 30
         # a node in two partitions is listed twice
         while set(cluster.run("sinfo", "-h", "-N", "-o", "%T").stdout.split()) != {"idle"}:
             if time.monotonic() > deadline:
-                logs = "\n".join((folder / f).read_text()[-800:] for f in
-                                 ("slurmctld.log", "slurmd.log") if (folder / f).exists())
+                logs = "\n".join(f.read_text()[-800:] for f in sorted(folder.glob("slurm*.log")))
                 raise RuntimeError(f"the test Slurm did not come up:\n{logs}")
             time.sleep(0.25)
         yield cluster
     finally:
         _stop(pid_files)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory) -> Iterator[Cluster]:
+    why = missing()
+    if why:
+        pytest.skip(why)
+    with _cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_two_nodes(tmp_path_factory) -> Iterator[Cluster]:
+    """Two nodes of one CPU each: two slurmd on this host (node1, node2), for jobs that span
+    nodes; its own controller, so the single-node cluster's jobs never wait for it."""
+    why = missing()
+    if why:
+        pytest.skip(why)
+    with _cluster(tmp_path_factory.mktemp("slurm2"), two_nodes=True) as cluster:
+        yield cluster

@@ -248,7 +248,9 @@ class Trainer:
         positions = self.world.all_gather(
             {"rank": self.world.rank, "sampler": self.sampler.state_dict(),
              "groups": [self.owned.start, self.owned.stop],
-             "generator_sha256": checkpoint.generator_digest(self.generator)})
+             "generator_sha256": checkpoint.generator_digest(self.generator),
+             # recorded: another thread count rounds the same math differently
+             "intra_op_threads": torch.get_num_threads()})
         if not self.world.is_main:
             return None
         self.out.records.flush()  # no checkpoint exists whose records are not on disk

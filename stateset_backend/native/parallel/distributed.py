@@ -92,11 +92,28 @@ def shard(n_items: int, parts: int, index: int) -> range:
     return range(index * n_items // parts, (index + 1) * n_items // parts)
 
 
+def intra_op_threads(env: dict[str, str] | None = None) -> int:
+    """Threads for this process's tensor math, chosen the same way on every layout: the count
+    the launch set (``OMP_NUM_THREADS``: the user's, or the Slurm batch script's share of the
+    CPUs it was given), else the scheduler's CPUs of this node shared among its processes,
+    else torch's own default. Its reductions round differently with another count, so
+    2 nodes x 1 process and 1 node x 2 processes agree bit for bit only with the same one."""
+    env = dict(os.environ) if env is None else env
+    given = env.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    cpus = env.get("SLURM_CPUS_PER_TASK", "")
+    if cpus.isdigit() and int(cpus) > 0:
+        return max(1, int(cpus) // max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1)))
+    return torch.get_num_threads()
+
+
 def join(expected_size: int) -> World:
     """This process's place in the group torchrun started (or a world of one), after checking
     it is the size the spec's resources asked for: a mismatch would train another batch split
     than the one planned."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.set_num_threads(intra_op_threads())
     if size != expected_size:
         raise DistributedError(f"the launch asked for {expected_size} process(es) but "
                                f"{size} were started")

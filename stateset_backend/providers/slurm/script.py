@@ -84,11 +84,20 @@ finish "$rc"
 
 _TORCHRUN = r"""port={port}
 printf 'rendezvous_port=%s\n' "$port" > slurm/ports
+# Threads for each engine process: the CPUs Slurm gave the node shared among its {processes}
+# process(es), unless set. torchrun sets 1 only where a node runs several processes, so
+# without this 2 nodes x 1 process would compute with other threads (and other rounding) than
+# 1 node x 2 processes.
+threads=$(( SRUN_CPUS_PER_TASK / {processes} ))
+export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-$(( threads > 0 ? threads : 1 ))}}"
 if [ "$SLURM_JOB_NUM_NODES" -gt 1 ]; then
-    echo "stateset-backend: rendezvous on $head_node:$port" >&2
+    # the first node's address as Slurm knows it (its NodeAddr; the name where none is set)
+    head_addr=$(scontrol show node -o "$head_node" | tr ' ' '\n' | sed -n 's/^NodeAddr=//p')
+    head_addr=${{head_addr:-$head_node}}
+    echo "stateset-backend: rendezvous on $head_addr:$port" >&2
     # every node's torchrun agent meets at a rendezvous on the first node
     export PET_NNODES="$SLURM_JOB_NUM_NODES" PET_RDZV_BACKEND=c10d
-    export PET_RDZV_ENDPOINT="$head_node:$port" PET_RDZV_ID="stateset-$SLURM_JOB_ID"
+    export PET_RDZV_ENDPOINT="$head_addr:$port" PET_RDZV_ID="stateset-$SLURM_JOB_ID"
     srun --ntasks-per-node=1 --kill-on-bad-exit=1{container} "${{ENGINE[@]}}" &
 else
     srun --overlap --nodes=1 --ntasks=1 -w "$head_node"{container} "${{ENGINE[@]}}" &
@@ -181,5 +190,6 @@ def render(settings: SlurmSettings, *, launch: ClusterLaunch, run_id: str, engin
     text = _PREAMBLE.format(argv=ARGV_FILE, env=ENV_FILE, stop=STOP_REQUEST,
                             stopped=EXIT_STOPPED, port_floor=PORT_FLOOR,
                             port_slots=PORT_SLOTS) + \
-        body.format(container=container, port="$port_base" if fixed is None else fixed)
+        body.format(container=container, port="$port_base" if fixed is None else fixed,
+                    processes=processes)
     return "\n".join(lines) + "\n\n" + text
