@@ -152,6 +152,9 @@ def test_a_cluster_that_refuses_is_one_line_naming_the_fix(cli, ray_head, tmp_pa
     assert ("no token was found" if token is None else "refused the token from RAY_AUTH_TOKEN") \
         in last
     assert token is None or token not in proc.stderr
+    (result,) = (tmp_path / "runs").glob("*/attempts/1/result.json")  # nothing ran: said so
+    exit_check, = [c for c in json.loads(result.read_text())["checks"] if c["name"] == "exit_code"]
+    assert "RAY_AUTH_TOKEN or ~/.ray/auth_token" in exit_check["detail"]
 
 
 def test_an_unreachable_cluster_is_one_clear_error(cli, tmp_path):
@@ -163,3 +166,5 @@ def test_an_unreachable_cluster_is_one_clear_error(cli, tmp_path):
                "http://127.0.0.1:9", "--runs-dir", tmp_path / "runs", spec, timeout=300)
     assert proc.returncode == 4
     assert "cannot submit to the Ray cluster" in proc.stderr.strip().splitlines()[-1]
+    (result,) = (tmp_path / "runs").glob("*/attempts/1/result.json")
+    assert json.loads(result.read_text())["status"] == "failed"

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stateset_backend.common.errors import EngineFailed, InvalidInput
+from stateset_backend.common.errors import InvalidInput
 from stateset_backend.providers.local import Exit, forward_interrupts
 
 POLL_SECONDS = 0.5
@@ -83,7 +83,8 @@ def run_ray(argv: list[str], *, address: str | None, env: dict[str, str], submis
         job_id = client.submit_job(entrypoint=shlex.join(argv), submission_id=submission_id,
                                    runtime_env={"env_vars": env})
     except Exception as exc:  # connection refused, bad address, refused token, rejected job
-        raise EngineFailed(_refusal(address, exc, token[1] if token else None)) from None
+        # nothing ran, and the attempt says why in its result like any other
+        return Exit(1, reason=_refusal(address, exc, token[1] if token else None))
 
     interrupted = threading.Event()
 
