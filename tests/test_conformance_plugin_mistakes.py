@@ -94,7 +94,8 @@ class TestMistake(AdapterConformance):
     (MisspellsAKey, "algorithm.clip.hgih: echo 1.2.0 has no such key"),
     (PinsAKeyNoEngineReads, "optimizer.learning_rate: echo 1.2.0 has no such key"),
     (WritesALauncherThatIsNotPython, "launch.py"),
-    (ClaimsRlooLaunchesGrpo, "algorithm.objective: 'grpo' and 'rloo' launch alike"),
+    (ClaimsRlooLaunchesGrpo, "algorithm.objective: echo 1.2.0 reads 'grpo', but for this spec "
+                             "it must read 'rloo'"),
     (CountsLogRows, "committed_updates is 5, but the outputs show 4 updates"),
     (EchoAdapter, None)])
 def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):

@@ -98,8 +98,8 @@ class TestMistake(AdapterConformance):
 
 
 @pytest.mark.parametrize("cls, check, says", [
-    (WarmupOffByOne, "learning rate", "gives 0.001 at update 2, not 0.0005"),
-    (CosineWithoutItsFloor, "learning rate", "gives 0.00055 at update 3, not 0.0005"),
+    (WarmupOffByOne, "learning rate", "gives 0.001 for update 2, not 0.0005"),
+    (CosineWithoutItsFloor, "learning rate", "gives 0.00055 for update 3, not 0.0005"),
     (BatchInPrompts, "reward calls", "the engine scored 12 train completions; the spec asks "
                                      "for 48"),
     (HalfTheGroup, "reward calls", "no multiple of group_size 4"),

@@ -63,7 +63,8 @@ def test_the_native_engine_rehearses_the_main_job_in_two_updates(tmp_path, capsy
     assert "replaced   checkpoint.every: 50 -> 1 (for the resume check)" in out
     checks = _verdict(out)
     assert list(checks) == ["launch", "identity", "metrics finite", "KL at update 1",
-                            "rollout vs learner", "checkpoints", "updates", "resume"]
+                            "rollout vs learner", "reward calls", "validation",
+                            "learning rate", "checkpoints", "updates", "resume"]
     assert {name for name, (mark, _) in checks.items() if mark == "ok"} == \
         set(checks) - {"rollout vs learner"}
     assert checks["KL at update 1"][1].startswith("exactly 0 (kl)")
@@ -73,6 +74,12 @@ def test_the_native_engine_rehearses_the_main_job_in_two_updates(tmp_path, capsy
     assert checks["checkpoints"][1].startswith("the collector read checkpoints of updates "
                                                "1, 2 (14 files) and the final model")
     assert checks["updates"][1] == "2 of 2 planned updates committed"
+    # what the engine did, seen through the hub's reward shim and its logged rate
+    assert checks["reward calls"][1].startswith(
+        "512 train completions scored, as the spec asks (2 updates x 16 prompts x 16 "
+        "completions); the longest completion 2 tokens (limit 2)")
+    assert checks["learning rate"][1] == ("0 for update 1, 0.0002 for update 2 (lr): the "
+                                          "spec's schedule (constant, warmup 5)")
     # the second start continued at update 2 and computed what the first run computed there
     assert checks["resume"][1].startswith(
         "the second start, from the checkpoint of update 1, logged update 2 first, committed "
@@ -280,6 +287,14 @@ def test_verl_rehearses_the_main_job_with_its_own_trainer_and_resumes_it(tmp_pat
     assert checks["checkpoints"][1].startswith(
         "the collector read checkpoints of updates 1, 2")
     assert checks["updates"][1] == "2 of 2 planned updates committed"
+    # seen through the hub's reward shim, called from verl's reward loop workers
+    assert checks["reward calls"][1].startswith(
+        "512 train completions scored, as the spec asks (2 updates x 16 prompts x 16 "
+        "completions)")
+    assert checks["validation"][1] == "after update 2, as the spec asks; 200 completions a pass"
+    # verl's engine workers log the rate after stepping the scheduler: the next update's
+    assert checks["learning rate"][1] == ("0.001 for update 2, 0.001 for update 3 (lr/next): "
+                                          "the spec's schedule (constant, warmup 0)")
     assert checks["resume"][1].startswith(
         "the second start, from the checkpoint of update 1, logged update 2 first, committed "
         "it alone and exited 0 after ")

@@ -262,9 +262,34 @@ class AdapterConformance(KitFixtures):
                 try:
                     checks.check_reads_as_declared(adapter, plan, read, known,
                                                    also_read=leaves.__contains__)
-                    checks.check_expected(adapter.name, plan, read, known)
+                    checks.check_expected(adapter, plan, read, known)
                 except CheckFailed as exc:
                     raise CheckFailed(f"{sample.capability}: {exc}") from None
+
+    def test_every_key_it_sets_is_expected(self, adapter: EngineAdapter, engine_version: str,
+                                           sample_files: SampleFiles) -> None:
+        """Every engine key the launch sets, in any claimed sample, has an expectation the kit
+        wrote from the engine's own documentation and code (``expectations``, importing nothing
+        from the adapter), held in ``launch_reads_back_as_declared``; a key without one is
+        named here and the check is unverified, never passed: a wrong but self-consistent
+        mapping of it would pass every other check."""
+        self._version(adapter, engine_version)
+        from stateset_backend.conformance.expectations import expectations_of, unexpected
+
+        if adapter.name == "native":
+            pytest.skip("the native engine's launch is the spec itself")
+        if not expectations_of(adapter):
+            unverified("no expectations of the engine's keys: give KitSupport.expectations, "
+                       "written from the engine's own documentation and code "
+                       "(docs/plugins.md)")
+        keys: set[str] = set()
+        for _, plan in self._claimed(adapter, engine_version, sample_files):
+            keys |= {k.lstrip("+") for k in flatten(plan.native)}
+        missing = unexpected(adapter, keys)
+        if missing:
+            unverified(f"{len(missing)} of the {len(keys)} keys the launches set have no "
+                       f"expectation written from {adapter.name} itself: "
+                       + ", ".join(missing[:12]) + (", ..." if len(missing) > 12 else ""))
 
     def test_launch_runs_under_an_engine_stub(
             self, adapter: EngineAdapter, engine_version: str, sample_files: SampleFiles,
@@ -358,7 +383,7 @@ class AdapterConformance(KitFixtures):
                 try:
                     read = flatten(parse_launch(plan))
                     checks.check_reads_as_declared(adapter, plan, read, known)
-                    checks.check_expected(adapter.name, plan, read, known)
+                    checks.check_expected(adapter, plan, read, known)
                 except (CheckFailed, readers.LaunchUnreadable) as exc:
                     raise CheckFailed(f"deviation {name!r}: {exc}") from None
 

@@ -135,7 +135,10 @@ class KitSupport:
     ``engine_stub`` maps relative file paths to the source of modules that stand in for the
     engine's entry point when the kit runs a launch for real (``stateset_backend.conformance.
     stubs`` says what they receive and must write); without it the launch-run check is
-    ``unverified``.
+    ``unverified``. ``expectations`` lists, for every key the launch sets, what the engine
+    must read for a spec, written from the engine's own documentation and code, never from the
+    adapter: ``((spelling, ...), expect)`` with ``expect(spec)`` the value (None: not checked
+    for this spec); a key none names is ``unverified``.
     """
 
     write_outputs: Any = None
@@ -145,6 +148,7 @@ class KitSupport:
     unsupported: dict[str, str] = field(default_factory=dict)
     base: dict[str, Any] = field(default_factory=dict)
     engine_stub: dict[str, str] | None = None
+    expectations: tuple[tuple[tuple[str, ...], Any], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -245,7 +245,7 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
         read_b = flatten(normalize_values(read(b), b))
         for plan, got in ((a, read_a), (b, read_b)):
             try:
-                check_expected(adapter.name, plan, got, surface)
+                check_expected(adapter, plan, got, surface)
             except CheckFailed as exc:
                 raise CheckFailed(f"{row.path} = {leaf(plan.spec, row.path)!r}: {exc}") from None
         changed = {k for k in set(read_a) | set(read_b)
@@ -375,13 +375,14 @@ def check_deviations_run(adapter: EngineAdapter, version: str, base: LaunchPlan,
     return reach.plans
 
 
-def check_expected(engine: str, plan: LaunchPlan, read: dict[str, Any],
+def check_expected(adapter: EngineAdapter, plan: LaunchPlan, read: dict[str, Any],
                    surface: dict[str, Any] | None) -> None:
     """The values the kit knows, from the engine itself, that the engine must read for this
     spec (``expectations``), are the ones it reads."""
     from stateset_backend.conformance.expectations import OneOf, expected
 
-    for key, want in expected(engine, plan.validated_spec(), surface).items():
+    engine = adapter.name
+    for key, want in expected(adapter, plan.validated_spec(), surface).items():
         got = read.get(key, _MISSING)
         ok = any(same_value(got, w) for w in want) if isinstance(want, OneOf) else \
             same_value(got, want)

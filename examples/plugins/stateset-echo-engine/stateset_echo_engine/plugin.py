@@ -21,6 +21,7 @@ from stateset_backend.plugin import (
     Translation,
     all_leaf_paths,
     hookimpl,
+    inert_reason,
     na,
     to,
 )
@@ -42,7 +43,8 @@ class EchoAdapter(EngineAdapter):
 
     def kit_support(self) -> KitSupport:
         return KitSupport(write_outputs=write_outputs, parse_launch=read_launch,
-                          surface=surface(), engine_stub=ENGINE_STUB)
+                          surface=surface(), engine_stub=ENGINE_STUB,
+                          expectations=EXPECTATIONS)
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
@@ -73,6 +75,32 @@ class EchoAdapter(EngineAdapter):
         if (attempt_dir / "weights.bin").is_file():
             out.artifacts.append(Artifact("weights.bin", "model", out.committed_updates))
         return out
+
+
+def _setting(path: str):
+    """What the echo engine reads under a setting's own name: the spec's value (the engine
+    records every experiment setting in echo.json as the spec names it)."""
+    def expect(spec: ExperimentSpec):
+        if (path.startswith("environment.") and path != "environment.kind" and \
+                spec.environment.kind == "single_turn") or inert_reason(spec, path):
+            return None  # a setting this spec makes moot is not recorded
+        node = spec.model_dump(mode="json")
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return None if isinstance(node, dict) else node  # a section: its leaves are read
+
+    return expect
+
+
+# what the engine reads for a spec, from the engine's own description (not the rules above):
+# every setting but the run's name and labels
+NOT_READ = ("name", "labels")
+EXPECTATIONS = (*(((path,), _setting(path)) for path in all_leaf_paths(ExperimentSpec)
+                  if path not in CORE_HANDLED and path.split(".")[0] not in NOT_READ
+                  and path != "budget.total_updates"),
+                (("--updates",), lambda spec: spec.budget.total_updates))
 
 
 def write_outputs(attempt: Path, ctx: LaunchContext, *, metrics: list[dict], identity: bool,
