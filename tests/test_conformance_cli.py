@@ -40,7 +40,7 @@ def test_conformance_runs_the_kit_for_a_registered_engine(tmp_path, capsys):
 
 
 def test_a_failed_check_exits_5(monkeypatch, capsys):
-    def failing(entry, versions):
+    def failing(entry, versions, python=None):
         return {"engine": "echo", "distribution": "d", "adapter_version": "1",
                 "engine_versions": ["1.2.0"], "seconds": 0.1,
                 "counts": {"passed": 0, "failed": 1, "unsupported": 0, "skipped": 0},

@@ -22,6 +22,9 @@ def add_parsers(commands: Commands) -> None:
     p.add_argument("engine", nargs="*", metavar="ENGINE")
     p.add_argument("--engine-version", action="append", metavar="V",
                    help="check this version (repeatable; default: every dialect's first)")
+    p.add_argument("--python", metavar="PY",
+                   help="the interpreter of the engine's own environment: the kit runs the "
+                        "engine there where it can run on this machine")
     p.add_argument("--json", nargs="?", const="-", metavar="REPORT", default=argparse.SUPPRESS,
                    help="write the report as JSON to REPORT (stdout without a path)")
     p.add_argument("--matrix", action="store_true",
@@ -46,7 +49,8 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         return 0
     if len(args.engine) != 1:
         raise InvalidInput("conformance: name one ENGINE (or pass --matrix)")
-    report = runner.run_conformance(registry.get(args.engine[0]), args.engine_version)
+    report = runner.run_conformance(registry.get(args.engine[0]), args.engine_version,
+                                    python=args.python)
     if args.json in ("-", True):  # True: the top-level --json
         print(json.dumps(report, indent=2))
     else:

@@ -66,6 +66,7 @@ class TestConformance(AdapterConformance):
     engine_versions = {versions!r}
     data_format = {data_format!r}
     chosen_versions = {chosen!r}
+    engine_python = {python!r}
 
     @pytest.fixture
     def adapter(self):
@@ -100,8 +101,10 @@ def run_module(path: Path, node: str = "", extra: list[str] | None = None) -> di
     return report
 
 
-def run_conformance(entry: AdapterEntry, versions: list[str] | None = None) -> dict[str, Any]:
-    """The kit for one registered engine; returns the report with engine and versions."""
+def run_conformance(entry: AdapterEntry, versions: list[str] | None = None,
+                    python: str | None = None) -> dict[str, Any]:
+    """The kit for one registered engine (its own run with the interpreter ``python`` where
+    it runs here); returns the report with engine and versions."""
     adapter = entry.adapter
     chosen = versions or dialect_versions(adapter.contract)
     with tempfile.TemporaryDirectory(prefix="stateset-conformance-") as tmp:
@@ -109,7 +112,8 @@ def run_conformance(entry: AdapterEntry, versions: list[str] | None = None) -> d
         fmt = data_format_for(entry, chosen[0], root / "probe")
         module = root / "test_generated_conformance.py"
         module.write_text(_MODULE.format(versions=chosen, data_format=fmt,
-                                         engine=adapter.name, chosen=bool(versions)),
+                                         engine=adapter.name, chosen=bool(versions),
+                                         python=python),
                           encoding="utf-8")
         report = run_module(module)
     return {"engine": adapter.name, "distribution": entry.distribution,

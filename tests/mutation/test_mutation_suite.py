@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from mutants import MUTANTS
-from mutation_run import run_all, table
+from mutation_run import baselines, run_all, table
 from optional_installs import TRL_PLUGIN_MISSING, trl_plugin_installed
 
 # survivor -> why the kit cannot kill it (each a known limit, not a pass)
@@ -14,7 +14,11 @@ KNOWN_SURVIVORS: dict[str, str] = {}
 
 
 def _kills(mutants, capsys) -> None:
-    results = run_all(mutants, jobs=2)
+    results = run_all(baselines(mutants) + mutants, jobs=2)
+    unmutated = [r for r in results if r["kind"] == "baseline"]
+    results = [r for r in results if r["kind"] != "baseline"]
+    # a kit that fails the adapters as they are would "kill" every mutant
+    assert not [r for r in unmutated if r["killed"]], unmutated
     with capsys.disabled():
         print("\n" + table(results))
     stale = [r["reasons"] for r in results if r["killed"] is None]
