@@ -433,6 +433,28 @@ def test_a_failed_job_is_failed_with_the_engine_exit_code(registry, echo_volume,
         raise_for_status(result, path)
 
 
+def test_an_applied_rayjob_is_listed_in_flight_with_its_state_until_it_ends(
+        registry, echo_volume, kubectl, monkeypatch):
+    """`runs list` reads the index alone: the provider's word that the RayJob was applied puts
+    the attempt there, with kubectl's view of it, until its result replaces it."""
+    from stateset_backend.providers import base
+    from stateset_backend.runs.views import in_flight, record_submitted
+
+    _, canned = kubectl
+    canned({"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+           {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+           {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"})
+    plan, store = _echo_plan(registry, echo_volume)
+    seen: list[list[dict[str, Any]]] = []
+    monkeypatch.setattr(base, "SUBMITTED", [record_submitted,
+                                            lambda *_: seen.append(in_flight(store))])
+    run_plan(plan, registry, store, echo_stderr=False, apply=True)
+    name = rayjob_name(plan.run_id, 1)
+    assert seen == [[{"run_id": plan.run_id, "attempt": 1, "provider": "kuberay",
+                      "job": f"team-a/{name}", "state": "running", "reason": "job RUNNING"}]]
+    assert in_flight(store) == []  # its result is indexed now
+
+
 def test_the_timeout_deletes_the_rayjob(registry, echo_volume, kubectl):
     calls, canned = kubectl
     canned({"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"})

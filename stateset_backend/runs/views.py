@@ -66,7 +66,8 @@ def record_submitted(attempt_dir: Path, provider: str, job: str) -> None:
 def in_flight(store: RunStore) -> list[dict[str, Any]]:
     """Attempts a cluster accepted that have no result yet, newest first, each with its
     provider's state now: a Slurm job's as the controller says it (``pending`` with Slurm's
-    reason, ``running``). From the index and the provider, never a run's folder."""
+    reason, ``running``), a RayJob's as kubectl reads it. From the index and the provider,
+    never a run's folder."""
     from stateset_backend.common.errors import StatesetError
     from stateset_backend.runs import index
 
@@ -85,8 +86,29 @@ def in_flight(store: RunStore) -> list[dict[str, Any]]:
                 row.update(state=state.state.lower(), reason=state.reason or "")
             elif not row["reason"]:
                 row["reason"] = "Slurm no longer knows the job"
+        elif provider == "kuberay":
+            row.update(_rayjob_state(job))
         rows.append(row)
     return rows
+
+
+def _rayjob_state(job: str) -> dict[str, str]:
+    """A RayJob's state as kubectl reads it now (``namespace/name``)."""
+    from stateset_backend.common.errors import StatesetError
+    from stateset_backend.providers.kuberay.job import read_state
+
+    namespace, _, name = job.partition("/")
+    try:
+        got = read_state(name, namespace)
+    except StatesetError as exc:  # no kubectl here
+        return {"reason": exc.message}
+    if got is None:
+        return {"state": "gone", "reason": "the RayJob is not in the cluster"}
+    if isinstance(got, str):
+        return {"reason": got}
+    said = f", {got.reason}" if got.reason else ""
+    return {"state": (got.deployment or "New").lower(), "reason": f"job {got.job or 'PENDING'}"
+                                                              f"{said}"}
 
 
 def show(store: RunStore, run_id: str) -> dict[str, Any]:

@@ -25,7 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from stateset_backend.common.errors import EngineFailed, Unsupported
-from stateset_backend.providers.base import PreparedLaunch, cancelled_exit
+from stateset_backend.providers.base import (
+    PreparedLaunch,
+    announce_submitted,
+    cancelled_exit,
+)
 from stateset_backend.providers.local import Exit, forward_interrupts
 
 POLL_SECONDS = 5.0
@@ -135,6 +139,7 @@ class KubeRayProvider:
             prepared.stderr_path.write_text(f"kubectl apply error: {exc.message}\n",
                                             encoding="utf-8")
             return Exit(1, reason="the RayJob was not created")
+        announce_submitted(prepared.run_dir, "kuberay", f"{self.namespace}/{self.name}")
         if prepared.echo_stderr:
             print(f"stateset-backend: applied RayJob {self.namespace}/{self.name}; following "
                   f"it (kubectl get rayjob {self.name} -n {self.namespace})", file=sys.stderr,
