@@ -3,6 +3,8 @@ accepts as one, and the spec's own facts they are written with."""
 
 from __future__ import annotations
 
+import posixpath
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -31,3 +33,65 @@ def rl(expect: Expect) -> Expect:
 
 def sft(expect: Expect) -> Expect:
     return lambda s: expect(s) if s.algorithm.objective == "sft" else None
+
+
+class Matching:
+    """A string of a known shape the spec alone cannot fix (a plan's run id, the spec's folder
+    a relative path resolves against): equal to a string its pattern matches in full."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and re.fullmatch(self.pattern, other) is not None
+
+    def __hash__(self) -> int:
+        return hash(self.pattern)
+
+    def __repr__(self) -> str:
+        return f"Matching({self.pattern!r})"
+
+
+class _Unset:
+    """A key the launch leaves out, where the release's own default is the value (or the key
+    is moot in that release): in a ``OneOf`` beside the value a launch that sets it must give."""
+
+    def __eq__(self, other: object) -> bool:
+        from stateset_backend.conformance.checks.engine_reads import _MISSING
+
+        return other is _MISSING
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = _Unset()
+
+
+def resolved_path(uri: str) -> Matching:
+    """A spec's local path as an engine gets it: absolute as written, else resolved against
+    the spec's folder (any absolute folder, ending in the path as written)."""
+    path = posixpath.normpath(uri)
+    return Matching(re.escape(path) if path.startswith("/") else "/.*/" + re.escape(path))
+
+
+class AtLeast:
+    """Any number from ``bound`` up (inf included): the values an engine reads alike, where
+    its own code bounds what the setting is compared with (verl's dual-clip constant above
+    the largest ratio its clamp allows never binds)."""
+
+    def __init__(self, bound: float) -> None:
+        self.bound = bound
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, int | float) and not isinstance(other, bool) and \
+            other >= self.bound
+
+    def __hash__(self) -> int:
+        return hash(self.bound)
+
+    def __repr__(self) -> str:
+        return f"AtLeast({self.bound!r})"
