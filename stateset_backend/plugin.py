@@ -23,7 +23,7 @@ See docs/plugins.md.
 from __future__ import annotations
 
 from stateset_backend.common.errors import AdapterBug, InvalidInput, StatesetError, Unsupported
-from stateset_backend.common.jsonio import atomic_write_bytes, atomic_write_json
+from stateset_backend.common.jsonio import atomic_write_bytes, atomic_write_json, log_rows
 from stateset_backend.contracts.capabilities import VOCABULARY as CAPABILITIES
 from stateset_backend.contracts.capabilities import required_capabilities
 from stateset_backend.contracts.loader import Contract, Deviation, Dialect, parse_version
@@ -180,6 +180,7 @@ __all__ = [
     "leaves",
     "local_path",
     "local_splits",
+    "log_rows",
     "manifest_problem",
     "na",
     "only",

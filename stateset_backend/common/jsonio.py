@@ -89,6 +89,25 @@ def read_json(path: str | os.PathLike[str], *, what: str = "file") -> Any:
     return loads(text, source=str(p))
 
 
+def log_rows(text: str) -> list[Any]:
+    """The rows of a JSON-lines log an engine appends to as it trains. A last line without its
+    newline that does not parse is the row a process was killed while writing: it is left
+    out, and every row before it stands (an attempt's metrics survive its crash). Any other
+    line that does not parse raises ValueError: that log is damaged, not cut."""
+    lines = text.split("\n")
+    rows = []
+    for index, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            if index == len(lines) - 1:  # no newline after it: cut off mid-write
+                break
+            raise
+    return rows
+
+
 def dumps(doc: Any) -> str:
     """Readable, stable JSON for files humans review (plans, results)."""
     return json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n"

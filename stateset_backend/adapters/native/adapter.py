@@ -44,6 +44,7 @@ from stateset_backend.plugin import (
     builtin_dir,
     distribution_version,
     leaves,
+    log_rows,
     only,
     to,
 )
@@ -278,9 +279,7 @@ class NativeAdapter(EngineAdapter):
             out.resumed_from = info.get("resumed_from")
         metrics_path = attempt_dir / layout.METRICS_FILE
         if metrics_path.is_file():
-            for line in metrics_path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    out.metrics.append(json.loads(line))
+            out.metrics.extend(log_rows(metrics_path.read_text(encoding="utf-8")))
         for kind in (layout.CHECKPOINTS_DIR, layout.FINAL_DIR):
             root = attempt_dir / kind
             if root.is_dir():

@@ -7,7 +7,6 @@ back (and resumed) without translating its spec again.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from packaging.version import Version
@@ -20,6 +19,7 @@ from stateset_backend.plugin import (
     Collected,
     LaunchContext,
     checkpoint_artifacts,
+    log_rows,
     overrides,
     parse_version,
 )
@@ -60,12 +60,10 @@ def outputs(attempt_dir: Path, ctx: LaunchContext, keys: VerlKeys) -> Collected:
         sorted((attempt_dir / LOG_ROOT).glob(f"*/{ctx.run_name}.jsonl"))
     for log in logs:
         out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
-        for line in log.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                doc = json.loads(line)
-                row = {"step": doc["step"]}
-                row.update({c: doc["data"][r] for c, r in names.items() if r in doc["data"]})
-                out.metrics.append(row)
+        for doc in log_rows(log.read_text(encoding="utf-8")):
+            row = {"step": doc["step"]}
+            row.update({c: doc["data"][r] for c, r in names.items() if r in doc["data"]})
+            out.metrics.append(row)
     steps = [int(r["step"]) for r in out.metrics]
     out.committed_updates = max(steps, default=0)
     # verl numbers its steps from the global step it restored (validation before training is

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from stateset_backend.conformance.checks.determinism import tree
 from stateset_backend.conformance.checks.planning import CheckFailed, describe
-from stateset_backend.engines.adapter import RUN_DIR, EngineAdapter, LaunchContext
+from stateset_backend.engines.adapter import RUN_DIR, CannotWrite, EngineAdapter, LaunchContext
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.providers.local import Exit
 from stateset_backend.runs.results import evaluate
@@ -47,7 +47,7 @@ class Case:
     identity: bool = True
     artifacts: bool = True
     checkpoint_step: int | None = 3
-    after: str | None = None  # remove_artifacts | symlink_artifacts
+    after: str | None = None  # remove_artifacts | symlink_artifacts | cut_last_line
 
 
 COLLECTION_CASES: dict[str, Case] = {c.name: c for c in (
@@ -67,7 +67,26 @@ COLLECTION_CASES: dict[str, Case] = {c.name: c for c in (
     # three updates, not four
     Case("two_rows_at_one_update", "succeeded",
          [*HEALTHY, {"step": 4, "reward/mean": 0.7}]),
+    # as real logs look: an update logged twice (a logger flushed again after a restart), rows
+    # out of order (ranks or threads writing one file), an update whose row was lost, and a
+    # row cut off by a crash while it was written; every update is still committed
+    Case("repeated_update", "succeeded", [HEALTHY[0], HEALTHY[1], HEALTHY[1], *HEALTHY[2:]]),
+    Case("rows_out_of_order", "succeeded", [HEALTHY[1], HEALTHY[0], HEALTHY[3], HEALTHY[2]]),
+    Case("update_without_a_row", "succeeded", [*HEALTHY[:2], HEALTHY[3]]),
+    Case("row_cut_by_a_crash", "succeeded", HEALTHY, after="cut_last_line"),
 )}
+# the start of a row, as a process killed while writing it leaves it in a JSON-lines log
+CUT_ROW = '{"step": 5, "da'
+
+
+def _cut_last_line(attempt: Path) -> int:
+    """A row cut off at the end of every JSON-lines file the engine wrote; how many."""
+    cut = 0
+    for path in sorted(attempt.rglob("*.jsonl")):
+        with path.open("a", encoding="utf-8") as out:
+            out.write(CUT_ROW)
+        cut += 1
+    return cut
 
 
 def _collect(adapter: EngineAdapter, attempt: Path, ctx: LaunchContext) -> Any:
@@ -90,8 +109,13 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
                         plan.resolved_dialect(), plan.base_dir)
     writer(attempt, ctx, metrics=copy.deepcopy(case.metrics), identity=case.identity,
            artifacts=case.artifacts, checkpoint_step=case.checkpoint_step)
-    collected, error = _collect(adapter, attempt, ctx)
-    if case.after is not None:
+    if case.after == "cut_last_line":
+        if not _cut_last_line(attempt):
+            raise CannotWrite("the engine writes no JSON-lines log to cut a row of")
+        collected, error = _collect(adapter, attempt, ctx)
+    else:
+        collected, error = _collect(adapter, attempt, ctx)
+    if case.after in ("remove_artifacts", "symlink_artifacts"):
         if collected is None or not collected.artifacts:
             raise CheckFailed(f"{case.name}: the healthy outputs list no artifact "
                               f"({error or 'collect found none'})")

@@ -215,8 +215,8 @@ def _validation(spec: ExperimentSpec, splits: dict[str, set[str]], calls: list[d
         return Line(name, "ok", f"none yet: the spec asks for every {every} updates, and the "
                                 f"rehearsal ran {updates}", numbers=numbers)
     also = [u for u in when if u not in asked]
-    extra = ["before update 1" if u == 0 else f"after update {u}" for u in also]
-    besides = f" (and {', '.join(extra)})" if extra else ""
+    beyond = ["before update 1" if u == 0 else f"after update {u}" for u in also]
+    besides = f" (and {', '.join(beyond)})" if beyond else ""
     head = f"after {_updates(asked)}, as the spec asks{besides}" if asked else \
         f"none due in {updates} updates at every {every}, as the spec asks{besides}"
     return Line(name, "ok", f"{head}; {size} completions a pass", numbers=numbers)

@@ -22,6 +22,7 @@ from stateset_backend.plugin import (
     all_leaf_paths,
     hookimpl,
     inert_reason,
+    log_rows,
     na,
     to,
 )
@@ -65,10 +66,9 @@ class EchoAdapter(EngineAdapter):
         if ident.is_file():
             doc = json.loads(ident.read_text())
             out.run_id, out.experiment_digest = doc["run_id"], doc["digest"]
-        lines = (attempt_dir / "log.jsonl").read_text().splitlines() \
+        rows = log_rows((attempt_dir / "log.jsonl").read_text()) \
             if (attempt_dir / "log.jsonl").is_file() else []
-        for line in lines:
-            row = json.loads(line)
+        for row in rows:
             out.metrics.append({"step": row["update"], "reward/mean": row["score"]})
         # updates, not log rows: the highest update any row reports
         out.committed_updates = max((r["step"] for r in out.metrics), default=0)

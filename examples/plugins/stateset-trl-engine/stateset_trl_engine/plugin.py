@@ -52,6 +52,7 @@ from stateset_backend.plugin import (
     external_rules,
     hookimpl,
     local_path,
+    log_rows,
     manifest_problem,
     only,
     pinned_model_path,
@@ -829,10 +830,7 @@ class TRLAdapter(EngineAdapter):
         rows: dict[int, dict[str, Any]] = {}
         trained: set[int] = set()
         if metrics.is_file():
-            for line in metrics.read_text(encoding="utf-8").splitlines():
-                if not line.strip():
-                    continue
-                row = json.loads(line)
+            for row in log_rows(metrics.read_text(encoding="utf-8")):
                 canonical = rows.setdefault(int(row["update"]), {"step": int(row["update"])})
                 if "validation" in row:  # the launch's validation of that update
                     canonical.update(row["validation"])

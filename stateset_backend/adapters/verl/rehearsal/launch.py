@@ -14,7 +14,6 @@ returns selects the CPU platform, so it cannot be mistaken for, or stand in for,
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -24,7 +23,7 @@ from typing import Protocol
 
 from packaging.version import Version
 
-from stateset_backend.plugin import RUN_DIR, Rehearsal, Unsupported
+from stateset_backend.plugin import RUN_DIR, Rehearsal, Unsupported, log_rows
 
 HERE = Path(__file__).resolve().parent
 MODULE = "stateset_verl_cpu"  # this folder's stateset_verl_cpu.py, on verl's PYTHONPATH
@@ -148,8 +147,7 @@ def rehearsal(plan: VerlPlan) -> Rehearsal:
         if path is None or not path.is_file():
             return {}
         gaps = {}
-        for line in path.read_text(encoding="utf-8").splitlines():
-            row = json.loads(line) if line.strip() else {}
+        for row in log_rows(path.read_text(encoding="utf-8")):
             value = row.get("data", {}).get(ROLLOUT_GAP)
             if isinstance(value, int | float) and not isinstance(value, bool):
                 gaps[int(row["step"])] = float(value) if math.isfinite(value) else math.inf
