@@ -571,3 +571,33 @@ def test_the_cli_plans_prepares_then_applies(registry, echo_volume, kubectl, tmp
     capsys.readouterr()
     assert main(["run", str(local), "--runs-dir", str(store.root), "--apply"]) == 2
     assert "--apply applies a kuberay plan's RayJob" in capsys.readouterr().err
+
+
+def test_a_later_attempt_of_the_run_gets_another_deadline(registry, echo_volume, kubectl,
+                                                          tmp_path, capsys):
+    """The KubeRay side of giving a run more time: --kuberay-deadline with --retry (or
+    --resume) sets the new attempt's activeDeadlineSeconds; the plan stays as reviewed."""
+    from stateset_backend.cli import main
+
+    spec, settings, store = echo_volume("ok", active_deadline_seconds=600)
+    settings_file = tmp_path / "kuberay.json"
+    settings_file.write_text(json.dumps(settings))
+    plan_file = tmp_path / "plan.json"
+    assert main(["plan", "--engine", "echo", "--engine-version", "1.2.0", str(spec), "-o",
+                 str(plan_file), "--provider", "kuberay", "--kuberay-settings",
+                 str(settings_file)]) == 0
+    run = ["run", str(plan_file), "--runs-dir", str(store.root), "--quiet"]
+    assert main(run) == 7
+    capsys.readouterr()
+    assert main([*run, "--kuberay-deadline", "7200"]) == 2  # a first run: make a new plan
+    line, = capsys.readouterr().err.strip().splitlines()
+    assert "--kuberay-deadline gives a kuberay plan's run more time for --resume or --retry" \
+        in line
+    assert main([*run, "--retry", "--kuberay-deadline", "7200"]) == 7
+    run_id = json.loads(plan_file.read_text())["run_id"]
+    attempts = store.run_dir(run_id) / "attempts"
+    deadlines = [yaml.safe_load((attempts / n / RAYJOB_FILE).read_text())["spec"]
+                 ["activeDeadlineSeconds"] for n in ("1", "2")]
+    assert deadlines == [600, 7200]
+    stored = json.loads((store.run_dir(run_id) / "plan.json").read_text())
+    assert stored == json.loads(plan_file.read_text())

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stateset_backend.cli.runs_tables import run_summary
 from stateset_backend.cli.shared import RUNS_DIR_HELP, Commands, emit, load_registry, read_spec
 from stateset_backend.cli.target import engine_options, plan_for, provider_options
 from stateset_backend.providers.slurm.flags import OPTIONS
@@ -35,6 +36,9 @@ def add_parsers(commands: Commands) -> None:
                    help="train the plan's run again from scratch as a new attempt, although "
                         "earlier attempts exist (without it, a run that has attempts is "
                         "never trained again unasked)")
+    p.add_argument("--kuberay-deadline", type=int, metavar="SECONDS",
+                   help="with a kuberay plan and --resume or --retry: the new attempt's "
+                        "activeDeadlineSeconds (a run its deadline cut off goes on with more)")
     p.add_argument("--allow-runtime-change", action="store_true",
                    help="with --resume: continue although torch, transformers or "
                         "stateset-backend changed version since the checkpoint (recorded as "
@@ -71,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif args.engine_version is not None:
         raise InvalidInput("--engine-version needs --engine (a plan already fixes the version)")
     else:
-        plan = _with_slurm_time(_load_run_document(args.document), args)
+        plan = _with_more_time(_load_run_document(args.document), args, registry)
     if args.retry and (args.resume or args.engine is not None):
         raise InvalidInput("--retry runs a plan's run again from scratch: give the plan, "
                            "without --resume" + (" (with --engine every run is a new run)"
@@ -119,7 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.status != "succeeded":
         newest = newest_checkpoint(registry.get(plan.engine).adapter, store, plan.run_id)
         raise_for_status(result, path, None if newest is None else newest[1].update)
-    emit(args, result.to_json(), _run_summary(result, path, args.runs_dir))
+    emit(args, result.to_json(), run_summary(result, path, args.runs_dir))
     return 0
 
 
@@ -172,19 +176,30 @@ def _earlier_attempts(plan: Any, store: Any, document: str,
                    f"scratch as attempt {newest + 1}: {cmd} --retry")
 
 
-def _with_slurm_time(plan: Any, args: argparse.Namespace) -> Any:
+def _with_more_time(plan: Any, args: argparse.Namespace, registry: Any) -> Any:
     """A plan fixes where it runs; only a later attempt of its run may get another time limit
-    (a run its limit cut off resumes with more), recorded in that attempt's script."""
+    (a run its limit cut off goes on with more), recorded in that attempt's script or
+    manifest: ``--slurm-time`` for a Slurm plan, ``--kuberay-deadline`` for a kuberay one."""
     from stateset_backend.common.errors import InvalidInput
-    from stateset_backend.providers.slurm.planning import with_time_limit
     given = [s for s in OPTIONS if getattr(args, f"slurm_{s}", None) is not None]
+    deadline = args.kuberay_deadline
     if given and (given != ["time_limit"] or plan.provider != "slurm" or
                   not (args.resume or args.retry)):
         raise InvalidInput(f"{OPTIONS['time_limit']} with a plan gives a Slurm plan's run more "
                            "time for --resume or --retry; the plan fixes the rest")
-    if not given:
+    if deadline is not None and (plan.provider != "kuberay" or not (args.resume or args.retry)):
+        raise InvalidInput("--kuberay-deadline gives a kuberay plan's run more time for "
+                           "--resume or --retry; the plan fixes the rest")
+    if given:
+        from stateset_backend.providers.slurm.planning import with_time_limit
+        settings, files = with_time_limit(plan.provider_settings, plan.files,
+                                          args.slurm_time_limit)
+    elif deadline is not None:
+        from stateset_backend.plan.kuberay import with_deadline
+        settings, files = with_deadline(plan, deadline,
+                                        registry.get(plan.engine).adapter.cluster_launch)
+    else:
         return plan
-    settings, files = with_time_limit(plan.provider_settings, plan.files, args.slurm_time_limit)
     return plan.model_copy(update={"provider_settings": settings, "files": files})
 
 
@@ -221,30 +236,3 @@ def _resume_needs_plan(spec_path: str, engine: str, store: Any) -> str:
     return (f"{head}: the newest run of this spec on {engine} is {rows[0]['run_id']} "
             f"({rows[0]['status']}): stateset-backend run {shlex.quote(str(plan))} --resume"
             f" --runs-dir {shlex.quote(str(store.root))}")
-
-
-def _run_summary(result: Any, path: Path, runs_dir: str | None = None) -> str:
-    """The few numbers a user looks at first, where the run is, and what to do next."""
-    from stateset_backend.common.display import metric_text
-
-    lines = [f"run {result.run_id} attempt {result.attempt} succeeded: "
-             f"{result.committed_updates}/{result.planned_updates} updates committed in "
-             f"{result.duration_s:.1f}s"]
-    summary, initial = result.metrics.summary, result.metrics.initial
-    for name in ("reward/mean", "val/reward/mean", "loss/policy", "kl", "loss/sft", "val/loss"):
-        if summary.get(name) is not None:
-            start = initial.get(name)
-            was = f"{metric_text(start)} -> " if start is not None and start != summary[name] \
-                else ""
-            lines.append(f"  {name:16} {was}{metric_text(summary[name])}")
-    lines.extend(f"  warning: {w}" for w in result.warnings)
-    lines.append(f"  result: {path}")
-    run = result.run_id + (f" --runs-dir {shlex.quote(runs_dir)}" if runs_dir else "")
-    lines += ["next:",
-              f"  stateset-backend runs show {run}",
-              "      its attempts, checkpoints and the recommended checkpoint",
-              f"  stateset-backend evaluate --split test {run}",
-              "      the recommended checkpoint scored on the held-out test split",
-              f"  stateset-backend report {run}",
-              "      an HTML report with the curves (pip install 'stateset-backend[report]')"]
-    return "\n".join(lines)

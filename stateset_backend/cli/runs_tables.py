@@ -5,6 +5,7 @@ everything the tables leave out."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from stateset_backend.cli.shared import rich_console
@@ -181,3 +182,33 @@ def compare_table(doc: dict[str, Any]) -> None:
     more = _more("runs", doc["more_runs"], {**doc, "total": doc["runs"]})
     if more:
         console.print(more, markup=False)
+
+
+def run_summary(result: Any, path: Path, runs_dir: str | None = None) -> str:
+    """What `run` prints when an attempt succeeded: the few numbers a user looks at first,
+    where the run is, and what to do next."""
+    import shlex
+
+    from stateset_backend.common.display import metric_text
+
+    lines = [f"run {result.run_id} attempt {result.attempt} succeeded: "
+             f"{result.committed_updates}/{result.planned_updates} updates committed in "
+             f"{result.duration_s:.1f}s"]
+    summary, initial = result.metrics.summary, result.metrics.initial
+    for name in ("reward/mean", "val/reward/mean", "loss/policy", "kl", "loss/sft", "val/loss"):
+        if summary.get(name) is not None:
+            start = initial.get(name)
+            was = f"{metric_text(start)} -> " if start is not None and start != summary[name] \
+                else ""
+            lines.append(f"  {name:16} {was}{metric_text(summary[name])}")
+    lines.extend(f"  warning: {w}" for w in result.warnings)
+    lines.append(f"  result: {path}")
+    run = result.run_id + (f" --runs-dir {shlex.quote(runs_dir)}" if runs_dir else "")
+    lines += ["next:",
+              f"  stateset-backend runs show {run}",
+              "      its attempts, checkpoints and the recommended checkpoint",
+              f"  stateset-backend evaluate --split test {run}",
+              "      the recommended checkpoint scored on the held-out test split",
+              f"  stateset-backend report {run}",
+              "      an HTML report with the curves (pip install 'stateset-backend[report]')"]
+    return "\n".join(lines)

@@ -183,6 +183,17 @@ def plan_manifest(doc: dict[str, Any], settings: KubeRaySettings, layout: str) -
                          doc["engine_version"])[1]
 
 
+def with_deadline(plan: Any, seconds: int, layout: str) -> tuple[dict[str, Any],
+                                                                dict[str, str]]:
+    """A kuberay plan's settings and first manifest with another ``activeDeadlineSeconds``,
+    for a later attempt of its run: the run's identity is the experiment, not the cluster's
+    deadline, so a run its deadline cut off goes on with more. Checked like the plan's own."""
+    settings = settings_from({**plan.provider_settings, "active_deadline_seconds": seconds})
+    manifest = manifest_file(attempt_launch(plan, settings, 1, layout), settings,
+                             plan.engine_version)[1]
+    return settings.model_dump(mode="json"), {**plan.files, RAYJOB_FILE: manifest}
+
+
 def check_store(settings: KubeRaySettings, root: Path) -> None:
     """The run store must be the one on the volume: the engine writes where the pods see it."""
     expected = Path(str(settings.volume.local_runs_dir()))
