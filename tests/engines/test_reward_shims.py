@@ -15,6 +15,7 @@ from golden import variant
 from stateset_backend.adapters.nemo_rl.adapter import NemoRLAdapter
 from stateset_backend.adapters.openrlhf.adapter import OpenRLHFAdapter
 from stateset_backend.adapters.verl.adapter import VerlAdapter
+from stateset_backend.conformance.samples import parquet_row
 from stateset_backend.engines.registry import AdapterEntry
 from stateset_backend.plan.launch_plan import make_plan
 from stateset_backend.spec.content import sha256_file
@@ -36,8 +37,9 @@ def _shim(engine: str, tmp_path: Path) -> tuple[Path, Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"prompt": [f"p{i}" for i in range(8)],
-                             "answer": ["a"] * 8}), tmp_path / "train.parquet")
+    # verl's row layout, which the other engines' loaders read too
+    pq.write_table(pa.Table.from_pylist([parquet_row({"prompt": f"p{i}", "answer": "a"}, i)
+                                         for i in range(8)]), tmp_path / "train.parquet")
     doc = variant({
         "name": "shim", "seed": 1,
         "algorithm": {"objective": "grpo", "group_size": 4},
