@@ -14,13 +14,14 @@ from typing import Any
 from stateset_backend.cli.shared import Commands, emit, load_registry
 
 COMMANDS = ("import",)
-ENGINES = ("verl", "openrlhf", "nemo-rl")
+ENGINES = ("verl", "openrlhf", "nemo-rl", "trl")
 
 
 def add_parsers(commands: Commands) -> None:
     p = commands.add("import", cmd_import, "turn an engine launch (a verl script or overrides, "
-                                           "an OpenRLHF command line, a NeMo RL YAML) into a "
-                                           "spec, accounting for every setting")
+                                           "an OpenRLHF command line, a NeMo RL YAML, a TRL "
+                                           "GRPOConfig file) into a spec, accounting for every "
+                                           "setting")
     p.add_argument("engine", help=f"the launch's engine: {', '.join(ENGINES)}")
     p.add_argument("file", help="the launch: a shell script, an overrides file or a config")
     p.add_argument("-o", "--output", help="spec file to write (default: only the screen)")
@@ -72,6 +73,11 @@ def _screen(doc: dict[str, Any], source: str, output: str | None) -> None:
         print(f"{doc['engine']} {doc['engine_version']}: {trip['settings']} settings in "
               f"{source}; the imported spec's plan, read back as {doc['engine']} reads it, "
               f"reproduces {trip['reproduced']} ({trip['percent']}%)")
+        owned = trip["settings"] - trip["experiment_settings"]
+        if owned:
+            print(f"  {owned} of the others name the run or its output folders, which the hub "
+                  f"sets itself; of the remaining {trip['experiment_settings']}, "
+                  f"{trip['experiment_reproduced']} ({trip['experiment_percent']}%)")
     groups = [("mapped", "mapped to the spec"),
               ("engine_option", "kept in engine_options (engine-only, outside the digest)"),
               ("default", f"{doc['engine']}'s own default, restated"),

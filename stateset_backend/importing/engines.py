@@ -115,16 +115,19 @@ def read_hydra(engine: str, words: list[str], version: str,
 def _known(engine: str, version: str, key: str) -> None:
     """Hydra refuses to override a key the release's config does not have (a ``+`` adds one),
     so the engine would not start: the import refuses the launch the same way."""
+    if not has_key(engine, version, key):
+        raise InvalidInput(f"{key}: {engine} {version}'s config has no such key, so Hydra "
+                           "refuses the override (+key=value adds a new one)")
+
+
+def has_key(engine: str, version: str, key: str) -> bool:
+    """Whether the release's config has the key, or a free mapping it lies in."""
     shipped = surface(engine, version)
     if shipped is None:
-        return
+        return True
     known = shipped["options"]
-    if key in known or any(k.startswith(key + ".") for k in known) or any(
-            key.startswith(k + ".") and isinstance(known[k].get("default"), dict)
-            for k in _parents(key) if k in known):
-        return
-    raise InvalidInput(f"{key}: {engine} {version}'s config has no such key, so Hydra refuses "
-                       "the override (+key=value adds a new one)")
+    return key in known or any(k.startswith(key + ".") for k in known) or any(
+        isinstance(known[k].get("default"), dict) for k in _parents(key) if k in known)
 
 
 def _parents(key: str) -> list[str]:
@@ -164,50 +167,161 @@ def read_openrlhf(text: str, version: str, source: str) -> Launch:
     return launch
 
 
-# -- NeMo RL: a YAML config, then Hydra overrides ---------------------------------------------
+# -- NeMo RL: a YAML config (and the configs it extends), then Hydra overrides ---------------
 def read_nemo_rl(text: str, version: str, source: str,
                  overrides: list[str] | None = None) -> Launch:
-    """A NeMo RL config file (the keys it sets, as OmegaConf loads YAML) and any overrides
-    after it, read as NeMo RL reads them: the config, then the overrides through Hydra."""
-    yaml = _yaml()
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InvalidInput(f"{source}: not YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(doc, dict) or not any(k in doc for k in ("grpo", "policy", "loss_fn")):
+    """A NeMo RL config as NeMo RL loads it: OmegaConf's YAML, each ``defaults:`` parent
+    loaded first and the child merged over it, then the overrides through Hydra's parser, then
+    one resolution. The release's own recipe (its generated surface, interpolations kept as
+    written) is the base, so a config whose parents are not on this machine still reads."""
+    files = _config_chain(text, source)
+    own: dict[str, Any] = {}
+    for doc in files:
+        own.update(flatten(doc))
+    if not any(k.split(".", 1)[0] in ("grpo", "policy", "loss_fn") for k in own):
         raise InvalidInput(f"{source}: not a NeMo RL config (no grpo, policy or loss_fn "
                            "section)")
     launch = Launch("nemo-rl", version, {}, {})
-    if "defaults" in doc:
-        launch.notes.append(f"defaults: {doc.pop('defaults')!r}: the file extends another "
-                            "config; only the keys it sets itself are imported")
-    words = [f"{k}={_override_value(v)}" for k, v in flatten(doc).items()]
-    both = read_hydra("nemo-rl", [*words, *(overrides or [])], version, readers.nemo_rl)
-    launch.settings, launch.refused = both.settings, both.refused
-    launch.words = {k: (w if w in (overrides or []) else f"{k}: {flatten(doc).get(k)!r}")
-                    for k, w in both.words.items()}
+    if len(files) > 1:
+        launch.notes.append(f"defaults: {len(files) - 1} parent config(s) merged under "
+                            f"{Path(source).name}, as NeMo RL merges them")
+    # a config file merges (new keys are added); only command-line overrides are checked
+    words = [*_base_words(version),
+             *(f"{'' if has_key('nemo-rl', version, k) else '+'}{k}={_hydra_value(v)}"
+               for k, v in own.items())]
+    given = [*own, *(w.split("=", 1)[0].lstrip("+~") for w in overrides or [])]
+    full = read_hydra("nemo-rl", [*words, *(overrides or [])], version, _nemo_reader)
+    launch.refused = {w: r for w, r in full.refused.items() if w in (overrides or [])}
+    launch.settings = {k: v for k, v in full.settings.items()
+                       if any(k == g or k.startswith(g + ".") for g in given)}
+    for key in launch.settings:
+        word = next((w for w in overrides or [] if w.split("=", 1)[0].lstrip("+") == key),
+                    None)
+        launch.words[key] = word or f"{key}: {own.get(key, full.settings[key])!r}"
     return launch
 
 
-def _override_value(value: Any) -> str:
-    """A YAML value written as Hydra reads an override value back to the same thing."""
-    import json
+def nemo_rl_effective(version: str, argv: list[str]) -> dict[str, Any]:
+    """What NeMo RL reads from a launch of the hub's: the release's recipe under its
+    overrides, resolved once (an interpolated default follows the key it names)."""
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    return _nemo_reader(_plan_like([*_base_words(version), *overrides], version))
 
-    if isinstance(value, str):
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    if value is None:
+
+def _nemo_reader(plan: Any) -> dict[str, Any]:
+    _nemo_resolvers()
+    return readers.nemo_rl(plan)
+
+
+def _nemo_resolvers() -> None:
+    """The resolvers NeMo RL registers before it loads a config (``mul``, ``div``, ``max``
+    in its recipes), so the recipes resolve here as they do there."""
+    from omegaconf import OmegaConf
+
+    for name, function in (("mul", lambda a, b: a * b), ("div", lambda a, b: a / b),
+                           ("max", lambda a, b: max(a, b))):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, function)
+
+
+def _base_words(version: str) -> list[str]:
+    shipped = surface("nemo-rl", version)
+    if shipped is None:
+        raise Unsupported(f"no NeMo RL {version} configuration is known to read the config "
+                          "against")
+    return [f"{k}={_hydra_value(o.get('written', o.get('default')))}"
+            for k, o in shipped["options"].items()]
+
+
+def _config_chain(text: str, source: str) -> list[dict[str, Any]]:
+    """The config and the parents it names under ``defaults:``, parents first."""
+    from omegaconf import OmegaConf
+
+    chain: list[dict[str, Any]] = []
+    here: Path | None = Path(source).resolve().parent
+    body: str | None = text
+    seen: set[Path] = set()
+    while body is not None:
+        try:
+            cfg = OmegaConf.create(body)
+        except Exception as exc:  # yaml.YAMLError and OmegaConf's own, for one file
+            raise InvalidInput(f"{source}: not YAML ({str(exc).splitlines()[0]})") from None
+        doc = OmegaConf.to_container(cfg, resolve=False)
+        if not isinstance(doc, dict):
+            raise InvalidInput(f"{source}: not a NeMo RL config (a YAML mapping)")
+        parent = doc.pop("defaults", None)
+        chain.insert(0, {str(k): v for k, v in doc.items()})
+        body = None
+        if isinstance(parent, str) and here is not None:
+            path = (here / parent).resolve()
+            if path in seen or not path.is_file():
+                break
+            seen.add(path)
+            body, here = path.read_text(encoding="utf-8"), path.parent
+    return chain
+
+
+def _hydra_value(v: Any) -> str:
+    """A config value as a Hydra override value that reads back as the config wrote it,
+    interpolations included (they are the config's own, resolved as NeMo RL resolves them)."""
+    from stateset_backend.translate.overrides import quoted
+
+    if isinstance(v, str):
+        return quoted(v)
+    if isinstance(v, list):
+        return "[" + ",".join(_hydra_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{_hydra_value(x)}" for k, x in v.items()) + "}"
+    if v is None:
         return "null"
-    if isinstance(value, dict) and not value:
-        return "{}"
-    return json.dumps(value)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return repr(v)
 
 
-def _yaml() -> Any:
+# -- TRL: a GRPOConfig file, as `trl grpo --config` reads it ---------------------------------
+# TRL's command line parses one YAML file into its GRPOConfig and the script's own model and
+# dataset arguments (HfArgumentParser). The script's arguments the hub's launch carries under
+# its own names: the model and a local data file.
+TRL_SCRIPT_KEYS = {"model_name_or_path": "launch.model", "dataset_name": "launch.train_uri",
+                   "model_revision": None, "dtype": None, "torch_dtype": None,
+                   "attn_implementation": None, "dataset_config": None,
+                   "dataset_train_split": None, "dataset_test_split": None,
+                   "dataset_streaming": None, "reward_funcs": None,
+                   "reward_model_name_or_path": None, "use_peft": None, "lora_r": None,
+                   "lora_alpha": None, "lora_dropout": None, "lora_target_modules": None}
+
+
+def read_trl(text: str, version: str, source: str, fields: set[str]) -> Launch:
+    """The file's YAML (JSON is YAML too) as HfArgumentParser reads it: every key a field of
+    GRPOConfig or of the script's own arguments, anything else refused as TRL refuses it."""
     try:
         import yaml
     except ImportError:
-        raise Unsupported("reading YAML needs pyyaml (pip install pyyaml)") from None
-    return yaml
+        raise Unsupported("reading a TRL config needs pyyaml (pip install pyyaml), as TRL "
+                          "does") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidInput(f"{source}: not YAML or JSON ({str(exc).splitlines()[0]})") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"{source}: not a TRL config (a mapping of GRPOConfig fields)")
+    unknown = sorted(str(k) for k in doc if k not in fields and k not in TRL_SCRIPT_KEYS)
+    if unknown:
+        raise InvalidInput(f"{source}: TRL {version}'s GRPOConfig and script arguments have no "
+                           f"{', '.join(map(repr, unknown[:5]))} (HfArgumentParser refuses "
+                           "unused keys)")
+    launch = Launch("trl", version, {}, {})
+    for key, value in doc.items():
+        target = TRL_SCRIPT_KEYS.get(key, key) if key in TRL_SCRIPT_KEYS else key
+        if target is None:
+            launch.refused[f"{key}: {value!r}"] = (
+                "a TRL script argument the hub's launch sets from the spec or does not use "
+                "(the reward comes from reward.entrypoint, the dtype from model.dtype)")
+            continue
+        launch.settings[target] = value
+        launch.words[target] = f"{key}: {value!r}"
+    return launch
 
 
 READERS: dict[str, Callable[[str, str, str], Launch]] = {
@@ -217,11 +331,12 @@ READERS: dict[str, Callable[[str, str, str], Launch]] = {
 REWARD_FUNCTION = {"verl": "compute_score", "openrlhf": "reward_func"}
 
 
-def read_file(engine: str, path: Path, version: str, overrides: list[str] | None = None) -> \
-        Launch:
+def read_file(engine: str, path: Path, version: str, overrides: list[str] | None = None,
+              fields: set[str] | None = None) -> Launch:
     reader = READERS.get(engine)
-    if reader is None:
-        raise Unsupported(f"import reads verl, OpenRLHF and NeMo RL launches, not {engine}")
+    if reader is None and engine != "trl":
+        raise Unsupported(f"import reads verl, OpenRLHF, NeMo RL and TRL launches, not "
+                          f"{engine}")
     if overrides and engine != "nemo-rl":
         raise InvalidInput("--override is for a NeMo RL config; a script's overrides are read "
                            "from the script")
@@ -231,4 +346,7 @@ def read_file(engine: str, path: Path, version: str, overrides: list[str] | None
         raise InvalidInput(f"{path}: cannot be read ({exc.__class__.__name__})") from None
     if engine == "nemo-rl":
         return read_nemo_rl(text, version, str(path), overrides)
+    if engine == "trl":
+        return read_trl(text, version, str(path), fields or set())
+    assert reader is not None
     return reader(text, version, str(path))

@@ -17,17 +17,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stateset_backend.common.errors import InvalidInput, StatesetError
+from stateset_backend.common.errors import InvalidInput, StatesetError, Unsupported
 from stateset_backend.common.jsonio import flatten
+from stateset_backend.conformance import readers
 from stateset_backend.contracts.loader import parse_version
 from stateset_backend.contracts.surfaces import surface
-from stateset_backend.importing.engines import REWARD_FUNCTION, Launch, read_file
+from stateset_backend.importing.engines import (
+    REWARD_FUNCTION,
+    Launch,
+    nemo_rl_effective,
+    read_file,
+)
 from stateset_backend.importing.solve import Solver, bare, native_of
 from stateset_backend.spec.content import sha256_file
 from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.translate.rules import _same, explain_rows
 
 PLACEHOLDER_SHA256 = "0" * 64
+# A validation split the launch's own data setup makes (NeMo RL holds part of the train set
+# out): a stand-in name, kept only when the launch validates.
+VALIDATION_PLACEHOLDER = "validation.jsonl"
 _PROBE = "stateset-import-probe"
 
 
@@ -41,6 +50,7 @@ class Setting:
     reason: str = ""
     reproduced: bool | None = None
     planned: Any = None
+    hub_owned: bool = False  # a key the hub's launch sets itself (run names, output folders)
 
     def to_json(self) -> dict[str, Any]:
         doc = {"key": self.key, "value": self.value, "given_as": self.word, "fate": self.fate,
@@ -51,6 +61,8 @@ class Setting:
             doc["reason"] = self.reason
         if self.reproduced is False:
             doc["planned"] = self.planned
+        if self.hub_owned:
+            doc["hub_owned"] = True
         return doc
 
 
@@ -76,11 +88,18 @@ class Imported:
 
     def to_json(self) -> dict[str, Any]:
         total = self.total
+        own = [s for s in self.settings if not s.hub_owned]
+        kept = sum(1 for s in own if s.reproduced)
+        experiment = len(own) + len(self.refused)
         return {
             "engine": self.engine, "engine_version": self.version,
             "round_trip": {"settings": total, "reproduced": self.reproduced,
                            "percent": round(100.0 * self.reproduced / total, 1) if total
                            else 100.0,
+                           "experiment_settings": experiment,
+                           "experiment_reproduced": kept,
+                           "experiment_percent": round(100.0 * kept / experiment, 1)
+                           if experiment else 100.0,
                            "plan_changes_defaults": self.changed_defaults,
                            **({"error": self.round_trip_error} if self.round_trip_error
                               else {})},
@@ -89,12 +108,13 @@ class Imported:
             "inputs": self.inputs, "notes": self.notes, "spec": self.spec}
 
 
-def engine_defaults(engine: str, version: str, dialect_defaults: dict[str, Any]) -> \
-        dict[str, Any]:
-    """Every key the release reads, at its default: the generated surface, and the dialect's
-    recorded defaults for keys read outside the composed config."""
+def engine_defaults(engine: str, version: str, dialect_defaults: dict[str, Any],
+                    plugin_surface: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every key the release reads, at its default: the generated surface (a plugin's own,
+    for a plugin's engine), and the dialect's recorded defaults for keys read outside the
+    composed config."""
     out = {bare(k): v for k, v in flatten(dialect_defaults).items()}
-    shipped = surface(engine, version)
+    shipped = surface(engine, version) or plugin_surface
     for key, option in (shipped or {}).get("options", {}).items():
         out.update(flatten(option.get("default"), key) if isinstance(option.get("default"),
                                                                      dict) else
@@ -194,6 +214,9 @@ def starting_spec(engine: str, launch: Launch, solver: Solver, base: Path,
     if "validation" in doc["data"] and doc["data"]["validation"] and \
             doc["data"]["validation"]["uri"] == doc["data"]["train"]["uri"]:
         doc["data"]["validation"] = None
+    if not keys["validation"]:  # the engine names no validation file the rules carry
+        doc["data"]["validation"] = {"uri": VALIDATION_PLACEHOLDER,
+                                     "sha256": PLACEHOLDER_SHA256}
     doc["reward"] = _reward(engine, launch, keys["reward"], base, inputs)
     return doc
 
@@ -201,7 +224,8 @@ def starting_spec(engine: str, launch: Launch, solver: Solver, base: Path,
 def _reward(engine: str, launch: Launch, keys: list[str], base: Path,
             inputs: list[str]) -> dict[str, Any]:
     file_key = next((k for k in keys if k in launch.settings and isinstance(
-        launch.settings[k], str) and launch.settings[k].endswith(".py")), None)
+        launch.settings[k], str) and (launch.settings[k].endswith(".py") or
+                                      ".py:" in launch.settings[k])), None)
     if file_key is None:
         inputs.append(f"reward: the launch uses {engine}'s built-in scoring (no reward file); "
                       "reward.entrypoint and reward.sha256 are placeholders: name your reward "
@@ -210,8 +234,11 @@ def _reward(engine: str, launch: Launch, keys: list[str], base: Path,
                 "sha256": PLACEHOLDER_SHA256}
     name_key = next((k for k in keys if k != file_key and k.endswith("name")), None)
     function = launch.settings.get(name_key) if name_key else None
+    named = str(launch.settings[file_key])
+    if ".py:" in named:  # file.py:function, one value
+        named, _, function = named.rpartition(":")
     function = function or REWARD_FUNCTION.get(engine, "score")
-    got = _file_input(launch.settings[file_key], base, "reward", inputs)
+    got = _file_input(named, base, "reward", inputs)
     assert got is not None
     return {"kind": "python", "entrypoint": f"{got[0]}:{function}", "sha256": got[1]}
 
@@ -222,12 +249,19 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
     adapter = entry.adapter
     version = version or adapter.contract.newest_known_version()
     dialect = adapter.contract.dialect(parse_version(version))
-    launch = read_file(engine, path, version, overrides)
     with entry.guard("reading the rules"):
         rules = adapter.rules(dialect)
-    defaults = engine_defaults(engine, version, dict(dialect.defaults))
+        kit = adapter.kit_support()
+    plugin_surface = kit.surface if engine not in readers.BUILTIN else None
+    launch = read_file(engine, path, version, overrides,
+                       set((plugin_surface or {}).get("options", {})))
+    defaults = engine_defaults(engine, version, dict(dialect.defaults), plugin_surface)
     effective = {**defaults, **launch.settings}
-    solver = Solver(rules, dialect, engine, effective, frozenset(launch.settings))
+    # what the launch changes from the release's defaults is what it says
+    said = frozenset(k for k, v in launch.settings.items()
+                     if k not in defaults or not _same(v, defaults[k]))
+    solver = Solver(rules, dialect, engine, effective, said,
+                    adapter.contract.provided(parse_version(version)))
     inputs: list[str] = []
     named = next((v for k, v in launch.settings.items() if k.endswith("project_name") and
                   isinstance(v, str) and v), None)  # the engine's own name for the experiment
@@ -235,6 +269,7 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
                         inputs)
     with entry.guard("solving the spec"):
         spec = solver.solve(doc)
+        spec = _drop_unused_validation(spec, inputs)
         counted = _updates_from_passes({**defaults, **launch.settings},
                                        spec.budget.prompts_per_update,
                                        _rows(spec, path.resolve().parent))
@@ -264,7 +299,7 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
     imported = Imported(engine, version, spec_doc, [], launch.refused, launch.notes, inputs)
     base = path.resolve().parent
     try:
-        plan, stand_in = _plan_dropping(entry, version, spec_doc, base, fates, engine,
+        plan, stand_ins = _plan_dropping(entry, version, spec_doc, base, fates, engine,
                                         launch.settings)
     except StatesetError as exc:  # the spec is written; what it would launch is not known
         imported.round_trip_error = exc.message
@@ -273,8 +308,12 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
             imported.settings.append(Setting(key, value, launch.words.get(key, key), fate, src,
                                              reason, None))
         return imported
-    read = _read_plan(engine, plan)
+    read = _read_plan(engine, plan, readers.reader_for(engine, kit.parse_launch))
+    # what the hub's own launch script reads (a plugin's generated script), beside the engine
+    read.update({k: v for k, v in plan.native.items() if k.startswith("launch.")})
     planned = {**defaults, **read}
+    if engine == "nemo-rl":  # its recipe's interpolated defaults follow the plan's keys
+        planned = {bare(k): v for k, v in nemo_rl_effective(version, plan.argv).items()}
     for key, value in launch.settings.items():
         fate, reason, src = fates[key]
         got = planned.get(key)
@@ -282,7 +321,7 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
             _same(defaults.get(key), value)
         setting = Setting(key, value, launch.words.get(key, key), fate, src, reason, same, got)
         if not same:
-            why = _same_input(src, value, got, base, spec_doc, stand_in)
+            why = _same_input(src, value, got, base, spec_doc, set(stand_ins.values()))
             if why is not None:
                 same, setting.reproduced, setting.reason = True, True, why
         if not same and fate in ("mapped", "default", "engine_option"):
@@ -290,13 +329,29 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
             setting.reason = _why_not(key, value, got, src, rows, engine, version)
         elif same and fate == "not_expressible":
             setting.fate, setting.reason = "mapped", "the hub's launch sets this value itself"
+        setting.hub_owned = not same and src is None and key in read and _owned(setting.reason)
         imported.settings.append(setting)
     imported.changed_defaults = [
         {"key": k, "engine_default": defaults.get(k), "planned": v, "spec_field": mapped.get(k)}
         for k, v in read.items() if k not in launch.settings and
         not _same(v, effective.get(k)) and not (isinstance(v, str) and "{run_dir}" in v)
-        and not (stand_in and v == stand_in)]
+        and v not in stand_ins.values()]
     return imported
+
+
+def _drop_unused_validation(spec: ExperimentSpec, inputs: list[str]) -> ExperimentSpec:
+    split = spec.data.validation
+    if split is None or split.uri != VALIDATION_PLACEHOLDER or \
+            split.sha256 != PLACEHOLDER_SHA256:
+        return spec
+    if spec.evaluation.every is not None:
+        inputs.append(f"data.validation: the launch validates on data the engine sets up "
+                      f"itself (no file the import can pin): {VALIDATION_PLACEHOLDER} with a "
+                      "placeholder digest stands in; point it at your validation split")
+        return spec
+    doc = spec.model_dump(mode="json")
+    doc["data"]["validation"] = None
+    return ExperimentSpec.model_validate(doc)
 
 
 def _rows(spec: ExperimentSpec, base: Path) -> int | None:
@@ -323,7 +378,7 @@ def _updates_from_passes(settings: dict[str, Any], prompts: int,
 
 
 def _same_input(src: str | None, value: Any, got: Any, base: Path, spec: dict[str, Any],
-                stand_in: str | None) -> str | None:
+                stand_ins: set[str]) -> str | None:
     """Why the plan's value is the launch's input after all, or None: a file the launch names
     relative to where it runs, a reward the hub calls through its shim, a split that is not on
     this machine (the round trip plans a stand-in of the rows the launch keeps)."""
@@ -332,13 +387,19 @@ def _same_input(src: str | None, value: Any, got: Any, base: Path, spec: dict[st
     if src == "reward.entrypoint":
         return None if spec["reward"].get("sha256") in (None, PLACEHOLDER_SHA256) else \
             "the hub's reward shim loads this file, checked by its sha256"
-    if stand_in is not None and got == stand_in:
+    if isinstance(got, str) and got in stand_ins:
         return ("not on this machine: the round trip planned a stand-in split of the rows the "
                 "launch keeps")
     if isinstance(value, str) and isinstance(got, str) and "$" not in value and \
-            (base / Path(value).expanduser()).resolve() == Path(got).resolve():
+            Path(got).is_file() and (base / Path(value).expanduser()).resolve() == \
+            Path(got).resolve():
         return "the same file, named by its absolute path"
     return None
+
+
+def _owned(reason: str) -> bool:
+    """The hub's own guards name the keys it sets for the run's identity and outputs."""
+    return "stateset-backend" in reason or reason.startswith("the hub's launch sets")
 
 
 def _why_not(key: str, value: Any, got: Any, src: str | None, rows: Any, engine: str,
@@ -353,23 +414,23 @@ def _why_not(key: str, value: Any, got: Any, src: str | None, rows: Any, engine:
 
 def _plan_dropping(entry: Any, version: str, doc: dict[str, Any], base: Path,
                    fates: dict[str, tuple[str, str, str | None]], engine: str,
-                   settings: dict[str, Any]) -> tuple[Any, str | None]:
+                   settings: dict[str, Any]) -> tuple[Any, dict[str, str]]:
     """The plan of the imported spec. An engine_options entry the hub's own guards refuse
     (a key it sets itself, a value the release's parser would refuse) leaves the spec, and
-    its setting is named not expressible with the guard's reason. A train split that is not
-    on this machine is planned as a stand-in file of the rows the launch keeps, for engines
-    that size their passes from the split (the stand-in's path is returned)."""
+    its setting is named not expressible with the guard's reason. A split that is not on this
+    machine, where the launch needs its rows (an engine that sizes passes or validation from
+    the data), is planned as a stand-in file of the rows the launch keeps; the stand-ins'
+    paths are returned by split."""
     from stateset_backend.plan.launch_plan import make_plan
 
     options = dict(doc["engine_options"].get(engine, {}))
-    stand_in: str | None = None
-    planned = doc
-    for _ in range(len(options) + 2):
+    stand_ins: dict[str, str] = {}
+    for _ in range(len(options) + 3):
         doc["engine_options"] = {engine: options} if options else {}
-        planned = _with_stand_in(doc, stand_in)
+        planned = _with_stand_ins(doc, stand_ins)
         try:
             return make_plan(ExperimentSpec.model_validate(planned), entry, version,
-                             base_dir=base), stand_in
+                             base_dir=base), stand_ins
         except StatesetError as exc:
             prefix = f"engine_options.{engine}."
             culprit = next((k for k in options if exc.message.startswith(prefix + k + ":")),
@@ -380,12 +441,19 @@ def _plan_dropping(entry: Any, version: str, doc: dict[str, Any], base: Path,
                                   exc.message.removeprefix(prefix + culprit + ":").strip(),
                                   None)
                 continue
-            if stand_in is None and doc["data"]["train"]["sha256"] == PLACEHOLDER_SHA256 and \
-                    "row count" in exc.message:
-                stand_in = _stand_in_split(doc, settings)
-                continue
-            raise
+            missing = next((name for name in ("train", "validation")
+                            if name not in stand_ins and _placeholder_split(doc, name, base)),
+                           None)
+            if missing is None:
+                raise
+            stand_ins[missing] = _stand_in_split(doc, settings, missing)
     raise InvalidInput("the imported spec cannot be planned")  # pragma: no cover
+
+
+def _placeholder_split(doc: dict[str, Any], name: str, base: Path) -> bool:
+    split = doc["data"].get(name)
+    return isinstance(split, dict) and split.get("sha256") == PLACEHOLDER_SHA256 and \
+        not (base / str(split.get("uri"))).is_file()
 
 
 def _remove(name: str) -> None:
@@ -396,34 +464,36 @@ def _remove(name: str) -> None:
         os.unlink(name)
 
 
-def _with_stand_in(doc: dict[str, Any], stand_in: str | None) -> dict[str, Any]:
-    if stand_in is None:
-        return doc
-    return {**doc, "data": {**doc["data"], "train": {**doc["data"]["train"], "uri": stand_in}}}
+def _with_stand_ins(doc: dict[str, Any], stand_ins: dict[str, str]) -> dict[str, Any]:
+    data = dict(doc["data"])
+    for name, path in stand_ins.items():
+        data[name] = {**data[name], "uri": path}
+    return {**doc, "data": data}
 
 
-def _stand_in_split(doc: dict[str, Any], settings: dict[str, Any]) -> str:
-    """A JSON lines file of empty rows, as many as the launch keeps (or one pass of the
-    budget), kept for the life of the process."""
+def _stand_in_split(doc: dict[str, Any], settings: dict[str, Any], name: str) -> str:
+    """A JSON lines file of empty rows, as many as the launch keeps of that split (or one
+    pass of the budget, or one validation batch), kept for the life of the process."""
     import atexit
     import os
     import tempfile
 
-    kept = next((v for k, v in settings.items() if k.endswith("max_samples")), None)
+    suffix = "max_samples" if name == "train" else "max_val_samples"
+    kept = next((v for k, v in settings.items() if k.endswith(suffix)), None)
     budget = doc["budget"]
-    rows = kept if isinstance(kept, int) and kept > 0 else \
-        budget["prompts_per_update"] * budget["total_updates"]
-    handle, name = tempfile.mkstemp(prefix="stateset-import-", suffix=".jsonl")
+    rows = kept if isinstance(kept, int) and 0 < kept < 10_000_000 else \
+        budget["prompts_per_update"] * (budget["total_updates"] if name == "train" else 1)
+    handle, path = tempfile.mkstemp(prefix=f"stateset-import-{name}-", suffix=".jsonl")
     with os.fdopen(handle, "w") as out:
         out.write("{}\n" * rows)
-    atexit.register(_remove, name)
-    return name
+    atexit.register(_remove, path)
+    return path
 
 
-def _read_plan(engine: str, plan: Any) -> dict[str, Any]:
-    from stateset_backend.conformance import readers
-
-    reader = readers.BUILTIN[engine]
+def _read_plan(engine: str, plan: Any, reader: Any) -> dict[str, Any]:
+    if reader is None:
+        raise Unsupported(f"{engine}'s plugin brings no launch reader, so the import cannot "
+                          "read its plan back")
     try:
         return {bare(k): v for k, v in reader(plan).items()}
     except StatesetError:

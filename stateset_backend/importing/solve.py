@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from stateset_backend.common.errors import StatesetError
 from stateset_backend.common.jsonio import flatten
+from stateset_backend.contracts.capabilities import required_capabilities
 from stateset_backend.contracts.loader import Dialect
 from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.spec.modeltree import leaves, model_in
@@ -74,6 +75,10 @@ class Solver:
     engine: str
     effective: dict[str, Any]  # every key the engine reads: its default, or the launch's value
     given: frozenset[str] = frozenset()  # the keys the launch itself sets
+    provided: frozenset[str] | None = None  # the release's capabilities, where known
+
+    def __post_init__(self) -> None:
+        self._inert_keys: dict[str, bool] = {}
 
     def rows(self, spec: ExperimentSpec) -> list[FieldRow] | None:
         try:
@@ -92,12 +97,25 @@ class Solver:
         # deviation) is the experiment the launch ran
         total = -100.0 * sum(row.state == "refused" for row in rows) - \
             0.25 * sum(row.state == "declared" for row in rows)
+        if self.provided is not None:  # a spec the release cannot run is no answer
+            total -= 100.0 * len(required_capabilities(spec) - self.provided)
         for key, value in native_of(rows).items():
-            if key in self.effective and not _placeholder(value):
+            if key in self.effective and not _placeholder(value) and not self._inert(key):
                 # what the launch says outweighs what it leaves to the release's defaults
                 weight = _GIVEN_WEIGHT if key in self.given else 1.0
                 total += weight if _same(value, self.effective[key]) else -weight
         return total
+
+    def _inert(self, key: str) -> bool:
+        """A setting inside a section the launch switches off is read by nobody."""
+        known = self._inert_keys.get(key)
+        if known is None:
+            parts = key.split(".")
+            known = parts[-1] not in ("enabled", "enable") and any(
+                self.effective.get(f"{'.'.join(parts[:i])}.{switch}") is False
+                for i in range(1, len(parts)) for switch in ("enabled", "enable"))
+            self._inert_keys[key] = known
+        return known
 
     def solve(self, doc: dict[str, Any]) -> ExperimentSpec:
         """From a valid starting spec, each leaf in turn takes the candidate that scores best
@@ -315,6 +333,10 @@ def _converted(raw: Any, kinds: set[Any], numbers: list[Any],
     elif isinstance(raw, list):  # one key for several leaves (clip low and high as a pair)
         for item in raw:
             yield from _converted(item, kinds, [], [])
+    elif isinstance(raw, dict):  # a structured value (a scheduler's warmup length inside)
+        for item in flatten(raw).values():
+            if not isinstance(item, dict):
+                yield from _converted(item, kinds, [], [])
 
 
 def _neutral(annotation: Any) -> list[Any]:
