@@ -273,9 +273,11 @@ def _submitted(cluster) -> int:
     return len([r for r in cluster.run("squeue", "-h", "-o", "%i").stdout.splitlines() if r])
 
 
+@pytest.mark.parametrize("warning", [["--slurm-checkpoint-warning", "120"], []],
+                         ids=["given", "default"])
 @pytest.mark.parametrize("command", ["plan", "run"])
 def test_a_warning_not_shorter_than_the_time_limit_is_refused_before_submission(
-        on_slurm, tmp_path, capsys, command):
+        on_slurm, tmp_path, capsys, command, warning):
     """The engine would be asked to stop after its first update: exit 2 before anything
     reaches Slurm, naming both options."""
     from stateset_backend.cli import build_parser, main
@@ -286,8 +288,7 @@ def test_a_warning_not_shorter_than_the_time_limit_is_refused_before_submission(
         ["--runs-dir", str(tmp_path / "runs")]
     capsys.readouterr()
     code = main([command, "--engine", "native", str(spec), *out, "--provider", "slurm",
-                 "--slurm-shared-root", "/", "--slurm-time", "00:02:00",
-                 "--slurm-checkpoint-warning", "120"])
+                 "--slurm-shared-root", "/", "--slurm-time", "00:02:00", *warning])
     err = capsys.readouterr().err
     line, = err.strip().splitlines()
     assert code == 2 and "Traceback" not in err

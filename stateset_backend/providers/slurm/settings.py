@@ -50,7 +50,7 @@ class SlurmSettings(BaseModel):
     container_image: Image | None = Field(None, description="pyxis --container-image for every "
                                                             "step; the shared root is mounted")
     checkpoint_warning_s: int = Field(
-        120, ge=0, le=86400,
+        120, ge=0, le=86400, validate_default=True,  # the default too must fit the limit
         description="Slurm signals the job this long before its time limit or a pre-emption "
                     "(--signal=B:USR1@N); an engine that honours it checkpoints and stops")
     requeue: int = Field(0, ge=0, le=100, description="times `run` resumes the run as a new "
