@@ -66,7 +66,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     registry = load_registry()
     store = RunStore(runs_dir_from(args.runs_dir))
-    SUBMITTED.append(record_submitted)  # a listing shows a cluster's job while it runs
+    if record_submitted not in SUBMITTED:  # a listing shows a cluster's job while it runs
+        SUBMITTED.append(record_submitted)
     if args.resume and args.engine is not None:
         raise InvalidInput(_resume_needs_plan(args.document, args.engine, store))
     if args.engine is not None:
