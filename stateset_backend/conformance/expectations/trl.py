@@ -280,8 +280,12 @@ TRL: list[tuple[tuple[str, ...], Expect]] = [
     (("launch.model",), lambda s: _Model(s.model.path) if s.model.from_run is None else None),
     (("launch.from_run_sha256",),
      lambda s: s.model.from_run.sha256 if s.model.from_run is not None else None),
-    # not checked: what the plugin's launch script does with it is the plugin's own
-    (("launch.init_from_seed",), lambda s: None),
+    # a built-in model is a config and a tokenizer without weights
+    # (stateset_backend/native/assets/<name>): its weights are initialised from the seed; a
+    # from_run start loads the checkpoint's; another folder's contents decide (not checked)
+    (("launch.init_from_seed",),
+     lambda s: False if s.model.from_run is not None
+     else (True if s.model.path.startswith("builtin:") else None)),
     (("launch.train_uri",), lambda s: SplitPath(s.data.train.uri)),
     (("launch.prompt_field",), lambda s: s.data.train.prompt_field),
     (("launch.answer_field",), lambda s: s.data.train.answer_field),
