@@ -327,9 +327,11 @@ NEMO_RL: list[tuple[tuple[str, ...], Expect]] = [
     (("data.default.system_prompt_file", "data.system_prompt_file"), lambda s: OFF),
     (("data.default.processor", "data.processor"), lambda s: _HubName()),
     (("data.default.env_name", "data.env_name"), _env_name),
-    # handed to the processor, which is the hub's shim: its meaning is the shim's (NeMo's own
-    # processors truncate and mask a prompt longer than it); not checked here
-    (("data.max_input_seq_length",), lambda s: None),
+    # handed to the processor (the hub's shim, on NeMo's convention: data/processors.py
+    # treats a prompt with length >= max_seq_length as too long): one more than the longest
+    # prompt the spec admits. A conversation's opening is the shim's own (not checked)
+    (("data.max_input_seq_length",),
+     lambda s: s.data.max_prompt_tokens + 1 if single_turn(s) else None),
     # -- the reward and the environment: the hub's shims, pinned by content -------------------
     (("env.stateset_reward.entrypoint",),
      lambda s: s.reward.entrypoint if single_turn(s) else None),
