@@ -281,11 +281,11 @@ TRL: list[tuple[tuple[str, ...], Expect]] = [
     (("launch.from_run_sha256",),
      lambda s: s.model.from_run.sha256 if s.model.from_run is not None else None),
     # a built-in model is a config and a tokenizer without weights
-    # (stateset_backend/native/assets/<name>): its weights are initialised from the seed; a
-    # from_run start loads the checkpoint's; another folder's contents decide (not checked)
+    # (stateset_backend/native/assets/<name>): the model is built with weights initialised
+    # from the seed (a from_run start then loads the checkpoint's over them, docs/spec.md);
+    # another folder's contents decide (not checked)
     (("launch.init_from_seed",),
-     lambda s: False if s.model.from_run is not None
-     else (True if s.model.path.startswith("builtin:") else None)),
+     lambda s: True if s.model.path.startswith("builtin:") else None),
     (("launch.train_uri",), lambda s: SplitPath(s.data.train.uri)),
     (("launch.prompt_field",), lambda s: s.data.train.prompt_field),
     (("launch.answer_field",), lambda s: s.data.train.answer_field),
