@@ -130,10 +130,12 @@ TRL: list[tuple[tuple[str, ...], Expect]] = [
                     if s.algorithm.clip.dual_clip is not None else OFF)),
     (("importance_sampling_level",), rl(lambda s: s.algorithm.ratio_level)),
     (("loss_type",), rl(_loss_type)),
-    # advantages: (r - group mean) / group std ("group"), / batch std ("batch"), or unscaled
+    # advantages (_generate_and_score_completions): r - group mean, divided by the group's
+    # std ("group") or not ("none"); "batch" divides by the std of the batch's rewards, not
+    # the spec's batch whitening of the advantages (no TRL value is: not checked)
     (("scale_rewards",),
-     rl(lambda s: "none" if not s.algorithm.advantage.std_normalize
-        else ("batch" if s.algorithm.advantage.scope == "batch" else "group"))),
+     rl(lambda s: None if s.algorithm.advantage.scope == "batch"
+        else ("group" if s.algorithm.advantage.std_normalize else "none"))),
     # one reward function, weight 1: summed then normalised, as the spec's single reward
     (("reward_weights",), rl(lambda s: OFF)),
     (("multi_objective_aggregation",), rl(lambda s: "sum_then_normalize")),
