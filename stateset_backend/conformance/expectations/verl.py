@@ -38,6 +38,8 @@ VERL_PRECISION = {"float32": OneOf(("fp32", "float32", 32, "32")),
                   "bfloat16": OneOf(("bf16", "bfloat16")),
                   "float16": OneOf(("fp16", "float16", 16, "16"))}
 INF = float("inf")
+# the value null, checked (an expectation's None means "not checked for this spec")
+NULL = OneOf((None,))
 # compute_policy_loss clamps log(pi / pi_old) to [-20, 20]: the ratio never exceeds e^20, so a
 # dual-clip constant above it never binds (no dual clip)
 NO_DUAL_CLIP = AtLeast(math.exp(20))
@@ -49,6 +51,11 @@ REF = "actor_rollout_ref.ref"
 def _ppo(expect: Expect) -> Expect:
     """A critic key: verl builds a critic only for GAE (ray_trainer.need_critic)."""
     return lambda s: expect(s) if s.algorithm.gae is not None else None
+
+
+def _validating(expect: Expect) -> Expect:
+    """A validation key: inert in a run that never validates (no evaluation.every)."""
+    return lambda s: expect(s) if s.evaluation.every is not None else None
 
 
 def _gae(s: ExperimentSpec) -> Any:
@@ -136,17 +143,17 @@ def _optim(prefix: str, lr: Expect, wrap: Any = lambda e: e) -> list[tuple[tuple
 
 # an FSDP model's precision (fsdp_workers._build_model_optimizer): the module is loaded in
 # model_dtype (the master weights the optimizer updates: the spec's param_dtype), and
-# MixedPrecision computes in param_dtype (the spec's dtype), reducing gradients and keeping
-# buffers in the master precision
+# MixedPrecision computes in param_dtype (the spec's dtype). The spec names no other
+# precision: gradients are reduced and buffers kept in fp32, what verl itself uses whatever
+# the other two are (its fallback without a mixed_precision section: reduce_dtype =
+# buffer_dtype = torch.float32), so a sum over ranks is exact whatever the world size
 def _precision(fsdp: str, wrap: Any = lambda e: e) -> list[tuple[tuple[str, ...], Expect]]:
     return [
         ((f"{fsdp}.model_dtype",), wrap(lambda s: VERL_PRECISION[s.model.param_dtype])),
         ((f"{fsdp}.mixed_precision.param_dtype",),
          wrap(lambda s: VERL_PRECISION[s.model.dtype])),
-        ((f"{fsdp}.mixed_precision.reduce_dtype",),
-         wrap(lambda s: VERL_PRECISION[s.model.param_dtype])),
-        ((f"{fsdp}.mixed_precision.buffer_dtype",),
-         wrap(lambda s: VERL_PRECISION[s.model.param_dtype])),
+        ((f"{fsdp}.mixed_precision.reduce_dtype",), wrap(lambda s: VERL_PRECISION["float32"])),
+        ((f"{fsdp}.mixed_precision.buffer_dtype",), wrap(lambda s: VERL_PRECISION["float32"])),
         # FSDPEngineConfig.dtype: the compute dtype only when no mixed_precision section is
         # given (fsdp_workers / engine/fsdp/transformer_impl read mixed_precision first), so
         # a launch that gives mixed_precision may leave it at the release's default
@@ -160,8 +167,11 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
     ((f"{A}.clip_ratio_low",), lambda s: s.algorithm.clip.low),
     ((f"{A}.clip_ratio_high",), lambda s: s.algorithm.clip.high),
     (("data.max_prompt_length",), lambda s: s.data.max_prompt_tokens),
+    # a conversation's whole response (every turn and observation) is what verl pads to:
+    # the total limit less the opening (docs/environments.md)
     (("data.max_response_length",),
-     lambda s: s.data.max_response_tokens if single_turn(s) else None),
+     lambda s: s.data.max_response_tokens if single_turn(s)
+     else _sequence_tokens(s) - s.data.max_prompt_tokens),
     (("data.train_batch_size",), lambda s: s.budget.prompts_per_update),
     # verl counts its mini-batch in prompts (it multiplies by rollout.n itself)
     ((f"{A}.ppo_mini_batch_size",),
@@ -214,8 +224,8 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
     # bypass uses them as the old policy): none of it is the spec's ratio pi / pi_old with
     # pi_old recomputed by the trainer
     (("algorithm.rollout_is",), lambda s: False),
-    (("algorithm.rollout_correction.rollout_is",), lambda s: None),
-    (("algorithm.rollout_correction.rollout_rs",), lambda s: None),
+    (("algorithm.rollout_correction.rollout_is",), lambda s: NULL),
+    (("algorithm.rollout_correction.rollout_rs",), lambda s: NULL),
     (("algorithm.rollout_correction.bypass_mode",), lambda s: False),
     # DAPO dynamic sampling (0.9: FilterGroupsConfig)
     (("algorithm.filter_groups.enable",), lambda s: s.algorithm.dynamic_sampling is not None),
@@ -250,11 +260,12 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
     # shuffle single rows across them (make_iterator(dataloader_kwargs={"shuffle": ...}))
     ((f"{A}.shuffle",), lambda s: False),
     ((f"{A}.data_loader_seed",), lambda s: s.seed),
-    # memory knobs: micro-batches packed by tokens (dp_actor: rearrange_micro_batches) within
-    # a per-GPU token budget; each micro-batch's loss is weighted into the mini-batch's one
-    # optimizer step, so they change how a step is computed, not what it is. The budget is
-    # verl's own (actor.yaml: 16384), raised to one whole sequence where that does not fit
-    # (rearrange_micro_batches requires every sequence to fit the budget)
+    # memory knobs: micro-batches packed by tokens (seqlen_balancing.rearrange_micro_batches)
+    # within a per-GPU token budget, their gradients accumulated into the mini-batch's one
+    # optimizer step: how a step is computed, not which (agg_loss normalizes by the global
+    # batch; before 0.8 the per-micro-batch token means are the declared
+    # micro_batch_token_mean). The budget is verl's own (actor.yaml: 16384), raised to one
+    # whole sequence where that does not fit (every sequence must fit the budget)
     ((f"{A}.use_dynamic_bsz",), lambda s: True),
     ((f"{A}.ppo_max_token_len_per_gpu",), lambda s: max(16384, _sequence_tokens(s))),
     *_optim(A, lambda s: s.optim.lr),
@@ -295,12 +306,13 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
      lambda s: None if single_turn(s) else "stateset_environment"),
     ((f"{R}.agent.agent_loop_config_path",),
      lambda s: None if single_turn(s) else f"{RUN_DIR}/stateset_agent_loops.yaml"),
-    # validation decoding (ray_trainer._validate reads val_kwargs); moot without validation
-    ((f"{R}.val_kwargs.temperature",), lambda s: s.evaluation.temperature),
-    ((f"{R}.val_kwargs.top_p",), lambda s: s.evaluation.top_p),
-    ((f"{R}.val_kwargs.n",), lambda s: s.evaluation.samples),
-    ((f"{R}.val_kwargs.do_sample",), lambda s: s.evaluation.temperature > 0),
-    ((f"{R}.val_kwargs.top_k",), lambda s: -1),
+    # validation decoding (ray_trainer._validate reads val_kwargs; do_sample False is greedy);
+    # inert in a run that never validates. The spec's validation has no top-k: -1
+    ((f"{R}.val_kwargs.temperature",), _validating(lambda s: s.evaluation.temperature)),
+    ((f"{R}.val_kwargs.top_p",), _validating(lambda s: s.evaluation.top_p)),
+    ((f"{R}.val_kwargs.n",), _validating(lambda s: s.evaluation.samples)),
+    ((f"{R}.val_kwargs.do_sample",), _validating(lambda s: s.evaluation.temperature > 0)),
+    ((f"{R}.val_kwargs.top_k",), _validating(lambda s: -1)),
 
     # -- the critic (PPO) -------------------------------------------------------------------
     # Critic: "a critic model initialised from model.path"
@@ -325,7 +337,10 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
     # validation split, else the train split (never validated: test_freq -1)
     (("data.val_files",),
      lambda s: _split(s, "validation" if s.data.validation is not None else "train")),
-    (("data.prompt_key",), lambda s: s.data.train.prompt_field),
+    # the split's prompt field; a conversation's converted tasks carry verl's default
+    # field, "prompt" (legacy_data.yaml), whatever the spec's split calls it
+    (("data.prompt_key",),
+     lambda s: s.data.train.prompt_field if single_turn(s) else "prompt"),
     (("data.shuffle",), lambda s: s.data.shuffle),
     # create_rl_sampler seeds its generator with data.seed
     (("data.seed",), lambda s: s.seed),
@@ -387,8 +402,9 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
     # validation runs after every evaluation.every-th update (an engine may add one before
     # update 1: docs/rehearse.md); none without evaluation.every
     (("trainer.val_before_train",), lambda s: _option(s, "trainer.val_before_train", False)),
-    (("trainer.max_actor_ckpt_to_keep",), lambda s: s.checkpoint.keep),
-    (("trainer.max_critic_ckpt_to_keep",), lambda s: s.checkpoint.keep),
+    # _save_checkpoint: max_ckpt_to_keep newest kept, null keeps every one
+    (("trainer.max_actor_ckpt_to_keep",), lambda s: s.checkpoint.keep or NULL),
+    (("trainer.max_critic_ckpt_to_keep",), lambda s: s.checkpoint.keep or NULL),
     # run plumbing: checkpoints inside the attempt's folder; the run name is the plan's run
     # id and the experiment digest (collect reads them back); the project name a safe path
     # component of the spec's name (verl builds folders from it); metrics to verl's file
