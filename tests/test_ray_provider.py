@@ -134,12 +134,19 @@ def test_a_failing_ray_job_is_a_failed_run_with_the_token_from_the_environment(
     _no_token_in(runs)
 
 
-@pytest.mark.parametrize("token", [None, "not-the-clusters-token"])
-def test_a_cluster_that_refuses_is_one_line_naming_the_fix(cli, ray_head, tmp_path,
-                                                           monkeypatch, token):
+@pytest.mark.parametrize("token, said", [
+    (None, "no token was found"),
+    ("not-the-clusters-token", "refused the token from RAY_AUTH_TOKEN"),
+    ("disabled", "RAY_AUTH_MODE=disabled sends no token: unset it and put"),
+])
+def test_a_cluster_that_refuses_is_one_line_naming_the_fix(cli, ray_head, token_home, tmp_path,
+                                                           monkeypatch, token, said):
     from native.conftest import tiny_spec
 
-    if token is not None:
+    if token == "disabled":  # the right token is at hand, but the user switched tokens off
+        monkeypatch.setenv("HOME", str(token_home))
+        monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    elif token is not None:
         monkeypatch.setenv("RAY_AUTH_TOKEN", token)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(tiny_spec()))
@@ -149,9 +156,8 @@ def test_a_cluster_that_refuses_is_one_line_naming_the_fix(cli, ray_head, tmp_pa
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert "RAY_AUTH_TOKEN or ~/.ray/auth_token" in last
-    assert ("no token was found" if token is None else "refused the token from RAY_AUTH_TOKEN") \
-        in last
-    assert token is None or token not in proc.stderr
+    assert said in last
+    assert TOKEN not in proc.stderr and (token in (None, "disabled") or token not in proc.stderr)
     (result,) = (tmp_path / "runs").glob("*/attempts/1/result.json")  # nothing ran: said so
     exit_check, = [c for c in json.loads(result.read_text())["checks"] if c["name"] == "exit_code"]
     assert "RAY_AUTH_TOKEN or ~/.ray/auth_token" in exit_check["detail"]

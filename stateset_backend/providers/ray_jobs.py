@@ -57,6 +57,9 @@ def _refusal(address: str, exc: Exception, token_from: str | None) -> str:
     goes (Ray's own message spans paragraphs and names a setting that does not help here)."""
     text = str(exc)
     if "Authentication required" in text or "Missing authentication token" in text:
+        if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+            return (f"the Ray cluster at {address} requires token authentication and "
+                    f"RAY_AUTH_MODE=disabled sends no token: unset it and {TOKEN_FIX}")
         return (f"the Ray cluster at {address} requires token authentication and no token "
                 f"was found: {TOKEN_FIX}")
     if "Authentication failed" in text or "Invalid authentication token" in text:
