@@ -90,6 +90,17 @@ def _sequence_tokens(s: ExperimentSpec) -> int:
     return env.max_total_tokens or s.data.max_prompt_tokens + env.max_turns * turn
 
 
+def _model_path(s: ExperimentSpec) -> Any:
+    """What verl loads (copy_to_local, then from_pretrained of that folder): a hub id pinned
+    to a commit is that commit's snapshot folder in the Hugging Face cache (verl has no
+    revision key); otherwise the id, or the local folder resolved against the spec's."""
+    m = s.model
+    if m.revision is not None and not m.revision.startswith("sha256:"):
+        return Matching("/.*/models--" + re.escape(m.path.replace("/", "--")) + "/snapshots/"
+                        + re.escape(m.revision))
+    return OneOf((m.path, resolved_path(m.path)))
+
+
 def _split(s: ExperimentSpec, name: str) -> Any:
     if not single_turn(s):
         return f"{RUN_DIR}/data/{name}.jsonl"
@@ -264,10 +275,11 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
     # within a per-GPU token budget, their gradients accumulated into the mini-batch's one
     # optimizer step: how a step is computed, not which (agg_loss normalizes by the global
     # batch; before 0.8 the per-micro-batch token means are the declared
-    # micro_batch_token_mean). The budget is verl's own (actor.yaml: 16384), raised to one
-    # whole sequence where that does not fit (every sequence must fit the budget)
+    # micro_batch_token_mean). The budget is verl's default (actor.yaml: 16384), raised to
+    # what verl's tuning guide asks for, "at least 2 x (max_prompt_length +
+    # max_response_length)" (docs/perf/perf_tuning.rst; every sequence must fit it)
     ((f"{A}.use_dynamic_bsz",), lambda s: True),
-    ((f"{A}.ppo_max_token_len_per_gpu",), lambda s: max(16384, _sequence_tokens(s))),
+    ((f"{A}.ppo_max_token_len_per_gpu",), lambda s: max(16384, 2 * _sequence_tokens(s))),
     *_optim(A, lambda s: s.optim.lr),
     *_precision(f"{A}.fsdp_config"),
     # the reference computes the log-probs the KL compares with: the same weights in the same
@@ -275,7 +287,7 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
     *_precision(f"{REF}.fsdp_config"),
 
     # -- the model --------------------------------------------------------------------------
-    (("actor_rollout_ref.model.path",), lambda s: s.model.path),
+    (("actor_rollout_ref.model.path",), lambda s: _model_path(s)),
     # lora_rank 0 is no LoRA (fsdp_workers: self._is_lora = lora_rank > 0)
     (("actor_rollout_ref.model.lora_rank",),
      lambda s: s.model.lora.rank if s.model.lora is not None else 0),
@@ -316,7 +328,7 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
 
     # -- the critic (PPO) -------------------------------------------------------------------
     # Critic: "a critic model initialised from model.path"
-    (("critic.model.path",), _ppo(lambda s: s.model.path)),
+    (("critic.model.path",), _ppo(lambda s: _model_path(s))),
     # core_algos.compute_value_loss clips always; unclipped is cliprange_value = inf
     (("critic.cliprange_value",), _ppo(lambda s: _critic(s).value_clip or INF)),
     (("critic.grad_clip",), _ppo(lambda s: s.optim.grad_clip)),
@@ -371,20 +383,20 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
      lambda s: "dapo" if s.algorithm.overlong is not None else "naive"),
     # DAPORewardManager's overlong buffer: a linear penalty up to penalty_factor over the
     # last len tokens before max_resp_len
-    (("reward_model.reward_kwargs.overlong_buffer_cfg.enable",
-      "reward.reward_kwargs.overlong_buffer_cfg.enable"),
+    (("reward.reward_kwargs.overlong_buffer_cfg.enable",
+      "reward_model.reward_kwargs.overlong_buffer_cfg.enable"),
      lambda s: s.algorithm.overlong is not None),
-    (("reward_model.reward_kwargs.overlong_buffer_cfg.len",
-      "reward.reward_kwargs.overlong_buffer_cfg.len"),
+    (("reward.reward_kwargs.overlong_buffer_cfg.len",
+      "reward_model.reward_kwargs.overlong_buffer_cfg.len"),
      lambda s: s.algorithm.overlong.buffer_tokens if s.algorithm.overlong else None),
-    (("reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor",
-      "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor"),
+    (("reward.reward_kwargs.overlong_buffer_cfg.penalty_factor",
+      "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor"),
      lambda s: s.algorithm.overlong.penalty if s.algorithm.overlong else None),
-    (("reward_model.reward_kwargs.overlong_buffer_cfg.log",
-      "reward.reward_kwargs.overlong_buffer_cfg.log"),
+    (("reward.reward_kwargs.overlong_buffer_cfg.log",
+      "reward_model.reward_kwargs.overlong_buffer_cfg.log"),
      # logs the penalty as extra metrics only; verl's DAPO recipe default
      lambda s: False if s.algorithm.overlong else None),
-    (("reward_model.reward_kwargs.max_resp_len", "reward.reward_kwargs.max_resp_len"),
+    (("reward.reward_kwargs.max_resp_len", "reward_model.reward_kwargs.max_resp_len"),
      lambda s: s.data.max_response_tokens if s.algorithm.overlong else None),
     (("distillation.enabled",), lambda s: False),
 
