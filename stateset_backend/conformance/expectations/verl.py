@@ -212,7 +212,8 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
     # -- the policy loss ------------------------------------------------------------------------
     ((f"{A}.policy_loss.loss_mode",), lambda s: _loss_mode(s)),
     # compute_policy_loss(_vanilla): dual clip is always applied, min(-A * clip_ratio_c, ...)
-    # for A < 0; no dual clip is clip_ratio_c = inf. The gspo and cispo losses never read it
+    # for A < 0; no dual clip is a constant the clamped ratio never reaches (NO_DUAL_CLIP).
+    # The gspo and cispo losses never read it
     ((f"{A}.clip_ratio_c",),
      lambda s: (s.algorithm.clip.dual_clip or NO_DUAL_CLIP) if _loss_mode(s) == "vanilla"
      else None),
@@ -329,7 +330,8 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
     # -- the critic (PPO) -------------------------------------------------------------------
     # Critic: "a critic model initialised from model.path"
     (("critic.model.path",), _ppo(lambda s: _model_path(s))),
-    # core_algos.compute_value_loss clips always; unclipped is cliprange_value = inf
+    # core_algos.compute_value_loss clips V to V_old +- cliprange_value always; V is not
+    # bounded, so only inf leaves it unclipped
     (("critic.cliprange_value",), _ppo(lambda s: _critic(s).value_clip or INF)),
     (("critic.grad_clip",), _ppo(lambda s: s.optim.grad_clip)),
     *_optim("critic", lambda s: _critic(s).lr, _ppo),
