@@ -404,6 +404,10 @@ def _owned(reason: str) -> bool:
 
 def _why_not(key: str, value: Any, got: Any, src: str | None, rows: Any, engine: str,
              version: str) -> str:
+    if src is not None and isinstance(value, str) and "$" in value:
+        return (f"holds a shell variable the import does not expand: {src} keeps "
+                f"{value!r} as written, which the plan reads relative to the spec's folder; "
+                "write the real path there")
     if src is not None:
         row = next((r for r in rows if r.path == src), None)
         how = f" ({row.reason})" if row is not None and row.reason else ""

@@ -24,6 +24,7 @@ class Script:
 
     commands: list[list[str]]
     assignments: dict[str, str] = field(default_factory=dict)
+    arrays: dict[str, list[str]] = field(default_factory=dict)  # NAME=( words ... )
     unresolved: list[str] = field(default_factory=list)  # one line per unknown expansion
     substituted: list[str] = field(default_factory=list)  # one line per script variable used
 
@@ -115,7 +116,16 @@ def _tokens(text: str) -> list[str]:
     lexer.whitespace = " \t\r"
     lexer.whitespace_split = True
     lexer.commenters = ""
-    raw = list(lexer)
+    raw: list[str] = []
+    for token in lexer:  # shlex joins neighbouring punctuation ("(\n", ");"): split it
+        if token and all(c in ";&|\n()" for c in token):
+            for char in token:
+                if char in "()":
+                    raw.append(char)
+                elif not raw or raw[-1] != "\n":
+                    raw.append("\n")
+        else:
+            raw.append(token)
     out: list[str] = []
     i = 0
     while i < len(raw):
@@ -150,7 +160,23 @@ def read_script(text: str) -> Script:
     script = Script(commands=[])
     expand = _Expander(script)
     current: list[str] = []
-    for token in [*_tokens(text), "\n"]:
+    tokens = [*_tokens(text), "\n"]
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        pair = _assignment(token)
+        if pair is not None and not pair[1] and i < len(tokens) and tokens[i] == "(":
+            # NAME=( words ... ): an array, its words split and expanded as the shell does
+            words: list[str] = []
+            i += 1
+            while i < len(tokens) and tokens[i] != ")":
+                if not _separator(tokens[i]):
+                    words.append(expand.word(tokens[i]))
+                i += 1
+            script.arrays[pair[0]] = words
+            i += 1
+            continue
         if _separator(token):
             if current:
                 _finish(script, current, expand)
@@ -175,7 +201,13 @@ def _finish(script: Script, words: list[str], expand: _Expander) -> None:
                 continue
             script.assignments[name] = expand.word(value)
         return
-    expanded = [expand.word(w) for w in words]
+    expanded: list[str] = []
+    for w in words:
+        name = w[2:-4] if w.startswith("${") and w.endswith("[@]}") else None
+        if name is not None and name in script.arrays:  # "${NAME[@]}": the array's words
+            expanded.extend(script.arrays[name])
+        else:
+            expanded.append(expand.word(w))
     for w in expanded:
         if "$(" in w or "`" in w:
             note = f"{w}: a command substitution, not run by the import"

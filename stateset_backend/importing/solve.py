@@ -26,7 +26,7 @@ from stateset_backend.common.errors import StatesetError
 from stateset_backend.common.jsonio import flatten
 from stateset_backend.contracts.capabilities import required_capabilities
 from stateset_backend.contracts.loader import Dialect
-from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.spec.model import OBJECTIVE_DEFAULTS, ExperimentSpec
 from stateset_backend.spec.modeltree import leaves, model_in
 from stateset_backend.translate.rules import (
     CORE_HANDLED,
@@ -79,12 +79,20 @@ class Solver:
 
     def __post_init__(self) -> None:
         self._inert_keys: dict[str, bool] = {}
+        self._last: tuple[ExperimentSpec | None, list[FieldRow] | None] = (None, None)
 
     def rows(self, spec: ExperimentSpec) -> list[FieldRow] | None:
+        """The spec's translation (the last one is kept: a pass asks about the spec it holds
+        once per leaf)."""
+        if self._last[0] is spec:
+            return self._last[1]
         try:
-            return explain_rows(spec, self.rules, self.dialect, self.engine)
+            rows: list[FieldRow] | None = explain_rows(spec, self.rules, self.dialect,
+                                                       self.engine)
         except StatesetError:
-            return None
+            rows = None
+        self._last = (spec, rows)
+        return rows
 
     def score(self, spec: ExperimentSpec) -> float:
         """How much of the engine's configuration this spec's translation reproduces: a key
@@ -99,6 +107,7 @@ class Solver:
             0.25 * sum(row.state == "declared" for row in rows)
         if self.provided is not None:  # a spec the release cannot run is no answer
             total -= 100.0 * len(required_capabilities(spec) - self.provided)
+        total += 0.01 * _as_published(spec)
         for key, value in native_of(rows).items():
             if key in self.effective and not _placeholder(value) and not self._inert(key):
                 # what the launch says outweighs what it leaves to the release's defaults
@@ -139,16 +148,42 @@ class Solver:
                 continue
             for candidate, trial in self._trials(spec, path, value):
                 got = self.score(trial)
-                for scope in _governed(path, value, candidate) if deep else ():
-                    trial, got, _ = self._pass(trial, got, scope, deep=False)
+                governed = _governed(path, value, candidate) if deep else ()
+                if governed and self._explains(trial, path):
+                    for scope in governed:
+                        trial, got, _ = self._pass(trial, got, scope, deep=False)
                 if got > best:
                     spec, best, changed = trial, got, True
                     value = candidate
         return spec, best, changed
 
+    def _explains(self, spec: ExperimentSpec, path: str) -> bool:
+        """Whether the leaf's own translation sets some key to what the engine reads: only
+        then is re-solving the leaves it governs worth its cost."""
+        row = next((r for r in self.rows(spec) or [] if r.path == path), None)
+        if row is None:
+            return False
+        if not row.native:
+            return True  # a section switched on may set nothing itself
+        flat = flatten({bare(k): v for k, v in row.native.items()})
+        return any(k in self.effective and _same(v, self.effective[k])
+                   for k, v in flat.items())
+
+    def _sharing(self, spec: ExperimentSpec, path: str) -> list[str]:
+        """The other leaves an engine reads from the same key as this one (verl's one
+        ``data.prompt_key`` for every split): they can only move together."""
+        rows = self.rows(spec) or []
+        mine = next((set(r.native) for r in rows if r.path == path), set())
+        return [r.path for r in rows if r.path != path and mine & set(r.native)]
+
     def _trials(self, spec: ExperimentSpec, path: str,
                 value: Any) -> Iterator[tuple[Any, ExperimentSpec]]:
+        sharing = self._sharing(spec, path)
         for candidate in self.candidates(spec, path, value):
+            if sharing:
+                together = _with(spec, path, candidate, *((p, candidate) for p in sharing))
+                if together is not None:
+                    yield candidate, together
             trial = _with(spec, path, candidate)
             if trial is None and path == "algorithm.objective":
                 # another objective starts from its own published recipe (a critic for ppo)
@@ -202,6 +237,17 @@ class Solver:
                 keys = flatten({bare(k): v for k, v in row.native.items()})
                 return [self.effective[k] for k in keys if k in self.effective]
         return []
+
+
+def _as_published(spec: ExperimentSpec) -> int:
+    """How many algorithm settings keep the objective's published recipe: between objectives
+    an engine runs alike (verl's grpo and a dr_grpo with grpo's settings), the launch ran the
+    one whose recipe it follows."""
+    recipe = OBJECTIVE_DEFAULTS.get(spec.algorithm.objective, {})
+    doc = spec.algorithm.model_dump(mode="json")
+    return sum(1 for key, value in recipe.items() if key in doc and (
+        doc[key] == value or (isinstance(value, dict) and isinstance(doc[key], dict) and
+                              all(doc[key].get(k) == v for k, v in value.items()))))
 
 
 def _governed(path: str, old: Any, new: Any) -> tuple[str, ...]:
