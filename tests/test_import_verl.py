@@ -175,3 +175,19 @@ def test_nothing_is_written_when_the_import_fails(tmp_path, cli):
     out = tmp_path / "spec.json"
     assert cli("import", "verl", bad, "-o", out).returncode == 2
     assert not out.exists()
+
+
+def test_bash_arrays_and_conditions_read_as_the_shell_splits_them(tmp_path, cli):
+    """The words of `ARGS=( ... )` arrive where `${ARGS[@]}` stands; nothing runs."""
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/bash\nN=4\nif [ -n \"$X\" ]; then echo x; fi\n"
+                      "ALGO=(\n  algorithm.adv_estimator=grpo  # the objective\n"
+                      "  actor_rollout_ref.rollout.n=$N\n)\n"
+                      "python3 -m verl.trainer.main_ppo ${ALGO[@]} data.train_batch_size=8 "
+                      "&& echo done\n")
+    proc = cli("import", "verl", script, "--engine-version", "0.9.1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["spec"]["algorithm"]["group_size"] == 4
+    assert {s["key"] for s in doc["settings"]} == {
+        "algorithm.adv_estimator", "actor_rollout_ref.rollout.n", "data.train_batch_size"}

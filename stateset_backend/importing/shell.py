@@ -203,9 +203,9 @@ def _finish(script: Script, words: list[str], expand: _Expander) -> None:
         return
     expanded: list[str] = []
     for w in words:
-        name = w[2:-4] if w.startswith("${") and w.endswith("[@]}") else None
-        if name is not None and name in script.arrays:  # "${NAME[@]}": the array's words
-            expanded.extend(script.arrays[name])
+        array = w[2:-4] if w.startswith("${") and w.endswith("[@]}") else None
+        if array is not None and array in script.arrays:  # "${NAME[@]}": the array's words
+            expanded.extend(script.arrays[array])
         else:
             expanded.append(expand.word(w))
     for w in expanded:
