@@ -163,8 +163,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, cli):
         assert words in proc.stderr
     missing = cli("import", "verl", tmp_path / "nothing.sh")
     assert missing.returncode == 2
-    unknown_release = cli("import", "verl", unknown, "--engine-version", "0.1.0")
-    assert unknown_release.returncode == 3
+    unsupported = cli("import", "verl", unknown, "--engine-version", "0.1.0")
+    assert unsupported.returncode == 3
+    unknown_release = cli("import", "verl", unknown, "--engine-version", "9.9.9")
+    assert unknown_release.returncode == 2 and "known: 0.4.1" in unknown_release.stderr
     not_engine = cli("import", "trl-nope", unknown)
     assert not_engine.returncode == 2
 

@@ -249,6 +249,11 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
     adapter = entry.adapter
     version = version or adapter.contract.newest_known_version()
     dialect = adapter.contract.dialect(parse_version(version))
+    if engine in readers.BUILTIN and surface(engine, version) is None:
+        from stateset_backend.translate.upgrade import known_releases
+
+        raise InvalidInput(f"import: no configuration of {engine} {version} is known to read "
+                           f"the launch against (known: {', '.join(known_releases(engine))})")
     with entry.guard("reading the rules"):
         rules = adapter.rules(dialect)
         kit = adapter.kit_support()
