@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stateset_backend.common.errors import InvalidInput, StatesetError, Unsupported
+from stateset_backend.common.errors import InvalidInput, StatesetError
 from stateset_backend.common.jsonio import flatten
 from stateset_backend.conformance import readers
 from stateset_backend.contracts.loader import parse_version
@@ -28,12 +28,12 @@ from stateset_backend.importing.engines import (
     nemo_rl_effective,
     read_file,
 )
+from stateset_backend.importing.roundtrip import PLACEHOLDER_SHA256, plan_dropping, read_plan
 from stateset_backend.importing.solve import Solver, bare, native_of
 from stateset_backend.spec.content import sha256_file
 from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.translate.rules import _same, explain_rows
 
-PLACEHOLDER_SHA256 = "0" * 64
 # A validation split the launch's own data setup makes (NeMo RL holds part of the train set
 # out): a stand-in name, kept only when the launch validates.
 VALIDATION_PLACEHOLDER = "validation.jsonl"
@@ -304,7 +304,7 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
     imported = Imported(engine, version, spec_doc, [], launch.refused, launch.notes, inputs)
     base = path.resolve().parent
     try:
-        plan, stand_ins = _plan_dropping(entry, version, spec_doc, base, fates, engine,
+        plan, stand_ins = plan_dropping(entry, version, spec_doc, base, fates, engine,
                                         launch.settings)
     except StatesetError as exc:  # the spec is written; what it would launch is not known
         imported.round_trip_error = exc.message
@@ -313,7 +313,7 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
             imported.settings.append(Setting(key, value, launch.words.get(key, key), fate, src,
                                              reason, None))
         return imported
-    read = _read_plan(engine, plan, readers.reader_for(engine, kit.parse_launch))
+    read = read_plan(engine, plan, readers.reader_for(engine, kit.parse_launch))
     # what the hub's own launch script reads (a plugin's generated script), beside the engine
     read.update({k: v for k, v in plan.native.items() if k.startswith("launch.")})
     planned = {**defaults, **read}
@@ -419,93 +419,3 @@ def _why_not(key: str, value: Any, got: Any, src: str | None, rows: Any, engine:
         return (f"{src} translates to {key}={got!r}{how}; no value of it gives {value!r} on "
                 f"{engine} {version}")
     return f"the hub's launch sets {key}={got!r} itself (the run's identity and outputs)"
-
-
-def _plan_dropping(entry: Any, version: str, doc: dict[str, Any], base: Path,
-                   fates: dict[str, tuple[str, str, str | None]], engine: str,
-                   settings: dict[str, Any]) -> tuple[Any, dict[str, str]]:
-    """The plan of the imported spec. An engine_options entry the hub's own guards refuse
-    (a key it sets itself, a value the release's parser would refuse) leaves the spec, and
-    its setting is named not expressible with the guard's reason. A split that is not on this
-    machine, where the launch needs its rows (an engine that sizes passes or validation from
-    the data), is planned as a stand-in file of the rows the launch keeps; the stand-ins'
-    paths are returned by split."""
-    from stateset_backend.plan.launch_plan import make_plan
-
-    options = dict(doc["engine_options"].get(engine, {}))
-    stand_ins: dict[str, str] = {}
-    for _ in range(len(options) + 3):
-        doc["engine_options"] = {engine: options} if options else {}
-        planned = _with_stand_ins(doc, stand_ins)
-        try:
-            return make_plan(ExperimentSpec.model_validate(planned), entry, version,
-                             base_dir=base), stand_ins
-        except StatesetError as exc:
-            prefix = f"engine_options.{engine}."
-            culprit = next((k for k in options if exc.message.startswith(prefix + k + ":")),
-                           None)
-            if culprit is not None:
-                options.pop(culprit)
-                fates[culprit] = ("not_expressible",
-                                  exc.message.removeprefix(prefix + culprit + ":").strip(),
-                                  None)
-                continue
-            missing = next((name for name in ("train", "validation")
-                            if name not in stand_ins and _placeholder_split(doc, name, base)),
-                           None)
-            if missing is None:
-                raise
-            stand_ins[missing] = _stand_in_split(doc, settings, missing)
-    raise InvalidInput("the imported spec cannot be planned")  # pragma: no cover
-
-
-def _placeholder_split(doc: dict[str, Any], name: str, base: Path) -> bool:
-    split = doc["data"].get(name)
-    return isinstance(split, dict) and split.get("sha256") == PLACEHOLDER_SHA256 and \
-        not (base / str(split.get("uri"))).is_file()
-
-
-def _remove(name: str) -> None:
-    import contextlib
-    import os
-
-    with contextlib.suppress(OSError):
-        os.unlink(name)
-
-
-def _with_stand_ins(doc: dict[str, Any], stand_ins: dict[str, str]) -> dict[str, Any]:
-    data = dict(doc["data"])
-    for name, path in stand_ins.items():
-        data[name] = {**data[name], "uri": path}
-    return {**doc, "data": data}
-
-
-def _stand_in_split(doc: dict[str, Any], settings: dict[str, Any], name: str) -> str:
-    """A JSON lines file of empty rows, as many as the launch keeps of that split (or one
-    pass of the budget, or one validation batch), kept for the life of the process."""
-    import atexit
-    import os
-    import tempfile
-
-    suffix = "max_samples" if name == "train" else "max_val_samples"
-    kept = next((v for k, v in settings.items() if k.endswith(suffix)), None)
-    budget = doc["budget"]
-    rows = kept if isinstance(kept, int) and 0 < kept < 10_000_000 else \
-        budget["prompts_per_update"] * (budget["total_updates"] if name == "train" else 1)
-    handle, path = tempfile.mkstemp(prefix=f"stateset-import-{name}-", suffix=".jsonl")
-    with os.fdopen(handle, "w") as out:
-        out.write("{}\n" * rows)
-    atexit.register(_remove, path)
-    return path
-
-
-def _read_plan(engine: str, plan: Any, reader: Any) -> dict[str, Any]:
-    if reader is None:
-        raise Unsupported(f"{engine}'s plugin brings no launch reader, so the import cannot "
-                          "read its plan back")
-    try:
-        return {bare(k): v for k, v in reader(plan).items()}
-    except StatesetError:
-        raise
-    except Exception as exc:
-        raise InvalidInput(f"the imported spec's launch cannot be read back: {exc}") from None
