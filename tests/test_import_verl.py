@@ -39,6 +39,8 @@ def test_the_recipe_round_trips_through_its_own_launch(tmp_path):
     assert missed == HUB_NAMES
     assert doc["round_trip"]["percent"] >= 95.0
     assert doc["round_trip"]["plan_changes_defaults"] == []
+    whole = doc["round_trip"]["whole_configuration"]  # every key verl reads, defaults too
+    assert whole["keys"] > 500 and whole["keys"] - whole["same"] == 1
     spec = imported.spec
     want = recipe.model_dump(mode="json")
     for section in ("algorithm", "optim", "budget", "rollout", "checkpoint", "evaluation",

@@ -78,6 +78,10 @@ def _screen(doc: dict[str, Any], source: str, output: str | None) -> None:
             print(f"  {owned} of the others name the run or its output folders, which the hub "
                   f"sets itself; of the remaining {trip['experiment_settings']}, "
                   f"{trip['experiment_reproduced']} ({trip['experiment_percent']}%)")
+        whole = trip["whole_configuration"]
+        print(f"  of every key {doc['engine']} {doc['engine_version']} reads (the launch's and "
+              f"its defaults), {whole['same']} of {whole['keys']} read the same "
+              f"({whole['percent']}%)")
     groups = [("mapped", "mapped to the spec"),
               ("engine_option", "kept in engine_options (engine-only, outside the digest)"),
               ("default", f"{doc['engine']}'s own default, restated"),

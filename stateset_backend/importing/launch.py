@@ -77,6 +77,7 @@ class Imported:
     inputs: list[str]
     changed_defaults: list[dict[str, Any]] = field(default_factory=list)
     round_trip_error: str | None = None
+    whole: tuple[int, int] = (0, 0)  # every key the engine reads: (the same, all)
 
     @property
     def reproduced(self) -> int:
@@ -100,6 +101,10 @@ class Imported:
                            "experiment_reproduced": kept,
                            "experiment_percent": round(100.0 * kept / experiment, 1)
                            if experiment else 100.0,
+                           "whole_configuration": {
+                               "keys": self.whole[1], "same": self.whole[0],
+                               "percent": round(100.0 * self.whole[0] / self.whole[1], 1)
+                               if self.whole[1] else 100.0},
                            "plan_changes_defaults": self.changed_defaults,
                            **({"error": self.round_trip_error} if self.round_trip_error
                               else {})},
@@ -336,6 +341,9 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
             setting.fate, setting.reason = "mapped", "the hub's launch sets this value itself"
         setting.hub_owned = not same and src is None and key in read and _owned(setting.reason)
         imported.settings.append(setting)
+    # beyond what the launch sets: every key the release reads, launch and plan alike
+    keys = [k for k in effective if k in planned]
+    imported.whole = (sum(1 for k in keys if _same(planned[k], effective[k])), len(keys))
     imported.changed_defaults = [
         {"key": k, "engine_default": defaults.get(k), "planned": v, "spec_field": mapped.get(k)}
         for k, v in read.items() if k not in launch.settings and
