@@ -372,7 +372,8 @@ def test_the_kit_reads_the_launch_against_the_release(tmp_path, cls, says):
 
 
 @pytest.mark.parametrize("cls, says", [
-    (LaunchesGrpoForRloo, "algorithm.objective: 'grpo' and 'rloo' launch alike"),
+    (LaunchesGrpoForRloo, "algorithm.adv_estimator: verl 0.9.1 reads 'grpo', but for this spec it "
+                          "must read ('rloo',)"),
     (PinsAConstant, "optim.weight_decay = 0.005: actor_rollout_ref.actor.optim.weight_decay"),
     (ResponseLimitIncludesThePrompt, "data.max_response_length: verl 0.9.1 reads"),
     (SwapsTheClipPair, "actor_rollout_ref.actor.clip_ratio_"),

@@ -84,11 +84,16 @@ def launch(translation: Translation, spec: ExperimentSpec, ctx: LaunchContext,
     budget = {f.num_episodes: episodes, f.max_samples: rows}
     # Micro-batch sizes trade memory for speed (and, before 0.11.1, weigh the token mean,
     # which the contract declares); OpenRLHF needs at least one micro-batch per actor
-    # process, so take the largest size (<= 8) that gives that.
+    # process, so take the largest size (<= 8) that gives that. DeepSpeed also needs a
+    # training micro-batch that divides each rank's share of an optimizer step (its
+    # train_batch = micro x accumulation x ranks): 9 prompts x 4 samples on one rank is 36,
+    # which a micro-batch of 8 would stop at start-up.
     processes = max(1, spec.resources.nodes * max(spec.resources.gpus_per_node, 1))
     samples = spec.budget.prompts_per_update * spec.algorithm.group_size
     micro = max(1, min(8, samples // processes))
-    memory = {f.micro_rollout_batch_size: micro, f.micro_train_batch_size: micro}
+    share = max(1, samples // spec.budget.mini_batches // processes)
+    train_micro = max(d for d in range(1, min(8, share) + 1) if share % d == 0)
+    memory = {f.micro_rollout_batch_size: micro, f.micro_train_batch_size: train_micro}
     native = with_owned_keys("openrlhf", {**f.fixed, **memory, **translation.native},
                              {**owned, **budget})
     # the engine runs in the run folder: local splits are named by absolute path

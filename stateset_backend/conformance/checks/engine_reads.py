@@ -380,16 +380,16 @@ def check_expected(adapter: EngineAdapter, plan: LaunchPlan, read: dict[str, Any
     """The values the kit knows, from the engine itself, that the engine must read for this
     spec (``expectations``), are the ones it reads."""
     from stateset_backend.conformance.expectations import OneOf, expected
+    from stateset_backend.conformance.expectations.common import MISSING
 
     engine = adapter.name
-    for key, want in expected(adapter, plan.validated_spec(), surface).items():
-        got = read.get(key, _MISSING)
+    for key, want in expected(adapter, plan.validated_spec(), surface, read).items():
+        got = read.get(key, MISSING)
         ok = any(same_value(got, w) for w in want) if isinstance(want, OneOf) else \
             same_value(got, want)
         if not ok:
-            shown = "missing" if got is _MISSING else repr(got)
+            shown = "missing" if got is MISSING else repr(got)
             raise CheckFailed(f"{key}: {engine} {plan.engine_version} reads {shown}, but for "
                               f"this spec it must read {want!r}")
 
 
-_MISSING = object()

@@ -32,13 +32,18 @@ def expectations_of(adapter: EngineAdapter) -> list[tuple[tuple[str, ...], Expec
     return BUILTIN.get(adapter.name) or list(adapter.kit_support().expectations)
 
 
-def expected(adapter: EngineAdapter, spec: ExperimentSpec,
-             surface: dict[str, Any] | None) -> dict[str, Any]:
-    """{engine key: the value (or OneOf values) the engine must read} for this spec."""
+def expected(adapter: EngineAdapter, spec: ExperimentSpec, surface: dict[str, Any] | None,
+             read: Iterable[str] = ()) -> dict[str, Any]:
+    """{engine key: the value (or OneOf values) the engine must read} for this spec: under
+    the first spelling the release's surface has, else (a key the launch adds with Hydra's
+    ``+``, one inside a free mapping) the spelling the engine was found reading (``read``)."""
     options = (surface or {}).get("options", {})
+    found = set(read)
     out: dict[str, Any] = {}
     for spellings, expect in expectations_of(adapter):
         key = next((k for k in spellings if k in options), None) if options else spellings[0]
+        if key is None:
+            key = next((k for k in spellings if k in found), None)
         value = expect(spec)
         if key is not None and value is not None:
             out[key] = value

@@ -52,14 +52,16 @@ class Matching:
         return f"Matching({self.pattern!r})"
 
 
+# a key the engine was not found reading at all (the reader returned no value for it)
+MISSING = object()
+
+
 class _Unset:
     """A key the launch leaves out, where the release's own default is the value (or the key
     is moot in that release): in a ``OneOf`` beside the value a launch that sets it must give."""
 
     def __eq__(self, other: object) -> bool:
-        from stateset_backend.conformance.checks.engine_reads import _MISSING
-
-        return other is _MISSING
+        return other is MISSING
 
     def __hash__(self) -> int:
         return 0

@@ -15,7 +15,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from stateset_backend.conformance.expectations.common import Expect, OneOf, kl_at, single_turn
+from stateset_backend.conformance.expectations.common import (
+    MISSING,
+    Expect,
+    OneOf,
+    kl_at,
+    single_turn,
+)
 from stateset_backend.spec.environment_protocol import TASK_FIELD
 from stateset_backend.spec.inputs import REWARD_SHIM_FILE
 from stateset_backend.spec.model import Critic, ExperimentSpec
@@ -37,9 +43,7 @@ class _Off(_Matcher):
     ``store_true`` False, an option's None) or an explicit False/None/0."""
 
     def __eq__(self, other: object) -> bool:
-        from stateset_backend.conformance.checks import engine_reads
-
-        return other is engine_reads._MISSING or other is None or other is False or \
+        return other is MISSING or other is None or other is False or \
             (isinstance(other, int | float) and not isinstance(other, bool) and other == 0)
 
     def __repr__(self) -> str:
@@ -254,6 +258,12 @@ def _split(spec: ExperimentSpec, split: Any) -> Any:
     return SplitPath(split.uri) if single_turn(spec) else InRunDir(suffix=".jsonl")
 
 
+def _train_micro(spec: ExperimentSpec) -> Satisfies:
+    share = _train_batch(spec) // _world(spec)
+    return Satisfies(lambda m: m >= 1 and share % m == 0,
+                     f"m >= 1 dividing a rank's {share} samples of an optimizer step")
+
+
 def _rollout_micro(spec: ExperimentSpec) -> Satisfies:
     n, w = _samples(spec), _world(spec)
     return Satisfies(lambda m: m >= 1 and n // m >= w, f"m >= 1 with {n} // m >= {w} ranks")
@@ -411,12 +421,13 @@ OPENRLHF: list[tuple[tuple[str, ...], Expect]] = [
     # the prompts one synchronous update generates (more needs --async_train: off-policy)
     (("--vllm_generate_batch_size", "--rollout.vllm_generate_batch_size"),
      lambda s: s.budget.prompts_per_update),
-    # before 0.11.1 the loss is a token mean per micro-batch (loss.PolicyLoss masked_mean)
-    # and DeepSpeed averages micro-batches: one micro-batch per rank and optimizer step makes
-    # it the step's token mean; from 0.11.1 the loss is normalised by the global token count
-    # (models/loss.py batch_num_tokens) and this is a memory knob only
-    (("--micro_train_batch_size", "--train.micro_batch_size"),
-     lambda s: _train_batch(s) // _world(s)),
+    # DeepSpeed's train_batch = micro x accumulation x ranks: a micro-batch divides a rank's
+    # share of the optimizer step. From 0.11.1 the loss is normalised by the step's global
+    # token count (models/loss.py batch_num_tokens) and this is a memory knob only; before it
+    # the loss is a token mean per micro-batch (loss.PolicyLoss masked_mean) that DeepSpeed
+    # averages, which the contract declares (token_mean_per_micro_batch) and
+    # declared_deviations_run exercises
+    (("--micro_train_batch_size", "--train.micro_batch_size"), _train_micro),
     # experience_maker.make_experience_batch: the samples of one forward pass for log-probs
     # and values, no effect on the math (the replay buffer re-batches by
     # micro_train_batch_size, losses are masked); train_ppo_ray asserts n_samples_per_prompt *
