@@ -216,7 +216,7 @@ def test_a_plan_whose_run_has_attempts_is_never_trained_again_unasked(cli, echo_
     assert sorted(p.name for p in (runs / run_id / "attempts").iterdir()) == ["1", "2"]
 
 
-def test_an_unfinished_run_names_both_ways_on(cli, echo_spec, tmp_path):
+def test_an_unfinished_run_names_the_ways_on(cli, echo_spec, tmp_path):
     plan, runs = tmp_path / "plan.json", tmp_path / "runs"
     cli("plan", "--engine", "echo", echo_spec("crash"), "-o", plan)
     run_id = json.loads(plan.read_text())["run_id"]
@@ -225,8 +225,10 @@ def test_an_unfinished_run_names_both_ways_on(cli, echo_spec, tmp_path):
     assert again.returncode == 2
     line, = again.stderr.strip().splitlines()
     assert f"run {run_id} already has 1 attempt; attempt 1 ended failed after 0/" in line
-    assert f"from its newest checkpoint: stateset-backend run {plan} --resume; or train it " \
-           f"again from scratch as attempt 2: stateset-backend run {plan} --retry" in line
+    # it crashed before its first checkpoint: only --retry can go on, so only it is offered
+    assert "and no attempt left a checkpoint to resume from. To train it again from scratch " \
+           f"as attempt 2: stateset-backend run {plan} --retry" in line
+    assert "--resume" not in line
     assert sorted(p.name for p in (runs / run_id / "attempts").iterdir()) == ["1"]
     assert cli("run", "--runs-dir", runs, "--retry", "--resume", plan).returncode == 2
 

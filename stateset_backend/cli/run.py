@@ -82,7 +82,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                            "without --resume" + (" (with --engine every run is a new run)"
                                                  if args.engine is not None else ""))
     if args.engine is None and not args.resume and not args.retry:
-        earlier = _earlier_attempts(plan, store, args.document, args.apply)
+        earlier = _earlier_attempts(plan, store, args.document, args.apply,
+                                    registry.get(plan.engine).adapter)
         if earlier is not None:
             code, doc, line = earlier
             if code:
@@ -139,14 +140,14 @@ def _prepared_only(folders: list[Path]) -> bool:
         return False
 
 
-def _earlier_attempts(plan: Any, store: Any, document: str,
-                      apply: bool = False) -> tuple[int, dict[str, Any], str] | None:
+def _earlier_attempts(plan: Any, store: Any, document: str, apply: bool = False,
+                      adapter: Any = None) -> tuple[int, dict[str, Any], str] | None:
     """A plan whose run already has attempts is never trained again without being asked:
     (0, result, message) when it finished, (2, {}, message) when it did not; each message
     says what exists and the command for each choice. None when the run has no attempt."""
     from stateset_backend.common.errors import InvalidInput
     from stateset_backend.runs.results import Result
-    from stateset_backend.runs.runner import attempt_dirs, completed
+    from stateset_backend.runs.runner import attempt_dirs, completed, newest_checkpoint
 
     folders = attempt_dirs(store, plan.run_id)  # newest first
     if not folders or (apply and _prepared_only(folders)):  # applying what was prepared
@@ -172,9 +173,12 @@ def _earlier_attempts(plan: Any, store: Any, document: str,
         except InvalidInput:  # an unreadable result: say so, the choices stay the same
             ended = "left a result that cannot be read"
     count = f"{len(folders)} attempt" + ("s" if len(folders) > 1 else "")
+    again = f"train it again from scratch as attempt {newest + 1}: {cmd} --retry"
+    if adapter is not None and newest_checkpoint(adapter, store, run) is None:
+        return 2, {}, (f"run {run} already has {count}; attempt {newest} {ended}, and no "
+                       f"attempt left a checkpoint to resume from. To {again}")
     return 2, {}, (f"run {run} already has {count}; attempt {newest} {ended}. Continue it "
-                   f"from its newest checkpoint: {cmd} --resume; or train it again from "
-                   f"scratch as attempt {newest + 1}: {cmd} --retry")
+                   f"from its newest checkpoint: {cmd} --resume; or {again}")
 
 
 def _with_more_time(plan: Any, args: argparse.Namespace, registry: Any) -> Any:

@@ -204,7 +204,8 @@ def _provider_files(provider: Provider, settings: dict[str, Any], adapter: Any, 
 
     return plan_files(settings, run_id=run_id, engine=adapter.name,
                       launch=adapter.cluster_launch, nodes=spec.resources.nodes,
-                      gpus_per_node=spec.resources.gpus_per_node, base_dir=base_dir)
+                      gpus_per_node=spec.resources.gpus_per_node, base_dir=base_dir,
+                      processes_per_node=spec.resources.processes_per_node)
 
 
 def _refuse_inexact_integers(engine: str, doc: Any, path: str = "") -> None:
