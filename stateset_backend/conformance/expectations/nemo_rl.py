@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stateset_backend.conformance.expectations.common import Expect, kl_at, single_turn
-from stateset_backend.conformance.expectations.openrlhf import (
+from stateset_backend.conformance.expectations.matchers import (
     OFF,
     AtLeast,
     InRunDir,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stateset_backend.conformance.expectations.common import Expect, OneOf, rl, sft, single_turn
-from stateset_backend.conformance.expectations.openrlhf import (
+from stateset_backend.conformance.expectations.matchers import (
     OFF,
     AtLeast,
     RunName,
