@@ -109,11 +109,14 @@ COMMANDS: tuple[Command, ...] = (
     ("attest RUN -o FILE", ("attest", "{run}", "-o", "{out}/statement.json",
                             "--runs-dir", "{runs}"), "attest"),
     ("conformance ENGINE (not registered)", ("conformance", "no-such-engine"), "conformance"),
+    ("import verl FILE (not there)", ("import", "verl", "{out}/no-such-launch.sh"),
+     "conformance"),
 )
 # the exit code a command is timed on where it is not 0
 EXPECTED_EXIT = {"rehearse --engine openrlhf SPEC (refused)": 3,
                  "evaluate --checkpoint update-999999 RUN (refused)": 6,
-                 "conformance ENGINE (not registered)": 2}
+                 "conformance ENGINE (not registered)": 2,
+                 "import verl FILE (not there)": 2}
 
 
 def import_names(extra: str | None) -> list[str]:
