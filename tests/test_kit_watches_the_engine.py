@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import pytest
 from kit_runs import run_kit
-from stateset_trl_engine.plugin import TRLAdapter
+from optional_installs import TRL_PLUGIN_MISSING
 
 from stateset_backend.translate.rules import Pinned, RuleSet
+
+TRLAdapter = pytest.importorskip("stateset_trl_engine.plugin",
+                                 reason=TRL_PLUGIN_MISSING).TRLAdapter
 
 VERSION = "1.16.0"  # the TRL the plugin pins
 
