@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.translate.shared_rules import total_limit, turn_limit
 
 Expect = Callable[[ExperimentSpec], Any]
 
@@ -19,6 +20,19 @@ class OneOf(tuple[Any, ...]):
 
 def single_turn(spec: ExperimentSpec) -> bool:
     return spec.environment.kind == "single_turn"
+
+
+def sequence_tokens(spec: ExperimentSpec) -> int:
+    """A whole sequence's tokens, as the spec limits it: prompt and response, or a whole
+    conversation (docs/environments.md)."""
+    if single_turn(spec):
+        return spec.data.max_prompt_tokens + spec.data.max_response_tokens
+    return total_limit(spec)
+
+
+def response_tokens(spec: ExperimentSpec) -> int:
+    """One response's (one assistant turn's) token limit."""
+    return spec.data.max_response_tokens if single_turn(spec) else turn_limit(spec)
 
 
 def kl_at(spec: ExperimentSpec, placement: str) -> Any:

@@ -13,7 +13,13 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from stateset_backend.conformance.expectations.common import Expect, kl_at, single_turn
+from stateset_backend.conformance.expectations.common import (
+    Expect,
+    kl_at,
+    response_tokens,
+    sequence_tokens,
+    single_turn,
+)
 from stateset_backend.conformance.expectations.matchers import (
     OFF,
     AtLeast,
@@ -94,15 +100,6 @@ class _Schedule(_Matcher):
     def __repr__(self) -> str:
         return ("<a schedule of per-update rates "
                 f"{[round(self.want(u), 12) for u in range(self.spec.budget.total_updates)]}>")
-
-
-def _total_tokens(spec: ExperimentSpec) -> int:
-    """policy.max_total_sequence_length: prompt and response (vLLM's max_model_len)."""
-    if single_turn(spec):
-        return spec.data.max_prompt_tokens + spec.data.max_response_tokens
-    e = spec.environment
-    turn = e.max_turn_tokens or spec.data.max_response_tokens
-    return e.max_total_tokens or spec.data.max_prompt_tokens + e.max_turns * turn
 
 
 def _env_name(spec: ExperimentSpec) -> str:
@@ -291,12 +288,11 @@ NEMO_RL: list[tuple[tuple[str, ...], Expect]] = [
     (("policy.generation.top_k",),
      lambda s: s.rollout.top_k if s.rollout.top_k is not None else OFF),
     # each generation (a turn in a conversation) stops at EOS or its token limit only
-    (("policy.generation.max_new_tokens",),
-     lambda s: s.data.max_response_tokens if single_turn(s)
-     else (s.environment.max_turn_tokens or s.data.max_response_tokens)),
+    (("policy.generation.max_new_tokens",), response_tokens),
     (("policy.generation.stop_strings",), lambda s: OFF),
     (("policy.generation.stop_token_ids",), lambda s: OFF),
-    (("policy.max_total_sequence_length",), _total_tokens),
+    # prompt and response (vLLM's max_model_len)
+    (("policy.max_total_sequence_length",), sequence_tokens),
     # the KV cache in the model's dtype, no layers kept apart for fp8: vLLM samples the
     # policy as trained (fp8 would change the sampled distribution)
     (("policy.generation.vllm_cfg.kv_cache_dtype",), lambda s: "auto"),

@@ -18,6 +18,8 @@ from stateset_backend.conformance.expectations.common import (
     Expect,
     OneOf,
     kl_at,
+    response_tokens,
+    sequence_tokens,
     single_turn,
 )
 from stateset_backend.conformance.expectations.matchers import (
@@ -113,19 +115,6 @@ def _scheduler(spec: ExperimentSpec) -> OneOf:
         return OneOf(("constant_with_warmup", "constant")) if o.warmup_steps == 0 \
             else OneOf(("constant_with_warmup",))
     return OneOf(("cosine_with_min_lr",)) if o.schedule == "cosine" else OneOf(("linear",))
-
-
-def _turn_tokens(spec: ExperimentSpec) -> int:
-    e = spec.environment
-    return e.max_turn_tokens or spec.data.max_response_tokens
-
-
-def _total_tokens(spec: ExperimentSpec) -> int:
-    """--max_len: the whole sequence, prompt and response (vllm_engine truncates at it)."""
-    if single_turn(spec):
-        return spec.data.max_prompt_tokens + spec.data.max_response_tokens
-    e = spec.environment
-    return e.max_total_tokens or spec.data.max_prompt_tokens + e.max_turns * _turn_tokens(spec)
 
 
 def _split(spec: ExperimentSpec, split: Any) -> Any:
@@ -281,9 +270,9 @@ OPENRLHF: list[tuple[tuple[str, ...], Expect]] = [
     (("--temperature", "--rollout.temperature"), lambda s: s.rollout.temperature),
     (("--top_p", "--rollout.top_p"), lambda s: s.rollout.top_p),
     # SamplingParams(max_tokens=max_new_tokens): every vLLM request, so one turn's limit
-    (("--max_new_tokens", "--rollout.max_new_tokens"),
-     lambda s: s.data.max_response_tokens if single_turn(s) else _turn_tokens(s)),
-    (("--max_len", "--data.max_len"), _total_tokens),
+    (("--max_new_tokens", "--rollout.max_new_tokens"), response_tokens),
+    # the whole sequence, prompt and response (vllm_engine truncates at it)
+    (("--max_len", "--data.max_len"), sequence_tokens),
     # -- the budget ---------------------------------------------------------------------------
     (("--rollout_batch_size", "--rollout.batch_size"), lambda s: s.budget.prompts_per_update),
     # OpenRLHF's train batch is counted in samples (prompts x samples per prompt)

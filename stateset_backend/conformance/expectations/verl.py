@@ -14,6 +14,7 @@ from stateset_backend.conformance.expectations.common import (
     OneOf,
     kl_at,
     resolved_path,
+    sequence_tokens,
     single_turn,
 )
 from stateset_backend.engines.adapter import RUN_DIR
@@ -78,16 +79,6 @@ def _loss_mode(s: ExperimentSpec) -> str:
 def _option(s: ExperimentSpec, key: str, otherwise: Any) -> Any:
     """The spec's own verl engine option for a key it leaves to the user, else ``otherwise``."""
     return s.engine_options.get("verl", {}).get(key, otherwise)
-
-
-def _sequence_tokens(s: ExperimentSpec) -> int:
-    """A whole sequence's tokens as verl pads it: prompt + response limit (a conversation's
-    response limit is its total less the opening, docs/environments.md)."""
-    if single_turn(s):
-        return s.data.max_prompt_tokens + s.data.max_response_tokens
-    env = s.environment
-    turn = env.max_turn_tokens or s.data.max_response_tokens
-    return env.max_total_tokens or s.data.max_prompt_tokens + env.max_turns * turn
 
 
 def _model_path(s: ExperimentSpec) -> Any:
@@ -182,7 +173,7 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
     # the total limit less the opening (docs/environments.md)
     (("data.max_response_length",),
      lambda s: s.data.max_response_tokens if single_turn(s)
-     else _sequence_tokens(s) - s.data.max_prompt_tokens),
+     else sequence_tokens(s) - s.data.max_prompt_tokens),
     (("data.train_batch_size",), lambda s: s.budget.prompts_per_update),
     # verl counts its mini-batch in prompts (it multiplies by rollout.n itself)
     ((f"{A}.ppo_mini_batch_size",),
@@ -280,7 +271,7 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
     # what verl's tuning guide asks for, "at least 2 x (max_prompt_length +
     # max_response_length)" (docs/perf/perf_tuning.rst; every sequence must fit it)
     ((f"{A}.use_dynamic_bsz",), lambda s: True),
-    ((f"{A}.ppo_max_token_len_per_gpu",), lambda s: max(16384, 2 * _sequence_tokens(s))),
+    ((f"{A}.ppo_max_token_len_per_gpu",), lambda s: max(16384, 2 * sequence_tokens(s))),
     *_optim(A, lambda s: s.optim.lr),
     *_precision(f"{A}.fsdp_config"),
     # the reference computes the log-probs the KL compares with: the same weights in the same
