@@ -105,6 +105,22 @@ def cli():
     return run_cli
 
 
+@pytest.fixture
+def cli_in_process(capsys: pytest.CaptureFixture[str]) -> Any:
+    """The CLI's ``main`` called in this process, returning what ``run_cli`` returns: for
+    commands whose test needs no fresh interpreter (bad input, screens, JSON), without a
+    subprocess's start-up."""
+    from stateset_backend.cli import main
+
+    def run(*args: Any) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess([str(a) for a in args], code, out, err)
+
+    return run
+
+
 @pytest.fixture(params=["dapo", "ppo"])
 def full(request: pytest.FixtureRequest) -> dict[str, Any]:
     """A spec with every optional section set (two of them: gae is PPO-only)."""

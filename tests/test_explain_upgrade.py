@@ -22,8 +22,8 @@ GRPO = ROOT / "examples" / "external" / "grpo.json"
 RECIPES = ROOT / "examples" / "recipes"
 
 
-def _upgrade(cli, engine, pair, spec):
-    proc = cli("explain", "--engine", engine, "--upgrade", pair, "--json", spec)
+def _upgrade(cli_in_process, engine, pair, spec):
+    proc = cli_in_process("explain", "--engine", engine, "--upgrade", pair, "--json", spec)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -35,8 +35,8 @@ def _read(engine, spec_path, version):
     return {k.lstrip("+"): v for k, v in readers.BUILTIN[engine](plan).items()}
 
 
-def test_verl_0_4_1_to_0_9_1(cli):
-    doc = _upgrade(cli, "verl", "0.4.1..0.9.1", GRPO)
+def test_verl_0_4_1_to_0_9_1(cli_in_process):
+    doc = _upgrade(cli_in_process, "verl", "0.4.1..0.9.1", GRPO)
     fields = {s["field"]: s for s in doc["settings"]}
     reward = fields["reward.entrypoint"]
     assert "key" in reward["changes"]
@@ -65,10 +65,10 @@ def test_verl_0_4_1_to_0_9_1(cli):
     assert doc["digest_meaning_holds"] is False
 
 
-def test_openrlhf_0_10_1_to_0_11_2(cli):
+def test_openrlhf_0_10_1_to_0_11_2(cli_in_process):
     """0.10.2 renamed every flag: the old launch's flags are unknown to 0.11.2's parser."""
     spec = RECIPES / "openrlhf-reinforce-baseline.json"
-    doc = _upgrade(cli, "openrlhf", "0.10.1..0.11.2", spec)
+    doc = _upgrade(cli_in_process, "openrlhf", "0.10.1..0.11.2", spec)
     dropped = [d for d in doc["no_longer_read"] if not d["newer_reads_it"]]
     assert len(dropped) >= 40
     parser = readers.argparse_from_surface(surface("openrlhf", "0.11.2")["options"])
@@ -91,9 +91,9 @@ def test_openrlhf_0_10_1_to_0_11_2(cli):
         {"token_mean_per_micro_batch": "goes"}
 
 
-def test_nemo_rl_0_5_to_0_7(cli):
+def test_nemo_rl_0_5_to_0_7(cli_in_process):
     spec = RECIPES / "nemo-rl-grpo_math_1B.json"
-    doc = _upgrade(cli, "nemo-rl", "0.5..0.7", spec)
+    doc = _upgrade(cli_in_process, "nemo-rl", "0.5..0.7", spec)
     assert (doc["from"], doc["to"]) == ("0.5.0", "0.7.0")
     assert {d["deviation"]: d["what"] for d in doc["deviations"]} == \
         {"kl_score_function_gradient": "appears"}
@@ -107,15 +107,15 @@ def test_nemo_rl_0_5_to_0_7(cli):
         assert key in read_old, key
 
 
-def test_a_patch_release_that_changes_nothing_keeps_the_digest(cli):
-    doc = _upgrade(cli, "verl", "0.9.0..0.9.1", GRPO)
+def test_a_patch_release_that_changes_nothing_keeps_the_digest(cli_in_process):
+    doc = _upgrade(cli_in_process, "verl", "0.9.0..0.9.1", GRPO)
     assert doc["digest_meaning_holds"] is True and doc["deviations"] == []
-    text = cli("explain", "--engine", "verl", "--upgrade", "0.9.0..0.9.1", GRPO)
+    text = cli_in_process("explain", "--engine", "verl", "--upgrade", "0.9.0..0.9.1", GRPO)
     assert text.returncode == 0 and "experiment digest: holds" in text.stdout
 
 
-def test_the_screen_lists_each_kind_of_change(cli):
-    proc = cli("explain", "--engine", "verl", "--upgrade", "0.4.1..0.9.1", GRPO)
+def test_the_screen_lists_each_kind_of_change(cli_in_process):
+    proc = cli_in_process("explain", "--engine", "verl", "--upgrade", "0.4.1..0.9.1", GRPO)
     assert proc.returncode == 0, proc.stderr
     for title in ("settings that change", "declared deviations", "defaults that change",
                   "launch does not", "experiment digest: changes meaning"):
@@ -129,7 +129,7 @@ def test_the_screen_lists_each_kind_of_change(cli):
     (["--engine", "verl", "--upgrade", "0.9.1..0.9.1"], "one release twice"),
     (["--all-engines", "--upgrade", "0.4.1..0.9.1"], "--engine E alone"),
 ])
-def test_bad_ranges_are_one_line_and_exit_2(cli, args, words):
-    proc = cli("explain", *args, GRPO)
+def test_bad_ranges_are_one_line_and_exit_2(cli_in_process, args, words):
+    proc = cli_in_process("explain", *args, GRPO)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr

@@ -62,30 +62,30 @@ def test_a_shipped_recipe_reads_through_its_parents():
     assert any("parent" in note for note in doc["notes"])
 
 
-def test_overrides_go_through_hydra_and_the_release_config(tmp_path, cli):
+def test_overrides_go_through_hydra_and_the_release_config(tmp_path, cli_in_process):
     config = tmp_path / "grpo.yaml"
     config.write_text("grpo:\n  num_generations_per_prompt: 8\n  num_prompts_per_step: 16\n")
-    proc = cli("import", "nemo-rl", config, "--engine-version", "0.7.0",
+    proc = cli_in_process("import", "nemo-rl", config, "--engine-version", "0.7.0",
                "--override", "loss_fn.ratio_clip_max=0.28", "--json")
     assert proc.returncode == 0, proc.stderr
     spec = json.loads(proc.stdout)["spec"]
     assert spec["algorithm"]["group_size"] == 8
     assert spec["budget"]["prompts_per_update"] == 16
     assert spec["algorithm"]["clip"]["high"] == 0.28
-    bad = cli("import", "nemo-rl", config, "--engine-version", "0.7.0",
+    bad = cli_in_process("import", "nemo-rl", config, "--engine-version", "0.7.0",
               "--override", "loss_fn.no_such_key=1")
     assert bad.returncode == 2 and "no such key" in bad.stderr
 
 
-def test_a_yaml_that_is_not_nemo_rl_is_exit_2(tmp_path, cli):
+def test_a_yaml_that_is_not_nemo_rl_is_exit_2(tmp_path, cli_in_process):
     other = tmp_path / "other.yaml"
     other.write_text("model:\n  name: x\ntrainer:\n  epochs: 3\n")
     broken = tmp_path / "broken.yaml"
     broken.write_text("grpo: [1, 2\n")
     for path in (other, broken):
-        proc = cli("import", "nemo-rl", path, "--engine-version", "0.7.0")
+        proc = cli_in_process("import", "nemo-rl", path, "--engine-version", "0.7.0")
         assert proc.returncode == 2, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     script = tmp_path / "run.sh"
     script.write_text("python3 -m verl.trainer.main_ppo a=1\n")
-    assert cli("import", "verl", script, "--override", "a=1").returncode == 2
+    assert cli_in_process("import", "verl", script, "--override", "a=1").returncode == 2

@@ -62,14 +62,14 @@ python3 -m openrlhf.cli.train_ppo_ray \\
 """
 
 
-def test_a_script_with_its_own_flags(tmp_path, cli):
+def test_a_script_with_its_own_flags(tmp_path, cli_in_process):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.jsonl").write_text('{"prompt": "x", "answer": "y"}\n' * 64)
     (tmp_path / "reward.py").write_text("def reward_func(queries, prompts, labels):\n"
                                         "    return []\n")
     script = tmp_path / "train.sh"
     script.write_text(SCRIPT)
-    proc = cli("import", "openrlhf", script, "--engine-version", "0.11.1", "--json")
+    proc = cli_in_process("import", "openrlhf", script, "--engine-version", "0.11.1", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     spec = doc["spec"]
@@ -92,11 +92,11 @@ def test_a_script_with_its_own_flags(tmp_path, cli):
     assert doc["round_trip"]["settings"] == len(doc["settings"]) + len(doc["refused"])
 
 
-def test_an_abbreviated_flag_reads_as_argparse_reads_it(tmp_path, cli):
+def test_an_abbreviated_flag_reads_as_argparse_reads_it(tmp_path, cli_in_process):
     script = tmp_path / "train.sh"
     script.write_text("python3 -m openrlhf.cli.train_ppo_ray --rollout.n_samples 4 "
                       "--actor.adam.lr 2e-6\n")
-    proc = cli("import", "openrlhf", script, "--engine-version", "0.11.1", "--json")
+    proc = cli_in_process("import", "openrlhf", script, "--engine-version", "0.11.1", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["spec"]["algorithm"]["group_size"] == 4
@@ -104,17 +104,17 @@ def test_an_abbreviated_flag_reads_as_argparse_reads_it(tmp_path, cli):
     assert fates["--rollout.n_samples_per_prompt"]["given_as"] == "--rollout.n_samples"
 
 
-def test_the_release_decides_which_flags_exist(tmp_path, cli):
+def test_the_release_decides_which_flags_exist(tmp_path, cli_in_process):
     """0.9.8's flat flags are unknown to 0.11.1's parser: one line, exit 2."""
     script = tmp_path / "train.sh"
     script.write_text("python3 -m openrlhf.cli.train_ppo_ray --n_samples_per_prompt 4\n")
-    ok = cli("import", "openrlhf", script, "--engine-version", "0.9.8", "--json")
+    ok = cli_in_process("import", "openrlhf", script, "--engine-version", "0.9.8", "--json")
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["spec"]["algorithm"]["group_size"] == 4
-    bad = cli("import", "openrlhf", script, "--engine-version", "0.11.1")
+    bad = cli_in_process("import", "openrlhf", script, "--engine-version", "0.11.1")
     assert bad.returncode == 2
     assert len(bad.stderr.strip().splitlines()) == 1 and "n_samples_per_prompt" in bad.stderr
     none = tmp_path / "none.sh"
     none.write_text("deepspeed train_sft.py --lr 1\n")
-    missing = cli("import", "openrlhf", none, "--engine-version", "0.11.1")
+    missing = cli_in_process("import", "openrlhf", none, "--engine-version", "0.11.1")
     assert missing.returncode == 2 and "no OpenRLHF command" in missing.stderr

@@ -27,12 +27,12 @@ output_dir: Qwen2.5-0.5B-GRPO
 """
 
 
-def test_a_grpo_config_file(tmp_path, cli):
+def test_a_grpo_config_file(tmp_path, cli_in_process):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.jsonl").write_text('{"prompt": "p", "answer": "a"}\n' * 16)
     config = tmp_path / "grpo.yaml"
     config.write_text(CONFIG)
-    proc = cli("import", "trl", config, "--engine-version", "1.16.0", "--json")
+    proc = cli_in_process("import", "trl", config, "--engine-version", "1.16.0", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     spec = doc["spec"]
@@ -52,12 +52,12 @@ def test_a_grpo_config_file(tmp_path, cli):
     assert trip["settings"] == len(doc["settings"]) + len(doc["refused"])
 
 
-def test_a_key_trl_does_not_have_is_exit_2(tmp_path, cli):
+def test_a_key_trl_does_not_have_is_exit_2(tmp_path, cli_in_process):
     config = tmp_path / "grpo.yaml"
     config.write_text("learning_rate: 1.0e-6\nnum_generation: 8\n")
-    proc = cli("import", "trl", config, "--engine-version", "1.16.0")
+    proc = cli_in_process("import", "trl", config, "--engine-version", "1.16.0")
     assert proc.returncode == 2 and "num_generation" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     listing = tmp_path / "list.json"
     listing.write_text("[1, 2]")
-    assert cli("import", "trl", listing, "--engine-version", "1.16.0").returncode == 2
+    assert cli_in_process("import", "trl", listing, "--engine-version", "1.16.0").returncode == 2

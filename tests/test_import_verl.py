@@ -86,7 +86,7 @@ python3 -m verl.trainer.main_ppo \\
 """
 
 
-def test_a_script_with_shell_variables(tmp_path, cli):
+def test_a_script_with_shell_variables(tmp_path, cli_in_process):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.parquet").write_bytes(b"rows")
     (tmp_path / "reward.py").write_text("def score(*a, **k):\n    return 0.0\n")
@@ -94,7 +94,8 @@ def test_a_script_with_shell_variables(tmp_path, cli):
     script.write_text(SCRIPT)
     out = tmp_path / "out" / "spec.json"
     out.parent.mkdir()
-    proc = cli("import", "verl", script, "--engine-version", "0.9.1", "-o", out, "--json")
+    proc = cli_in_process("import", "verl", script, "--engine-version", "0.9.1", "-o", out,
+                          "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     spec = json.loads(out.read_text())
@@ -128,11 +129,11 @@ def test_a_script_with_shell_variables(tmp_path, cli):
     assert doc["round_trip"]["settings"] == len(doc["settings"]) + len(doc["refused"])
 
 
-def test_an_overrides_file_reads_like_the_script(tmp_path, cli):
+def test_an_overrides_file_reads_like_the_script(tmp_path, cli_in_process):
     overrides = tmp_path / "overrides.txt"
     overrides.write_text("# one override per line\nalgorithm.adv_estimator=grpo\n"
                          "actor_rollout_ref.rollout.n=4\ndata.train_batch_size=32\n")
-    proc = cli("import", "verl", overrides, "--engine-version", "0.9.1", "--json")
+    proc = cli_in_process("import", "verl", overrides, "--engine-version", "0.9.1", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["spec"]["algorithm"]["group_size"] == 4
@@ -140,17 +141,17 @@ def test_an_overrides_file_reads_like_the_script(tmp_path, cli):
     assert doc["round_trip"]["reproduced"] == doc["round_trip"]["settings"] == 3
 
 
-def test_the_screen_names_every_fate(tmp_path, cli):
+def test_the_screen_names_every_fate(tmp_path, cli_in_process):
     script = tmp_path / "run.sh"
     script.write_text(SCRIPT)
-    proc = cli("import", "verl", script, "--engine-version", "0.9.1")
+    proc = cli_in_process("import", "verl", script, "--engine-version", "0.9.1")
     assert proc.returncode == 0, proc.stderr
     for title in ("mapped to the spec", "kept in engine_options", "not expressible",
                   "refused", "inputs:", "notes:", "add -o spec.json"):
         assert title in proc.stdout
 
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path, cli):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, cli_in_process):
     no_engine = tmp_path / "train.sh"
     no_engine.write_text("#!/bin/bash\npython3 train.py --lr 1e-6\n")
     unknown = tmp_path / "unknown.sh"
@@ -159,29 +160,29 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, cli):
     grammar.write_text("data.train_batch_size=[1,\n")
     for path, words in ((no_engine, "no verl command"), (unknown, "no such key"),
                         (grammar, "")):
-        proc = cli("import", "verl", path, "--engine-version", "0.9.1")
+        proc = cli_in_process("import", "verl", path, "--engine-version", "0.9.1")
         assert proc.returncode == 2, (path, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
         assert words in proc.stderr
-    missing = cli("import", "verl", tmp_path / "nothing.sh")
+    missing = cli_in_process("import", "verl", tmp_path / "nothing.sh")
     assert missing.returncode == 2
-    unsupported = cli("import", "verl", unknown, "--engine-version", "0.1.0")
+    unsupported = cli_in_process("import", "verl", unknown, "--engine-version", "0.1.0")
     assert unsupported.returncode == 3
-    unknown_release = cli("import", "verl", unknown, "--engine-version", "9.9.9")
+    unknown_release = cli_in_process("import", "verl", unknown, "--engine-version", "9.9.9")
     assert unknown_release.returncode == 2 and "known: 0.4.1" in unknown_release.stderr
-    not_engine = cli("import", "trl-nope", unknown)
+    not_engine = cli_in_process("import", "trl-nope", unknown)
     assert not_engine.returncode == 2
 
 
-def test_nothing_is_written_when_the_import_fails(tmp_path, cli):
+def test_nothing_is_written_when_the_import_fails(tmp_path, cli_in_process):
     bad = tmp_path / "bad.sh"
     bad.write_text("echo nothing here\n")
     out = tmp_path / "spec.json"
-    assert cli("import", "verl", bad, "-o", out).returncode == 2
+    assert cli_in_process("import", "verl", bad, "-o", out).returncode == 2
     assert not out.exists()
 
 
-def test_bash_arrays_and_conditions_read_as_the_shell_splits_them(tmp_path, cli):
+def test_bash_arrays_and_conditions_read_as_the_shell_splits_them(tmp_path, cli_in_process):
     """The words of `ARGS=( ... )` arrive where `${ARGS[@]}` stands; nothing runs."""
     script = tmp_path / "run.sh"
     script.write_text("#!/bin/bash\nN=4\nif [ -n \"$X\" ]; then echo x; fi\n"
@@ -189,7 +190,7 @@ def test_bash_arrays_and_conditions_read_as_the_shell_splits_them(tmp_path, cli)
                       "  actor_rollout_ref.rollout.n=$N\n)\n"
                       "python3 -m verl.trainer.main_ppo ${ALGO[@]} data.train_batch_size=8 "
                       "&& echo done\n")
-    proc = cli("import", "verl", script, "--engine-version", "0.9.1", "--json")
+    proc = cli_in_process("import", "verl", script, "--engine-version", "0.9.1", "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["spec"]["algorithm"]["group_size"] == 4
