@@ -187,3 +187,13 @@ def test_the_shim_and_the_native_engine_record_every_call_one_way(tmp_path):
     calls.unlink()
     assert load_reward(spec.reward, tmp_path)("p", "r", "a") == 0.0
     assert not calls.exists()
+
+
+def test_a_split_that_cannot_be_read_back_is_not_measured_never_a_crash(tmp_path):
+    spec = _spec(tmp_path)
+    with open(tmp_path / "data" / "train.jsonl", "a", encoding="utf-8") as out:
+        out.write("{not json\n")  # a row the engine skipped
+    _write(tmp_path / "run", HEALTHY)
+    lines = watch.reward_calls(spec, tmp_path, tmp_path / "run", 2, None, launched=True)
+    assert [line.state for line in lines] == ["not measured", "not measured"]
+    assert "cannot be read back here" in lines[0].detail

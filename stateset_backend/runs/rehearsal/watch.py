@@ -116,7 +116,11 @@ def reward_calls(spec: ExperimentSpec, base_dir: Path, run_dir: Path, updates: i
                                          "scored its completions some other way, so the spec's "
                                          "pinned reward may not be what it trained on"),
                 Line(names[1], "not measured", "no reward call was recorded")]
-    splits = split_prompts(spec, base_dir)
+    try:
+        splits = split_prompts(spec, base_dir)
+    except (OSError, ValueError) as exc:  # a row the engine skipped, which json cannot read
+        why = f"the spec's splits cannot be read back here: {exc}"
+        return [Line(n, "not measured", why) for n in names]
     kinds = [classify(str(c.get("prompt", "")), splits) for c in calls]
     return [_train_calls(spec, calls, kinds, updates, count_tokens),
             _validation(spec, splits, calls, kinds, updates)]
