@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from stateset_backend.conformance.checks import CheckFailed, Writer
-from stateset_backend.conformance.samples import REWARD_SOURCE, deep_merge, parquet_row
+from stateset_backend.conformance.samples import REWARD_SOURCE, deep_merge, write_split
 from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import EngineAdapter, LaunchContext
 from stateset_backend.engines.registry import AdapterEntry
@@ -53,20 +53,9 @@ def write_files(root: Path, data_format: str) -> dict[str, str]:
     from stateset_backend.native.scenarios.support_routing import generate
 
     splits = generate(0)
-    (root / "data").mkdir(parents=True, exist_ok=True)
     sums: dict[str, str] = {}
     for name, rows in ROWS.items():
-        records = splits[name][:rows]
-        path = root / "data" / f"{name}.{data_format}"
-        if data_format == "parquet":
-            records = [parquet_row(r, i) for i, r in enumerate(records)]
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            pq.write_table(pa.Table.from_pylist(records), path)
-        else:
-            path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-        sums[f"data/{name}.{data_format}"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        sums.update(write_split(root, name, splits[name][:rows], data_format))
     (root / "reward.py").write_text(REWARD_SOURCE, encoding="utf-8")
     sums["reward.py"] = hashlib.sha256(REWARD_SOURCE.encode()).hexdigest()
     return sums

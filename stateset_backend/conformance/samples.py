@@ -106,6 +106,26 @@ def parquet_row(row: dict[str, str], index: int) -> dict[str, Any]:
             "extra_info": {"prompt": row["prompt"], "index": index}}
 
 
+def write_split(root: Path, name: str, records: list[dict[str, str]],
+                data_format: str) -> dict[str, str]:
+    """``records`` ({prompt, answer}) as ``data/<name>.<format>`` under ``root``, a parquet
+    split in the engines' row layout; {relative path: sha256}."""
+    path = root / "data" / f"{name}.{data_format}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if data_format == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    else:
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise RuntimeError("parquet samples need pyarrow: pip install "
+                               "'stateset-backend[conformance]'") from None
+        pq.write_table(pa.Table.from_pylist(
+            [parquet_row(r, i) for i, r in enumerate(records)]), path)
+    return {f"data/{name}.{data_format}": _sha(path.read_bytes())}
+
+
 def write_sample_files(root: Path, data_format: str = "jsonl") -> SampleFiles:
     """Write train/validation/test splits, a reward and an environment into ``root``."""
     if data_format not in ("jsonl", "parquet"):
@@ -117,19 +137,7 @@ def write_sample_files(root: Path, data_format: str = "jsonl") -> SampleFiles:
                        ("test", VALIDATION_ROWS)):
         records = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)}
                    for i in range(rows)]
-        path = root / "data" / f"{name}.{data_format}"
-        if data_format == "jsonl":
-            path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-        else:
-            try:
-                import pyarrow as pa
-                import pyarrow.parquet as pq
-            except ImportError:
-                raise RuntimeError("parquet samples need pyarrow: pip install "
-                                   "'stateset-backend[conformance]'") from None
-            pq.write_table(pa.Table.from_pylist(
-                [parquet_row(r, i) for i, r in enumerate(records)]), path)
-        sums[f"data/{name}.{data_format}"] = _sha(path.read_bytes())
+        sums.update(write_split(root, name, records, data_format))
     for name, source in (("reward.py", REWARD_SOURCE), ("env.py", ENVIRONMENT_SOURCE)):
         (root / name).write_text(source, encoding="utf-8")
         sums[name] = _sha(source.encode())
