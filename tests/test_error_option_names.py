@@ -102,9 +102,11 @@ def test_slurm_options_without_the_slurm_provider_name_the_options_given(capsys)
 
 # -- KubeRay --------------------------------------------------------------------------------------
 KUBERAY_OK: dict[str, Any] = {
-    "image": "rayproject/ray:2.49.0", "volume": {"claim_name": "pvc", "mount_path": "/mnt/s"},
+    "image": "rayproject/ray:2.52.0", "ray_version": "2.52.0",
+    "volume": {"claim_name": "pvc", "mount_path": "/mnt/s"},
     "head": {"cpu": "4", "memory": "16Gi"}, "worker": {"cpu": "8", "memory": "64Gi"},
     "secrets": {"HF_TOKEN": {"name": "hf", "key": "token"}},
+    "auth": {"mode": "token", "secret_name": "ray-token"},
 }
 # a refused value for every setting, nested ones by their dotted path
 KUBERAY_BAD = {
@@ -116,6 +118,7 @@ KUBERAY_BAD = {
     "volume.claim_name": "Bad Name", "volume.mount_path": "relative",
     "volume.local_path": "/mnt/a b", "volume.runs_subdir": "../up", "secrets": ["HF_TOKEN"],
     "secrets.HF_TOKEN.name": "Bad Name", "secrets.HF_TOKEN.key": "a/b",
+    "auth": "token", "auth.mode": "password", "auth.secret_name": "Ray Token",
 }
 
 

@@ -192,6 +192,12 @@ MUTATIONS = {
     "bad submissionMode": (_set("spec.submissionMode", "K8sJob"),
                            "spec.submissionMode: 'K8sJob' is not one of K8sJobMode"),
     "name KubeRay refuses": (_set("metadata.name", "Stateset_" + "x" * 50), "metadata.name"),
+    "token auth on a Ray without it": (  # the manifest's rayVersion is 2.49.0
+        _set("spec.rayClusterSpec.authOptions", {"mode": "token"}),
+        "spec.rayClusterSpec.authOptions.mode: token needs Ray 2.52.0 or later"),
+    "Kubernetes token auth": (
+        _set("spec.rayClusterSpec.authOptions", {"mode": "token", "enableK8sTokenAuth": True}),
+        "spec.rayClusterSpec.authOptions.enableK8sTokenAuth"),
 }
 
 
@@ -273,6 +279,67 @@ def test_secrets_never_reach_the_manifest_plan_or_attempt(registry, tmp_path, mo
     assert result.status == "prepared"
     files = [p for p in store.root.rglob("*") if p.is_file() and p.suffix != ".sqlite"]
     assert files and not [p for p in files if SENTINEL.encode() in p.read_bytes()]
+
+
+def _auth_settings(**auth: Any) -> dict[str, Any]:
+    return repo_settings(image="rayproject/ray:2.52.0-py311-gpu", ray_version="2.52.0",
+                         auth={"mode": "token", **auth})
+
+
+@pytest.mark.parametrize("auth, expected", [
+    ({"secret_name": "ray-token"}, {"mode": "token", "secretName": "ray-token"}),
+    ({}, {"mode": "token"}),  # KubeRay makes a Secret with a random token for the cluster
+])
+def test_token_auth_is_kuberays_auth_options_naming_only_the_secret(
+        auth, expected, crds, registry, tmp_path, monkeypatch, hub_cache_on_volume,
+        echo_volume):
+    """KubeRay v1.7.0 gives the head, the workers and the K8sJobMode submitter RAY_AUTH_MODE
+    and RAY_AUTH_TOKEN (from the Secret's auth_token key) itself: the manifest carries
+    authOptions alone, it validates against the CRDs, and the token of whoever plans and runs
+    reaches no file."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", SENTINEL)
+    plan = _plan(registry, EXAMPLES / "external" / "grpo.json", "verl", _auth_settings(**auth))
+    manifest = _manifest(plan)
+    assert manifest["spec"]["rayClusterSpec"]["authOptions"] == expected
+    assert crd.problems(manifest, crds) == []
+    assert "Ray token authentication: KubeRay gives the pods and the submitter RAY_AUTH_TOKEN" \
+        in plan.files[RAYJOB_FILE]
+    assert plan.provider_settings["auth"] == {"mode": "token", "secret_name": None, **auth}
+    pods = [manifest["spec"]["rayClusterSpec"]["headGroupSpec"],
+            *manifest["spec"]["rayClusterSpec"]["workerGroupSpecs"]]
+    assert not [e for p in pods for e in p["template"]["spec"]["containers"][0].get("env", [])
+                if e["name"].startswith("RAY_AUTH")]
+    path = tmp_path / "plan.json"
+    write_plan(plan, path)
+    assert SENTINEL not in path.read_text() and SENTINEL not in plan.files[RAYJOB_FILE]
+    # the attempt `run` prepares from it, with the token still in the environment
+    spec, settings, store = echo_volume(image="rayproject/ray:2.52.0", ray_version="2.52.0",
+                                        auth={"mode": "token", **auth})
+    echo = make_plan(load_spec(spec), registry.get("echo"), "1.2.0", provider="kuberay",
+                     base_dir=spec.parent, provider_settings=settings)
+    result, _ = run_plan(echo, registry, store, echo_stderr=False)
+    attempt = store.run_dir(echo.run_id) / "attempts" / "1"
+    assert result.status == "prepared"
+    assert yaml.safe_load((attempt / RAYJOB_FILE).read_text())["spec"]["rayClusterSpec"][
+        "authOptions"] == expected
+    files = [p for p in store.root.rglob("*") if p.is_file() and p.suffix != ".sqlite"]
+    assert files and not [p for p in files if SENTINEL.encode() in p.read_bytes()]
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"ray_version": "2.49.0"}, "token authentication needs Ray 2.52.0 or later; ray_version "
+                                "is 2.49.0"),
+    ({"ray_version": None}, "token authentication needs ray_version"),
+    ({"secrets": {"RAY_AUTH_TOKEN": {"name": "mine", "key": "t"}}},
+     "secrets RAY_AUTH_TOKEN: KubeRay sets these itself"),
+])
+def test_token_auth_kuberay_would_refuse_is_refused_when_planning(changes, expected):
+    doc = {**_auth_settings(), **changes}
+    with pytest.raises(InvalidInput) as raised:
+        settings_from(doc)
+    assert raised.value.message.startswith("kuberay settings: auth: ") and \
+        expected in raised.value.message, raised.value.message
 
 
 def test_hostile_strings_stay_one_argv_word_through_every_shell(crds, registry, tmp_path,

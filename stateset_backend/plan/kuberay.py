@@ -28,7 +28,7 @@ from stateset_backend.providers.kuberay.manifest import (
     to_yaml,
     unset_env,
 )
-from stateset_backend.providers.kuberay.settings import KubeRaySettings
+from stateset_backend.providers.kuberay.settings import TOKEN_SECRET_KEY, KubeRaySettings
 from stateset_backend.spec.inputs import local_path, pinned_files
 from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.translate.hub import pinned_model_path
@@ -172,6 +172,11 @@ def manifest_file(launch: AttemptLaunch, settings: KubeRaySettings, engine_versi
     ]
     if unset:
         comments.append(f"Not set in the pods (no Secret named for them): {', '.join(unset)}")
+    if settings.auth is not None:
+        secret = f"Secret {settings.auth.secret_name}" if settings.auth.secret_name else \
+            "a Secret KubeRay creates for the cluster"
+        comments.append(f"Ray token authentication: KubeRay gives the pods and the submitter "
+                        f"RAY_AUTH_TOKEN from {secret} (key {TOKEN_SECRET_KEY}).")
     return manifest, to_yaml(manifest, comments)
 
 

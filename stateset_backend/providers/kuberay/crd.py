@@ -12,7 +12,9 @@ Three checks, every problem named by its path in the manifest:
 3. what the operator itself checks before it acts (its ``ValidateRayJobMetadata`` and
    ``ValidateRayJobSpec``, the parts a generated manifest can reach): the ``submissionMode``
    enum (the CRD has none), the name's length and form, TTL only with shutdown, a positive
-   deadline, a container in every pod template, a runtime env that parses as a YAML mapping.
+   deadline, a container in every pod template, a runtime env that parses as a YAML mapping,
+   and for ``authOptions`` (its ``ValidateRayClusterSpec``) a ``rayVersion`` of 2.52.0 or later
+   with the token mode, and no Kubernetes-delegated token auth, which a RayJob cannot use.
 
 The ``rayClusterSpec`` is checked against the RayCluster CRD's ``spec`` as well: it is the
 schema KubeRay validates the cluster it creates with. The CRDs are KubeRay v1.7.0's, read from
@@ -30,6 +32,7 @@ from typing import Any
 from stateset_backend.common.display import problems_text
 from stateset_backend.common.errors import InvalidInput, Unsupported
 from stateset_backend.providers.kuberay.manifest import MAX_RAYJOB_NAME
+from stateset_backend.providers.kuberay.settings import TOKEN_AUTH_MIN_RAY
 
 CRD_ENV = "STATESET_KUBERAY_CRDS"
 KUBERAY_VERSION = "v1.7.0"
@@ -166,6 +169,7 @@ def operator_rules(manifest: Any) -> list[str]:
             pod = template.get("spec") if isinstance(template, dict) else None
             if not isinstance(pod, dict) or not pod.get("containers"):
                 out.append(f"{where}.template.spec.containers: needs at least one container")
+        out += _auth_rules(cluster)
     runtime = spec.get("runtimeEnvYAML")
     if isinstance(runtime, str) and runtime.strip():
         try:
@@ -175,6 +179,29 @@ def operator_rules(manifest: Any) -> list[str]:
         else:
             if not isinstance(parsed, dict):
                 out.append("spec.runtimeEnvYAML: not a YAML mapping")
+    return out
+
+
+def _auth_rules(cluster: dict[str, Any]) -> list[str]:
+    """KubeRay's checks of ``authOptions`` for a RayJob's cluster."""
+    auth = cluster.get("authOptions")
+    if not isinstance(auth, dict):
+        return []
+    where = "spec.rayClusterSpec.authOptions"
+    out = []
+    if auth.get("enableK8sTokenAuth") is True:
+        out.append(f"{where}.enableK8sTokenAuth: KubeRay does not support Kubernetes token "
+                   "auth for a RayJob")
+    if auth.get("mode") == "token":
+        least = ".".join(map(str, TOKEN_AUTH_MIN_RAY))
+        version = cluster.get("rayVersion")
+        found = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?.*", str(version or ""))
+        if found is None:
+            out.append(f"{where}.mode: token needs spec.rayClusterSpec.rayVersion (Ray {least} "
+                       "or later)")
+        elif tuple(int(g or 0) for g in found.groups()) < TOKEN_AUTH_MIN_RAY:
+            out.append(f"{where}.mode: token needs Ray {least} or later, rayVersion is "
+                       f"{version}")
     return out
 
 

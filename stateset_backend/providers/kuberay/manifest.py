@@ -13,6 +13,9 @@
 - Names and labels are what Kubernetes and KubeRay accept: the RayJob's name is a DNS-1035
   label of at most 47 characters, label values at most 63 label-safe characters; the full
   run id and digests go into annotations.
+- Ray's token authentication (``auth``) is ``rayClusterSpec.authOptions`` and nothing else:
+  KubeRay v1.7.0 puts ``RAY_AUTH_MODE`` and ``RAY_AUTH_TOKEN`` (a ``secretKeyRef``) into the
+  head, the workers and the submitter it builds, so the manifest names at most the Secret.
 """
 
 from __future__ import annotations
@@ -174,6 +177,9 @@ def build_manifest(launch: AttemptLaunch, settings: KubeRaySettings) -> dict[str
     cluster: dict[str, Any] = {}
     if settings.ray_version is not None:
         cluster["rayVersion"] = settings.ray_version
+    if settings.auth is not None:
+        cluster["authOptions"] = {"mode": settings.auth.mode, **(
+            {"secretName": settings.auth.secret_name} if settings.auth.secret_name else {})}
     cluster["headGroupSpec"] = {"rayStartParams": {},
                                 "template": _pod(settings, "ray-head", head_resources, env,
                                                  pod_labels)}

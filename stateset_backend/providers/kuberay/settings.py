@@ -7,7 +7,8 @@ PersistentVolumeClaim) that the pods mount at ``volume.mount_path``; the machine
 runs sees the same volume at ``volume.local_path`` (the same path by default). Inside the pods
 every path is the pods' path: the planning machine's view of the volume never reaches them.
 Environment variables the engine reads from its caller (API keys, tokens) reach the pods only
-as references to Kubernetes Secrets, never as values.
+as references to Kubernetes Secrets, never as values; so does a cluster's Ray token, which
+KubeRay itself hands to every Ray container and to its job submitter (``auth``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 INT32_MAX = 2**31 - 1
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -41,6 +49,11 @@ ImageRef = Annotated[str, Field(
             r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$",
     max_length=255)]
 RayVersion = Annotated[str, Field(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")]
+# KubeRay v1.7.0's ValidateRayClusterSpec refuses authOptions.mode token below this Ray
+TOKEN_AUTH_MIN_RAY = (2, 52, 0)
+# what KubeRay sets in each Ray container and in the submitter when the token mode is on
+TOKEN_AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+TOKEN_SECRET_KEY = "auth_token"  # the data key KubeRay reads the token from
 # a path inside the pods: absolute, and only characters that need no quoting in a shell word,
 # a YAML scalar or a JSON string, so it can be placed into the launch as it is
 _SAFE_PATH = r"^(/[A-Za-z0-9._+-]+)+$"
@@ -61,6 +74,24 @@ class SecretRef(BaseModel):
 
     name: DnsSubdomain = Field(description="the Secret's name")
     key: SecretKey = Field(description="the key inside the Secret")
+
+
+class RayAuth(BaseModel):
+    """Ray's token authentication on the RayJob's cluster (``rayClusterSpec.authOptions``).
+
+    KubeRay does the wiring, so the plan carries no token: it gives the head, every worker and
+    the job's submitter (K8sJobMode's Kubernetes Job, SidecarMode's container, HTTPMode's own
+    client) ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN`` from the Secret's ``auth_token``
+    key. Without ``secret_name`` KubeRay makes a Secret with a random token for each cluster,
+    which suits a RayJob: nothing outside its cluster needs the token."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["token"] = Field(description="Ray's token authentication (leave auth out "
+                                               "for none)")
+    secret_name: DnsSubdomain | None = Field(
+        None, description=f"a Secret in the namespace whose key {TOKEN_SECRET_KEY} holds the "
+                          "token (default: KubeRay creates one per cluster)")
 
 
 class SharedVolume(BaseModel):
@@ -157,10 +188,34 @@ class KubeRaySettings(BaseModel):
         description="environment variables the engine reads (the plan's env names, e.g. "
                     "WANDB_API_KEY, HF_TOKEN), each from a key of a Secret")
 
+    auth: RayAuth | None = Field(None, description="Ray's token authentication (KubeRay "
+                                                   "authOptions); off when left out")
+
     @field_validator("engine_home")
     @classmethod
     def _normal(cls, value: str | None) -> str | None:
         return None if value is None else _normal_path(value, "engine_home")
+
+    @field_validator("auth")
+    @classmethod
+    def _ray_takes_tokens(cls, value: RayAuth | None, info: ValidationInfo) -> RayAuth | None:
+        """KubeRay refuses the cluster otherwise (ValidateRayClusterSpec): said at plan time,
+        not by a RayJob that fails once applied."""
+        if value is None:
+            return None
+        version = info.data.get("ray_version")
+        least = ".".join(map(str, TOKEN_AUTH_MIN_RAY))
+        if version is None:
+            raise ValueError(f"token authentication needs ray_version (the image's Ray, "
+                             f"{least} or later): KubeRay refuses the cluster without it")
+        if tuple(int(part) for part in version.split(".")) < TOKEN_AUTH_MIN_RAY:
+            raise ValueError(f"token authentication needs Ray {least} or later; ray_version "
+                             f"is {version}")
+        clash = sorted(set(info.data.get("secrets") or {}) & set(TOKEN_AUTH_ENV))
+        if clash:
+            raise ValueError(f"secrets {', '.join(clash)}: KubeRay sets these itself when auth "
+                             "is on; name the token's Secret in auth.secret_name")
+        return value
 
     @field_validator("python")
     @classmethod
