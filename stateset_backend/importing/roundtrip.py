@@ -48,13 +48,22 @@ def plan_dropping(entry: Any, version: str, doc: dict[str, Any], base: Path,
                                   exc.message.removeprefix(prefix + culprit + ":").strip(),
                                   None)
                 continue
-            missing = next((name for name in ("train", "validation")
-                            if name not in stand_ins and _placeholder_split(doc, name, base)),
-                           None)
+            missing = _missing_split(doc, stand_ins, base, exc.message)
             if missing is None:
                 raise
             stand_ins[missing] = _stand_in_split(doc, settings, missing)
     raise InvalidInput("the imported spec cannot be planned")  # pragma: no cover
+
+
+def _missing_split(doc: dict[str, Any], stand_ins: dict[str, str], base: Path,
+                   message: str) -> str | None:
+    """The placeholder split the plan's error names (the one the launch needs rows of), or
+    the first placeholder split when it names none: a stand-in of a split the launch does not
+    count would be written, and counted on every plan, for nothing."""
+    open_ = [name for name in ("train", "validation")
+             if name not in stand_ins and _placeholder_split(doc, name, base)]
+    named = [name for name in open_ if str(doc["data"][name].get("uri")) in message]
+    return next(iter(named or open_), None)
 
 
 def _placeholder_split(doc: dict[str, Any], name: str, base: Path) -> bool:

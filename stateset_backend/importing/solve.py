@@ -79,22 +79,34 @@ class Solver:
 
     def __post_init__(self) -> None:
         self._inert_keys: dict[str, bool] = {}
-        self._last: tuple[ExperimentSpec | None, list[FieldRow] | None] = (None, None)
+        self._last: tuple[ExperimentSpec | None, str] = (None, "")
+        self._rows: dict[str, list[FieldRow] | None] = {}
+        self._scores: dict[str, float] = {}
+
+    def _key(self, spec: ExperimentSpec) -> str:
+        """The spec's content, as the cache's key: passes propose the same trial specs again
+        and again (every leaf's candidates, each pass), each a fresh object."""
+        if self._last[0] is not spec:
+            self._last = (spec, spec.model_dump_json())
+        return self._last[1]
 
     def rows(self, spec: ExperimentSpec) -> list[FieldRow] | None:
-        """The spec's translation (the last one is kept: a pass asks about the spec it holds
-        once per leaf)."""
-        if self._last[0] is spec:
-            return self._last[1]
-        try:
-            rows: list[FieldRow] | None = explain_rows(spec, self.rules, self.dialect,
-                                                       self.engine)
-        except StatesetError:
-            rows = None
-        self._last = (spec, rows)
-        return rows
+        """The spec's translation, computed once per distinct spec."""
+        key = self._key(spec)
+        if key not in self._rows:
+            try:
+                self._rows[key] = explain_rows(spec, self.rules, self.dialect, self.engine)
+            except StatesetError:
+                self._rows[key] = None
+        return self._rows[key]
 
     def score(self, spec: ExperimentSpec) -> float:
+        key = self._key(spec)
+        if key not in self._scores:
+            self._scores[key] = self._score(spec)
+        return self._scores[key]
+
+    def _score(self, spec: ExperimentSpec) -> float:
         """How much of the engine's configuration this spec's translation reproduces: a key
         set to the value the engine reads counts one, to another value minus one; a refused
         leaf makes the spec unusable, a declared deviation costs a little."""
