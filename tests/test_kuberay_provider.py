@@ -564,10 +564,13 @@ def test_a_manifest_the_cluster_refuses_ends_the_attempt_failed(registry, echo_v
     result, path = run_plan(plan, registry, store, echo_stderr=False, apply=True)
     assert result.status == "failed"
     detail = next(c.detail for c in result.checks if c.name == "exit_code")
-    assert "not created" in detail and detail.count(said) == 1, detail
+    assert detail.startswith("never started: the RayJob was not created: ") and \
+        detail.count(said) == 1, detail
+    assert result.exit_code is None  # no engine ran to have one
     with pytest.raises(EngineFailed) as raised:
         raise_for_status(result, path)
     assert raised.value.message.count(said) == 1, raised.value.message
+    assert "engine exited" not in raised.value.message
 
 
 @pytest.mark.parametrize("status, expected", [

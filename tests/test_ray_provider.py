@@ -171,6 +171,9 @@ def test_an_unreachable_cluster_is_one_clear_error(cli, tmp_path):
     proc = cli("run", "--engine", "native", "--provider", "ray", "--ray-address",
                "http://127.0.0.1:9", "--runs-dir", tmp_path / "runs", spec, timeout=300)
     assert proc.returncode == 4
-    assert "cannot submit to the Ray cluster" in proc.stderr.strip().splitlines()[-1]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "failed: never started: cannot submit to the Ray cluster" in last, last
+    assert "engine exited" not in last and "identity" not in last  # nothing ran to check
     (result,) = (tmp_path / "runs").glob("*/attempts/1/result.json")
-    assert json.loads(result.read_text())["status"] == "failed"
+    doc = json.loads(result.read_text())
+    assert doc["status"] == "failed" and doc["exit_code"] is None

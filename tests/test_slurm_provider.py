@@ -314,7 +314,7 @@ def test_a_job_its_partition_can_never_start_is_not_submitted(on_slurm, tmp_path
     before = _submitted(on_slurm)
     prepared = _prepared(tmp_path / "run", "print('never')", **asked)
     exit_ = SlurmProvider().launch(prepared, timeout=30)
-    assert exit_.code == 1 and not exit_.timed_out
+    assert exit_.code == 1 and not exit_.timed_out and not exit_.started
     assert exit_.reason.startswith("Slurm would never start this job (nothing was submitted): ")
     assert why in exit_.reason
     assert not (prepared.run_dir / "slurm" / "job_id").exists()

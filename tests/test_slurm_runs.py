@@ -154,20 +154,23 @@ def test_the_warning_signal_checkpoints_and_the_run_resumes_to_the_same_weights(
 def test_a_refused_submission_is_a_failed_attempt_in_the_listing(on_slurm, spec, tmp_path,
                                                                  capsys):
     """sbatch refuses a partition the cluster lacks: the attempt still ends with a result
-    saying so in Slurm's words (one line), and the run is listed, also after a reindex."""
+    saying it never started, in Slurm's words (one line), and the run is listed, also after a
+    reindex."""
     doc = _plan(spec, tmp_path / "plan.json", "--slurm-partition", "nosuchpartition")
     runs = tmp_path / "runs"
     capsys.readouterr()
     assert main(["run", "--runs-dir", str(runs), "--quiet", str(tmp_path / "plan.json")]) == 4
     err = capsys.readouterr().err
     line, = [x for x in err.splitlines() if x.startswith("stateset-backend: error:")]
-    assert "Slurm refused the job, nothing ran: sbatch: error:" in line, err
+    assert "failed: never started: Slurm refused the job: sbatch: error:" in line, err
     assert "nosuchpartition" in line.lower() or "partition" in line.lower()
     assert "['" not in line and "--retry" in line
+    assert "engine exited" not in line and "identity" not in line  # nothing ran to check
     result = json.loads((runs / doc["run_id"] / "attempts" / "1" / "result.json").read_text())
     assert result["status"] == "failed" and result["provider"] == "slurm"
+    assert result["exit_code"] is None  # the engine never had one
     exit_check, = [c for c in result["checks"] if c["name"] == "exit_code"]
-    assert "Slurm refused the job, nothing ran: sbatch: error:" in exit_check["detail"]
+    assert exit_check["detail"].startswith("never started: Slurm refused the job: sbatch: ")
     for command in ([], ["reindex"]):
         if command:
             assert main(["runs", "reindex", "--runs-dir", str(runs)]) == 0

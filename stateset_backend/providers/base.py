@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from stateset_backend.providers.local import STDERR_LOG, STDOUT_LOG, Exit, run_local
+from stateset_backend.providers.local import STDERR_LOG, STDOUT_LOG, Exit, NotStarted, run_local
 
 # A cluster provider's request that the engine checkpoint and stop at the end of its current
 # update (the warning before a time limit or a pre-emption): this file, created in the run
@@ -74,9 +74,16 @@ class LocalProvider:
     """A child process in its own process group, argv without a shell."""
 
     def launch(self, prepared: PreparedLaunch, timeout: float | None) -> Exit:
-        return run_local(prepared.argv, cwd=prepared.run_dir, env=prepared.env,
-                         timeout=timeout, echo_stderr=prepared.echo_stderr,
-                         stdout_path=prepared.stdout_path, stderr_path=prepared.stderr_path)
+        try:
+            return run_local(prepared.argv, cwd=prepared.run_dir, env=prepared.env,
+                             timeout=timeout, echo_stderr=prepared.echo_stderr,
+                             stdout_path=prepared.stdout_path,
+                             stderr_path=prepared.stderr_path, **self._extra())
+        except NotStarted as exc:  # an attempt like any other: it ends with its result
+            return Exit(127, started=False, reason=exc.message)
+
+    def _extra(self) -> dict[str, Any]:
+        return {}
 
 
 @dataclass(frozen=True)

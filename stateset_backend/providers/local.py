@@ -42,6 +42,13 @@ class Exit:
     interrupted: bool = False
     timed_out: bool = False
     reason: str | None = None  # how the provider saw it end, in words, where it knows more
+    # False when the engine never started (a submission refused, a launcher that is not
+    # there): no exit code of the engine's exists, and the attempt says why it never began
+    started: bool = True
+
+
+class NotStarted(EngineFailed):
+    """The engine's process could not be started at all."""
 
 
 def _pump(src: IO[bytes], dest: IO[bytes], echo: IO[bytes] | None) -> None:
@@ -144,7 +151,7 @@ def run_local(argv: list[str], *, cwd: Path, env: dict[str, str], stdout_path: P
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True, preexec_fn=_dies_with_parent())
     except OSError as exc:
-        raise EngineFailed(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
+        raise NotStarted(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
     tether = _start_tether(proc.pid, on_orphaned, stderr_path.with_name(ORPHANED_LOG))
     try:
         return _follow(proc, stdout_path, stderr_path, timeout, echo_stderr)

@@ -87,7 +87,8 @@ def run_ray(argv: list[str], *, address: str | None, env: dict[str, str], submis
                                    runtime_env={"env_vars": env})
     except Exception as exc:  # connection refused, bad address, refused token, rejected job
         # nothing ran, and the attempt says why in its result like any other
-        return Exit(1, reason=_refusal(address, exc, token[1] if token else None))
+        return Exit(1, reason=_refusal(address, exc, token[1] if token else None),
+                    started=False)
 
     interrupted = threading.Event()
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the run store's readers (`runs list`) load results without 
     from stateset_backend.providers.local import Exit
 
 RESULT_SCHEMA_ID = "stateset-backend/result/v1"
+NEVER_STARTED = "never started"  # the exit_code check's words for an engine that never began
 HEADLINE_METRICS = ("reward/mean", "val/reward/mean", "loss/policy", "kl", "loss/sft", "val/loss")
 # "prepared": the attempt's files and cluster manifest were written and nothing was executed
 # (a kuberay run without apply); never a success
@@ -117,9 +118,22 @@ class Result(_Doc):
             raise InvalidInput(f"{path}: not a result ({first})") from None
 
 
+def never_started(result: Result) -> str | None:
+    """``never started: <why>`` for an attempt whose engine never began (its submission
+    refused, its launcher missing), else None."""
+    for check in result.checks:
+        if check.name == "exit_code" and not check.ok and \
+                check.detail.startswith(f"{NEVER_STARTED}: "):
+            return check.detail
+    return None
+
+
 def failure_reason(result: Result) -> str:
-    """The checks that failed; for an interrupted attempt only when it ended, since every other
-    check then fails as a consequence (no identity, no metrics, no artifacts)."""
+    """The checks that failed; for an interrupted attempt only when it ended, and for one that
+    never started only why, since every other check then fails as a consequence (no identity,
+    no metrics, no artifacts)."""
+    if (why := never_started(result)) is not None:
+        return why
     if result.status == "interrupted":
         done = result.committed_updates
         return f"interrupted after update {done}" if done else \
@@ -196,10 +210,13 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
         checks.append(Check(name=name, ok=ok, detail=detail))
 
     said = f": {exit_.reason}" if exit_.reason else ""
-    add("exit_code", exit_.code == 0 and not exit_.interrupted,
+    # the provider's own words for what refused it (kubectl's error) are in stderr.log
+    error = f": {why}" if exit_.code != 0 and (why := last_error(attempt_dir)) else ""
+    add("exit_code", exit_.code == 0 and not exit_.interrupted and exit_.started,
+        f"{NEVER_STARTED}{said or ': no reason was given'}{error}" if not exit_.started else
         f"interrupted{said}" if exit_.interrupted else
-        (f"timed out{said}" if exit_.timed_out else f"engine exited {exit_.code}{said}"
-         + (f": {why}" if exit_.code != 0 and (why := last_error(attempt_dir)) else "")))
+        (f"timed out{said}" if exit_.timed_out else
+         f"engine exited {exit_.code}{said}{error}"))
     artifacts: list[ArtifactRecord] = []
     if collected is None:
         add("collect", False, collect_error or "outputs could not be read")

@@ -41,7 +41,7 @@ from stateset_backend.providers.base import (
     Provider,
     RayProvider,
 )
-from stateset_backend.providers.local import Exit, run_local
+from stateset_backend.providers.local import Exit
 from stateset_backend.runs import history, lineage, quarantine
 from stateset_backend.runs.results import (
     Check,
@@ -49,6 +49,7 @@ from stateset_backend.runs.results import (
     Result,
     ResumeLink,
     evaluate,
+    never_started,
     nothing_ran,
     saved_checkpoints,
     select_checkpoint,
@@ -281,11 +282,8 @@ class _TetheredLocal(LocalProvider):
     def __init__(self, record: list[str]) -> None:
         self.record = record
 
-    def launch(self, prepared: PreparedLaunch, timeout: float | None) -> Exit:
-        return run_local(prepared.argv, cwd=prepared.run_dir, env=prepared.env,
-                         timeout=timeout, echo_stderr=prepared.echo_stderr,
-                         stdout_path=prepared.stdout_path, stderr_path=prepared.stderr_path,
-                         on_orphaned=self.record)
+    def _extra(self) -> dict[str, Any]:
+        return {"on_orphaned": self.record}
 
 
 def record_abandoned(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore,
@@ -406,7 +404,8 @@ def collect_and_validate(plan: LaunchPlan, adapter: EngineAdapter, attempt: Atte
         run_id=plan.run_id, attempt=attempt.number, experiment_digest=plan.experiment_digest,
         binding_digest=plan.binding_digest, plan_checksum=plan.checksum, engine=plan.engine,
         engine_version=plan.engine_version, provider=plan.provider, status=status,
-        exit_code=exit_.code, started_at=started, ended_at=utc_now(), duration_s=round(duration, 3),
+        exit_code=exit_.code if exit_.started else None, started_at=started,
+        ended_at=utc_now(), duration_s=round(duration, 3),
         planned_updates=spec.budget.total_updates,
         committed_updates=collected.committed_updates if collected else 0,
         resumed_from=link,
@@ -427,8 +426,8 @@ def stopped_by_cluster(result: Result) -> bool:
 def raise_for_status(result: Result, path: Path, resume_from: int | None = None) -> None:
     """Map a non-successful result onto the error (and exit code) the CLI reports;
     ``resume_from`` is the update of the newest checkpoint a resume would start from."""
-    failed = [f"{c.name}: {c.detail}" for c in result.checks if not c.ok]
-    detail = "; ".join(failed)
+    detail = never_started(result) or \
+        "; ".join(f"{c.name}: {c.detail}" for c in result.checks if not c.ok)
     errors: dict[str, type[StatesetError]] = {
         "interrupted": Interrupted, "failed": EngineFailed, "invalid": InvalidResult,
         "quarantined": EngineFailed, "prepared": NotExecuted}

@@ -113,9 +113,9 @@ def to_exit(state: RayJobState | None, cancelled_by: list[str], problem: str = "
     if state.job == "STOPPED":
         return Exit(STOPPED_CODE, reason=f"the Ray job was stopped outside this run{said}")
     if state.deployment == "ValidationFailed" or state.reason == "ValidationFailed":
-        return Exit(1, reason=f"KubeRay refused the RayJob{said}")
+        return Exit(1, reason=f"KubeRay refused the RayJob{said}", started=False)
     if state.reason == "SubmissionFailed":
-        return Exit(1, reason=f"KubeRay could not submit the job{said}")
+        return Exit(1, reason=f"KubeRay could not submit the job{said}", started=False)
     if state.job == "FAILED":
         found = _EXIT_CODE.search(state.message)
         return Exit(int(found.group(1)) if found else 1, reason=f"the Ray job failed{said}")
@@ -138,7 +138,7 @@ class KubeRayProvider:
             # kubectl's words once: the result's error line reads them from stderr.log
             prepared.stderr_path.write_text(f"kubectl apply error: {exc.message}\n",
                                             encoding="utf-8")
-            return Exit(1, reason="the RayJob was not created")
+            return Exit(1, reason="the RayJob was not created", started=False)
         announce_submitted(prepared.run_dir, "kuberay", f"{self.namespace}/{self.name}")
         if prepared.echo_stderr:
             print(f"stateset-backend: applied RayJob {self.namespace}/{self.name}; following "

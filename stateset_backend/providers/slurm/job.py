@@ -63,7 +63,7 @@ class JobState:
 
 
 class Refused(EngineFailed):
-    """Slurm would not take the job: nothing ran, and the attempt records why."""
+    """Slurm would not take the job: the attempt never started, and records why."""
 
 
 def said(done: subprocess.CompletedProcess[str]) -> str:
@@ -103,7 +103,7 @@ def submit(prepared: PreparedLaunch) -> str:
                  f"--error={_slurm_path(prepared.stderr_path)}",
                  str(run_dir / SCRIPT_FILE), check=False)
     if done.returncode != 0:
-        raise Refused(f"Slurm refused the job, nothing ran: {said(done)}")
+        raise Refused(f"Slurm refused the job: {said(done)}")
     job_id = done.stdout.strip().split(";")[0]  # "id" or "id;cluster"
     if not job_id.isdigit():
         raise Refused(f"sbatch printed {done.stdout.strip()!r}, not a job id")
@@ -233,11 +233,11 @@ class SlurmProvider:
         problem = never_starts((prepared.run_dir / SCRIPT_FILE).read_text(encoding="utf-8"),
                                _tool("scontrol", "show", "partition", "-o", check=False).stdout)
         if problem is not None:  # it would wait for ever: an attempt that ran nothing
-            return Exit(1, reason=problem)
+            return Exit(1, reason=problem, started=False)
         try:
             job_id = submit(prepared)
         except Refused as exc:  # an attempt like any other: it ends with its result
-            return Exit(1, reason=exc.message)
+            return Exit(1, reason=exc.message, started=False)
         (prepared.run_dir / "slurm" / "job_id").write_text(job_id + "\n")
         announce_submitted(prepared.run_dir, "slurm", job_id)
         print(f"stateset-backend: submitted Slurm job {job_id}", file=sys.stderr, flush=True)
