@@ -26,6 +26,7 @@ from stateset_backend.common.errors import AdapterBug, InvalidInput, StatesetErr
 from stateset_backend.common.jsonio import atomic_write_bytes, atomic_write_json, log_rows
 from stateset_backend.contracts.capabilities import VOCABULARY as CAPABILITIES
 from stateset_backend.contracts.capabilities import required_capabilities
+from stateset_backend.contracts.domains import compared as compared_values
 from stateset_backend.contracts.loader import Contract, Deviation, Dialect, parse_version
 from stateset_backend.contracts.surfaces import check_options
 from stateset_backend.engines.adapter import (
@@ -164,6 +165,7 @@ __all__ = [
     "carried",
     "check_options",
     "checkpoint_artifacts",
+    "compared_values",
     "conversation_rules",
     "conversation_settings",
     "directory_digest",

@@ -329,7 +329,7 @@ from test_conformance_kit_fails import {cls}
 
 
 class TestBroken(TestVerlConformance):
-    engine_versions = ["0.9.1"]
+    engine_versions = ["{version}"]
 
     @pytest.fixture
     def adapter(self):
@@ -338,11 +338,12 @@ class TestBroken(TestVerlConformance):
 
 
 def _kit_on_verl(tmp_path: Path, cls: type, selection: str, says: str | None,
-                 checks: int = 1) -> None:
-    """The kit's selected checks on verl 0.9.1 with ``cls`` as the adapter: a failure whose
-    reason holds ``says``, or (``says`` None) ``checks`` passes and no failure."""
+                 checks: int = 1, version: str = "0.9.1") -> None:
+    """The kit's selected checks on verl ``version`` with ``cls`` as the adapter: a failure
+    whose reason holds ``says``, or (``says`` None) ``checks`` passes and no failure."""
     pytest.importorskip("hydra")
-    report = run_kit(tmp_path, VERL_MODULE, cls, "::TestBroken", selection)
+    report = run_kit(tmp_path, VERL_MODULE.replace("{version}", version), cls, "::TestBroken",
+                     selection)
     failed = [c for c in report["checks"] if c["state"] == "failed"]
     if says is None:
         assert not failed and report["counts"]["passed"] == checks, report["checks"]
@@ -383,6 +384,34 @@ def test_the_kit_reads_the_launch_against_the_release(tmp_path, cls, says):
 def test_the_kit_varies_each_setting(tmp_path, cls, says):
     _kit_on_verl(tmp_path, cls, "test_each_setting_reaches_its_claimed or "
                  "test_launch_reads_back_as_declared", says, checks=2)
+
+
+class ClaimsGspoForEveryRelease(VerlAdapter):
+    """Claims GSPO (and its sequence-level ratio) from verl's first release on: 0.5.0's
+    config takes ``loss_mode=gspo`` without a word, and its loss registry has no such loss."""
+
+    @property
+    def contract(self):
+        real = super().contract
+        doc = real.to_json()
+        moved = ("objective:gspo", "ratio:sequence")
+        for claim in doc["capabilities"]:
+            claim["provides"] = [c for c in claim["provides"] if c not in moved]
+        doc["capabilities"][0]["provides"] += moved
+        return type(real).model_validate(doc)
+
+
+@pytest.mark.parametrize("cls, version, says", [
+    (ClaimsGspoForEveryRelease, "0.5.0",
+     "actor_rollout_ref.actor.policy_loss.loss_mode = 'gspo': verl 0.5.0 implements only"),
+    (ClaimsGspoForEveryRelease, "0.6.0", None),
+    (VerlAdapter, "0.5.0", None)])
+def test_the_kit_holds_values_to_the_release_that_implements_them(tmp_path, cls, version,
+                                                                  says):
+    """Each string value a launch sets is one the release's own code implements (the domains
+    generated from its registries and dispatch), so a capability claimed for a release that
+    lacks the value fails, where verl's config would take it and fail on the GPU."""
+    _kit_on_verl(tmp_path, cls, "test_launch_reads_back_as_declared", says, version=version)
 
 
 DEVIATIONS, STUB = "test_declared_deviations_run", "test_launch_runs_under_an_engine_stub"

@@ -106,3 +106,14 @@ def test_the_namespace_rule_is_syntactic_and_spares_ordinary_keys():
         assert namespace_problem(key) is None, key
     for key in HYDRA_NAMESPACE + LAUNCHER_SYNTAX + ENVIRONMENT_LIKE:
         assert namespace_problem(key) is not None, key
+
+
+def test_a_value_the_release_does_not_implement_is_refused(capsys, tmp_path, grpo):
+    """verl's config takes any string; the release's code implements a few (the domain the
+    surface generator reads from its dispatch): a misspelt one is refused at plan time."""
+    grpo["engine_options"] = {"verl": {"critic.loss_agg_mode": "token_sum"}}
+    code, line, out = _plan(capsys, tmp_path, grpo, "verl")
+    assert code == 2 and "engine_options.verl.critic.loss_agg_mode: " in line, line
+    assert "verl 0.9.1 implements 'seq-mean-token-mean'" in line and not out.exists()
+    grpo["engine_options"] = {"verl": {"critic.loss_agg_mode": "token-sum"}}
+    assert _plan(capsys, tmp_path, grpo, "verl")[0] == 0

@@ -245,3 +245,58 @@ def test_trl_trains_the_tiny_model_through_the_hub(cli, tmp_path):
     native = Trainer(RunSettings("20260101T000000Z-00000000", experiment_digest(spec), spec,
                                  tmp_path), tmp_path / "native")
     assert native.validate()["val/reward/mean"] == rows[0]["val/reward/mean"]
+
+
+class SpellsALossTypeTRLLacks(plugin.TRLAdapter):
+    """Writes ``dr-grpo`` for the normalised sequence sum: GRPOConfig takes any string, and
+    GRPOTrainer's dispatch knows ``dr_grpo``."""
+
+    def rules(self, dialect):
+        from stateset_backend.translate.rules import Pinned
+
+        f = self.keys(dialect)
+
+        def respelt(rule):
+            def wrapped(value, spec):
+                out = rule(value, spec)
+                if isinstance(out, Pinned) and out.native.get(f.loss_type) == "dr_grpo":
+                    return Pinned({**out.native, f.loss_type: "dr-grpo"}, out.how, out.hub)
+                return out
+            return wrapped
+
+        return {path: respelt(rule) if callable(rule) else rule
+                for path, rule in super().rules(dialect).items()}
+
+
+class AsShipped(plugin.TRLAdapter):
+    """The plugin unchanged."""
+
+
+MISTAKE = '''
+import pytest
+from stateset_backend.conformance import AdapterConformance
+from test_trl_plugin import {cls}
+
+
+class TestMistake(AdapterConformance):
+    engine_versions = ["''' + VERSION + '''"]
+    base = {{"model": {{"path": "builtin:tiny-llama-support"}}, "data": {{"chat_template": False}}}}
+
+    @pytest.fixture
+    def adapter(self):
+        return {cls}()
+'''
+
+
+@pytest.mark.parametrize("cls, says", [
+    (SpellsALossTypeTRLLacks, "loss_type = 'dr-grpo': trl 1.16.0 implements only 'bnpo'"),
+    (AsShipped, None)])
+def test_the_kit_holds_loss_types_to_what_grpo_trainer_implements(tmp_path, cls, says):
+    from kit_runs import run_kit
+
+    report = run_kit(tmp_path, MISTAKE, cls, "::TestMistake", "launch_reads_back")
+    (result,) = report["checks"]
+    if says is None:
+        assert result["state"] == "passed", result
+    else:
+        assert result["state"] == "failed" and says in result["reason"], result

@@ -25,6 +25,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from stateset_backend.contracts import domains
+
 SURFACE_SCHEMA_ID = "stateset-backend/surface/v1"
 _ACTIONS = {"_StoreAction": "store", "_StoreTrueAction": "store_true",
             "_StoreFalseAction": "store_false", "_AppendAction": "append",
@@ -149,6 +151,15 @@ def verl_surface(source: Path, version: str | None = None) -> dict[str, Any]:
 
     from hydra import compose, initialize_config_dir
 
+    def from_wheel(path: str) -> str | None:
+        with zipfile.ZipFile(source) as archive:
+            return archive.read(path).decode() if path in archive.namelist() else None
+
+    def from_folder(path: str) -> str | None:
+        # an installed config folder is verl/trainer/config under the site-packages root
+        file = config_dir.resolve().parents[2] / path
+        return file.read_text(encoding="utf-8") if file.is_file() else None
+
     with tempfile.TemporaryDirectory() as tmp:
         if source.suffix == ".whl":
             match = re.match(r"verl-([^-]+)-", source.name)
@@ -166,10 +177,15 @@ def verl_surface(source: Path, version: str | None = None) -> dict[str, Any]:
             raise SystemExit(f"{source}: give --version for a config folder")
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
             cfg = compose(config_name="ppo_trainer")
+        options = _leaves(cfg)
+        read = from_wheel if source.suffix == ".whl" else from_folder
+        for key, values in domains.verl_domains(read, options).items():
+            options[key]["values"] = values
     return {"schema": SURFACE_SCHEMA_ID, "engine": "verl", "version": version,
             "source": f"verl=={version}: verl/trainer/config/ppo_trainer composed by Hydra, "
-                      "no overrides",
-            "options": _leaves(cfg)}
+                      "no overrides; each string setting's values from the release's own "
+                      "registries and dispatch (contracts/domains.py)",
+            "options": options}
 
 
 def _leaves(cfg: Any) -> dict[str, Any]:

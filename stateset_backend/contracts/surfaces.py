@@ -71,6 +71,16 @@ def _takes(option: dict[str, Any]) -> str:
     return what + (f" from {option['choices']}" if option.get("choices") else "")
 
 
+def outside_domain(option: dict[str, Any], value: Any) -> list[Any] | None:
+    """The values a release implements for a string setting (its generated ``values``, read
+    from the release's registries and dispatch; or its parser's ``choices``), where ``value``
+    is not one of them; None where it is, or the release has no domain for the key."""
+    allowed = option.get("values") or option.get("choices")
+    if not isinstance(allowed, list) or not isinstance(value, str) or value in allowed:
+        return None
+    return allowed
+
+
 def option_problem(name: str, option: dict[str, Any], value: Any) -> str | None:
     """Why argparse would refuse (or misread) ``value`` for the option, or None."""
     action = option["action"]
@@ -200,5 +210,11 @@ def check_options(engine: str, version: str, options: dict[str, Any],
         if option is None:
             raise InvalidInput(f"{where}: {_unknown(engine, version, name, known)}")
         problem = option_problem(name, option, value) if "action" in option else None
+        allowed = outside_domain(option, value)
+        if problem is None and allowed is not None:
+            problem = (f"{engine} {version} implements {', '.join(map(repr, allowed))} for it "
+                       f"(read from the release's code), not {value!r}; its config would take "
+                       "the value and fail, or fall through to another branch, at the first "
+                       "update")
         if problem is not None:
             raise InvalidInput(f"{where}: {problem}")

@@ -706,3 +706,19 @@ def test_shipped_surfaces_are_the_releases_composed_configs(version):
     generated = surface_gen.render(surface_gen.verl_surface(source, version))
     assert generated == shipped, "regenerate: python -m stateset_backend.conformance." \
         f"surface_gen verl {source} --version {version} -o stateset_backend/contracts/surfaces"
+
+
+@pytest.mark.parametrize("version", VERL_SURFACE_RELEASES)
+def test_each_value_domain_holds_the_releases_own_default(version):
+    """A domain read from a release's registries and dispatch that lacks the release's own
+    default was read incompletely (a dispatch site the generator does not know): the kit
+    would then fail correct launches of that release."""
+    from stateset_backend.contracts.surfaces import surface
+
+    options = surface("verl", version)["options"]
+    domains = {key: o for key, o in options.items() if "values" in o}
+    assert {"algorithm.adv_estimator", "actor_rollout_ref.actor.loss_agg_mode",
+            "actor_rollout_ref.actor.policy_loss.loss_mode"} <= set(domains)
+    for key, option in domains.items():
+        default = option["default"]
+        assert default is None or default in option["values"], (key, default)

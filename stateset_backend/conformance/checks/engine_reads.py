@@ -19,6 +19,7 @@ from stateset_backend.common.jsonio import flatten
 from stateset_backend.conformance.checks.planning import CheckFailed, plan_doc, plan_or_none
 from stateset_backend.conformance.reach import leaf, reach_deviations, with_leaf
 from stateset_backend.conformance.samples import SampleFiles
+from stateset_backend.contracts import domains
 from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import EngineAdapter
 from stateset_backend.plan.launch_plan import LaunchPlan
@@ -118,6 +119,10 @@ def check_reads_as_declared(adapter: EngineAdapter, plan: LaunchPlan, read: dict
             raise CheckFailed(f"{key}: {where} has no such key, so the setting is ignored or "
                               f"refused (a typo, or another release's spelling?)"
                               f"{_closest(key, options)}")
+    for key, value in read.items():
+        outside = domains.violation(key, value, options.get(key, {}), where)
+        if outside is not None:
+            raise CheckFailed(outside)
     dialect = plan.resolved_dialect()
     for key, recorded in dialect.defaults.items():
         bare = key.lstrip("+")

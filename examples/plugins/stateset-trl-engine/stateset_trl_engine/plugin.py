@@ -14,6 +14,8 @@ import dataclasses
 import difflib
 import functools
 import hashlib
+import importlib
+import inspect
 import json
 from importlib import resources
 from pathlib import Path
@@ -47,6 +49,7 @@ from stateset_backend.plugin import (
     RuleSet,
     Translation,
     carried,
+    compared_values,
     distribution_version,
     even_split,
     external_rules,
@@ -971,6 +974,10 @@ def read_launch(plan: Any) -> dict[str, Any]:
     return {**config, **_launch_keys(settings["launch"])}
 
 
+# GRPOConfig's string settings whose values GRPOTrainer dispatches on
+DISPATCHED = ("loss_type", "importance_sampling_level", "scale_rewards")
+
+
 @functools.cache
 def grpo_surface() -> dict[str, Any]:
     """The configuration surface of the installed TRL, for the conformance kit: every
@@ -995,6 +1002,15 @@ def grpo_surface() -> dict[str, Any]:
             else:
                 default = None
             options[prefix + f.name] = {"default": default}
+    # GRPOConfig types these str and checks none of them; the trainer dispatches on a few
+    # values (an unknown loss type fails mid-update, an unknown scaling falls through), so
+    # the values it implements are read from its own code, as the kit holds launches to them
+    trainer = inspect.getsource(importlib.import_module(GRPOConfig.__module__.replace(
+        "grpo_config", "grpo_trainer")))
+    for name in DISPATCHED:
+        values = compared_values(trainer, name)
+        if options[name]["default"] in values:
+            options[name]["values"] = sorted(values)
     # the generated launch script's own settings (data, prompt handling, validation): a
     # mapping it takes whole, beside GRPOConfig
     options[LAUNCH.rstrip(".")] = {"default": {}}
