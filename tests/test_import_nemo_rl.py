@@ -48,14 +48,24 @@ def test_a_shipped_recipe_reads_through_its_parents():
     assert trip["settings"] == len(doc["settings"]) + len(doc["refused"])
     fates = {s["key"]: s for s in doc["settings"]}
     # what the spec cannot carry is named: NeMo RL's own dataset registry, vLLM's compiler
-    # options under the generation kwargs the hub pins, the older DTensor worker
+    # options under the generation kwargs the hub pins, the older DTensor worker, and the
+    # validation batch (the hub validates every row of the split in one)
     missed = {k for k, s in fates.items() if s["reproduced"] is False and not
               s.get("hub_owned")}
     assert missed == {"data.train.dataset_name", "data.validation.dataset_name",
                       "data.validation.repeat", "policy.dtensor_cfg._v2",
                       "policy.generation.vllm_kwargs.compilation_config.backend",
-                      "policy.generation.vllm_kwargs.compilation_config.custom_ops"}
+                      "policy.generation.vllm_kwargs.compilation_config.custom_ops",
+                      "grpo.val_batch_size"}
     assert all(fates[k]["reason"] for k in missed)
+    # a registry dataset leaves the spec's split a placeholder, and says which file to make
+    assert "registry" in fates["data.train.dataset_name"]["reason"]
+    assert any("'DeepScaler'" in line and "data.train.uri" in line for line in doc["inputs"])
+    # the vLLM options reach the guard as the mapping whole, whose reason is the pin's
+    assert "policy.generation.vllm_kwargs at {}" in \
+        fates["policy.generation.vllm_kwargs.compilation_config.backend"]["reason"]
+    # only the run's names and folders are the hub's own
+    assert all(isinstance(s["planned"], str) for s in doc["settings"] if s.get("hub_owned"))
     # the 16K recipe extends the 8K one, which extends the release's own recipe
     assert fates["policy.max_total_sequence_length"]["value"] == 16384
     assert fates["policy.model_name"]["spec_field"] == "model.path"
@@ -89,3 +99,18 @@ def test_a_yaml_that_is_not_nemo_rl_is_exit_2(tmp_path, cli_in_process):
     script = tmp_path / "run.sh"
     script.write_text("python3 -m verl.trainer.main_ppo a=1\n")
     assert cli_in_process("import", "verl", script, "--override", "a=1").returncode == 2
+
+
+def test_defaults_that_follow_another_key_are_kept_as_written():
+    """NeMo RL's recipe writes vLLM's context length and the sequence divisor as
+    interpolations of other keys; a recipe that sets them to the values they resolve to under
+    its own settings keeps them when the plan changes the keys they follow."""
+    path = SHIPPED / "recipes" / "llm" / \
+        "grpo-llama3.2-1b-instruct-1n8g-fsdp2tp2-temp0.8-topp0.9-topk50.yaml"
+    doc = import_file(build_registry(), "nemo-rl", path, "0.7.0").to_json()
+    fates = {s["key"]: s for s in doc["settings"]}
+    for key in ("policy.generation.vllm_cfg.max_model_len",
+                "policy.make_sequence_length_divisible_by"):
+        assert fates[key]["reproduced"] and fates[key]["fate"] == "engine_option", key
+        assert key in doc["spec"]["engine_options"]["nemo-rl"]
+    assert doc["round_trip"]["experiment_percent"] >= 94.0

@@ -13,6 +13,8 @@ cannot carry it; the reason says why) or ``refused`` (not read at all).
 
 from __future__ import annotations
 
+import copy
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,12 @@ from stateset_backend.translate.rules import _same, explain_rows
 # out): a stand-in name, kept only when the launch validates.
 VALIDATION_PLACEHOLDER = "validation.jsonl"
 _PROBE = "stateset-import-probe"
+# The spec's token limits, which engines read as one sequence limit and one response limit.
+_LIMITS = ("data.max_prompt_tokens", "data.max_response_tokens")
+# The hub's guard refusing an engine option on a key the adapter holds for the run itself.
+_OWNED = "set by stateset-backend to keep the run's identity and outputs"
+# The hub's guard refusing an engine option under a key the objective's rule holds.
+_OBJECTIVE_PINS = re.compile(r"overrides the key that algorithm\.objective pins \(([^)]+)\)")
 
 
 @dataclass
@@ -304,26 +312,45 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
             options[key] = value
             fates[key] = ("engine_option", "engine-only: kept in engine_options, outside the "
                           "experiment digest", None)
+    grouped = _whole_mappings(engine, version, options, fates)
     spec_doc = spec.model_dump(mode="json")
-    spec_doc["engine_options"] = {engine: options} if options else {}
     imported = Imported(engine, version, spec_doc, [], launch.refused, launch.notes, inputs)
     base = path.resolve().parent
-    try:
-        plan, stand_ins = plan_dropping(entry, version, spec_doc, base, fates, engine,
-                                        launch.settings)
-    except StatesetError as exc:  # the spec is written; what it would launch is not known
-        imported.round_trip_error = exc.message
-        for key, value in launch.settings.items():
-            fate, reason, src = fates[key]
-            imported.settings.append(Setting(key, value, launch.words.get(key, key), fate, src,
-                                             reason, None))
-        return imported
-    read = read_plan(engine, plan, readers.reader_for(engine, kit.parse_launch))
-    # what the hub's own launch script reads (a plugin's generated script), beside the engine
-    read.update({k: v for k, v in plan.native.items() if k.startswith("launch.")})
-    planned = {**defaults, **read}
-    if engine == "nemo-rl":  # its recipe's interpolated defaults follow the plan's keys
-        planned = {bare(k): v for k, v in nemo_rl_effective(version, plan.argv).items()}
+    for _ in range(2):
+        spec_doc["engine_options"] = {engine: options} if options else {}
+        try:
+            plan, stand_ins = plan_dropping(entry, version, spec_doc, base, fates, engine,
+                                            launch.settings)
+        except StatesetError as exc:  # the spec is written; what it would launch is not known
+            imported.round_trip_error = exc.message
+            for key, value in launch.settings.items():
+                fate, reason, src = fates[grouped.get(key, key)]
+                imported.settings.append(Setting(key, value, launch.words.get(key, key), fate,
+                                                 src, reason, None))
+            return imported
+        options = {k: v for k, v in options.items() if fates[k][0] == "engine_option"}
+        read = read_plan(engine, plan, readers.reader_for(engine, kit.parse_launch))
+        # what the hub's own launch script reads (a plugin's generated script), beside the
+        # engine
+        read.update({k: v for k, v in plan.native.items() if k.startswith("launch.")})
+        planned = {**defaults, **read}
+        if engine == "nemo-rl":  # its recipe's interpolated defaults follow the plan's keys
+            planned = {bare(k): v for k, v in nemo_rl_effective(version, plan.argv).items()}
+        # a release default that follows another key (NeMo RL's interpolations) moves with
+        # it: where the launch wrote it, the launch keeps it
+        moved = [k for k, v in launch.settings.items() if fates[k][0] == "default" and
+                 k in planned and not _same(planned[k], v)]
+        if not moved:
+            break
+        for key in moved:
+            options[key] = launch.settings[key]
+            fates[key] = ("engine_option", "engine-only: kept in engine_options, outside the "
+                          "experiment digest (the release's default follows a key the plan "
+                          "changes)", None)
+    spec_doc["engine_options"] = {engine: options} if options else {}
+    for key, mapping in grouped.items():
+        fates[key] = fates[mapping]
+    registry = _registry_datasets(launch.settings, planned, fates, engine, inputs)
     for key, value in launch.settings.items():
         fate, reason, src = fates[key]
         got = planned.get(key)
@@ -339,7 +366,18 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
             setting.reason = _why_not(key, value, got, src, rows, engine, version)
         elif same and fate == "not_expressible":
             setting.fate, setting.reason = "mapped", "the hub's launch sets this value itself"
-        setting.hub_owned = not same and src is None and key in read and _owned(setting.reason)
+        pins = _OBJECTIVE_PINS.match(setting.reason) if fate == "not_expressible" else None
+        if not same and pins is not None:  # an option under a key the hub holds for every spec
+            setting.reason = _why_not(pins[1], value, planned.get(pins[1]),
+                                      "algorithm.objective", rows, engine, version)
+        if not same and any(key.startswith(section + ".") for section in registry):
+            setting.fate, setting.reason = "not_expressible", _registry_reason(
+                key, value, registry, engine)
+        # only the run's own names and folders are the hub's: names and paths that carry the
+        # run's id or folder, or that the adapter holds for the run's outputs
+        setting.hub_owned = not same and isinstance(got, str) and (
+            plan.run_id in got or "{run_dir}" in got or
+            (src is None and key in read and _OWNED in setting.reason))
         imported.settings.append(setting)
     # beyond what the launch sets: every key the release reads, launch and plan alike
     keys = [k for k in effective if k in planned]
@@ -350,6 +388,71 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
         not _same(v, effective.get(k)) and not (isinstance(v, str) and "{run_dir}" in v)
         and v not in stand_ins.values()]
     return imported
+
+
+def _whole_mappings(engine: str, version: str, options: dict[str, Any],
+                    fates: dict[str, tuple[str, str, str | None]]) -> dict[str, str]:
+    """Keys a launch sets inside one of the release's free mappings (vLLM's kwargs, a
+    model's config overrides) go to engine_options as that mapping whole, the only spelling
+    the hub's guards take: each such key is returned with its mapping, whose fate it shares."""
+    shipped = surface(engine, version)
+    if shipped is None:
+        return {}
+    known = shipped["options"]
+    grouped: dict[str, str] = {}
+    for key in options:
+        if key in known:
+            continue
+        parts = key.split(".")
+        parent = next((p for p in (".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1))
+                       if p in known), None)
+        if parent is not None and isinstance(known[parent].get("default"), dict):
+            grouped[key] = parent
+    for key, mapping in grouped.items():
+        whole = options.setdefault(mapping, copy.deepcopy(known[mapping]["default"]))
+        node = whole
+        *inner, last = key[len(mapping) + 1:].split(".")
+        for part in inner:
+            node = node.setdefault(part, {})
+        node[last] = options.pop(key)
+        fates[mapping] = fates[key]
+    return grouped
+
+
+def _registry_datasets(settings: dict[str, Any], planned: dict[str, Any],
+                       fates: dict[str, tuple[str, str, str | None]], engine: str,
+                       inputs: list[str]) -> dict[str, str]:
+    """The splits a launch names by a dataset of the engine's own registry (NeMo RL's
+    ``dataset_name: DeepScaler``), by section: the engine downloads and formats those itself,
+    while a spec's split is a file pinned by its content, so the spec holds a placeholder and
+    the user is told which file to make."""
+    found: dict[str, str] = {}
+    for key, value in settings.items():
+        src = fates[key][2]
+        if not key.endswith(".dataset_name") or not isinstance(value, str) or \
+                src not in ("data.train.uri", "data.validation.uri") or \
+                _same(planned.get(key), value):
+            continue
+        found[key.rsplit(".", 1)[0]] = value
+        split = src.rsplit(".", 1)[0]
+        inputs[:] = [line for line in inputs if not line.startswith(f"{split}: the launch "
+                                                                   "validates on data")]
+        inputs.append(f"{src.rsplit('.', 1)[0]}: the launch names {value!r}, a dataset of "
+                      f"{engine}'s own data registry, not a file: {src} is a placeholder; "
+                      f"write that split as JSON lines (a prompt and an answer field per row) "
+                      f"and point {src} at it")
+    return found
+
+
+def _registry_reason(key: str, value: Any, registry: dict[str, str], engine: str) -> str:
+    section = max((s for s in registry if key.startswith(s + ".")), key=len)
+    name = registry[section]
+    if key == f"{section}.dataset_name":
+        return (f"{value!r} is a dataset of {engine}'s own data registry, which the engine "
+                "downloads and formats itself; a spec split is a file pinned by its sha256, so "
+                "the spec's split is a placeholder (see inputs)")
+    return (f"an option of {engine}'s registry dataset {name!r}, which the spec's file split "
+            "replaces: write the split's rows as this option would give them")
 
 
 def _drop_unused_validation(spec: ExperimentSpec, inputs: list[str]) -> ExperimentSpec:
@@ -410,20 +513,24 @@ def _same_input(src: str | None, value: Any, got: Any, base: Path, spec: dict[st
     return None
 
 
-def _owned(reason: str) -> bool:
-    """The hub's own guards name the keys it sets for the run's identity and outputs."""
-    return "stateset-backend" in reason or reason.startswith("the hub's launch sets")
-
-
 def _why_not(key: str, value: Any, got: Any, src: str | None, rows: Any, engine: str,
              version: str) -> str:
     if src is not None and isinstance(value, str) and "$" in value:
         return (f"holds a shell variable the import does not expand: {src} keeps "
                 f"{value!r} as written, which the plan reads relative to the spec's folder; "
                 "write the real path there")
+    if src in _LIMITS:
+        return (f"{src} translates to {key}={got!r}: a spec's prompt and response limits are "
+                f"separate (the sequence limit is their sum), while the launch's {value!r} "
+                "shares one budget between a prompt and its response; no pair of limits gives "
+                "that")
+    if src == "algorithm.objective":
+        return (f"the hub's launch holds {key} at {got!r} for every spec, a setting the spec "
+                "has no name for, kept where the run is the spec's experiment; no spec value "
+                f"gives {value!r} on {engine} {version}")
     if src is not None:
         row = next((r for r in rows if r.path == src), None)
         how = f" ({row.reason})" if row is not None and row.reason else ""
         return (f"{src} translates to {key}={got!r}{how}; no value of it gives {value!r} on "
                 f"{engine} {version}")
-    return f"the hub's launch sets {key}={got!r} itself (the run's identity and outputs)"
+    return f"the hub's launch sets {key}={got!r} itself"
