@@ -518,9 +518,37 @@ def test_an_applied_rayjob_is_listed_in_flight_with_its_state_until_it_ends(
     run_plan(plan, registry, store, echo_stderr=False, apply=True)
     name = rayjob_name(plan.run_id, 1)
     assert seen == [[{"run_id": plan.run_id, "attempt": 1, "provider": "kuberay",
-                      "job": f"team-a/{name}", "state": "running", "reason": "job RUNNING"}]]
+                      "job": f"team-a/{name}", "state": "running", "job_state": "Running",
+                      "reason": "job RUNNING", "run_process": "running"}]]
     assert in_flight(store) == []  # its result is indexed now
 
+
+
+def test_a_rayjob_whose_run_was_killed_is_listed_as_kubectl_says_then_abandoned(
+        registry, echo_volume, kubectl):
+    """A `run` killed outright leaves its RayJob going on: the listing says so, with the
+    command that stops it, and once the RayJob has ended lists it abandoned, not in flight."""
+    from stateset_backend.runs.views import in_flight, record_submitted
+
+    _, canned = kubectl
+    canned({"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+           {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"})
+    plan, store = _echo_plan(registry, echo_volume)
+    attempt = store.begin_attempt(plan)  # applied by a `run` that no longer holds it
+    name = rayjob_name(plan.run_id, attempt.number)
+    (Path(os.environ["FAKE_KUBECTL_DIR"]) / f"{name}.json").write_text(
+        json.dumps({"metadata": {"name": name}}))
+    record_submitted(attempt.directory, "kuberay", f"team-a/{name}")
+    running, = in_flight(store)
+    assert (running["state"], running["job_state"], running["run_process"]) == (
+        "running", "Running", "gone")
+    assert running["reason"] == (f"job RUNNING; its `run` process is gone: the job goes on, but "
+                                 f"nothing will record its result (kubectl delete rayjob {name} "
+                                 "-n team-a stops it)")
+    ended, = in_flight(store)
+    assert (ended["state"], ended["job_state"]) == ("abandoned", "Complete")
+    assert ended["reason"] == ("the RayJob ended Complete (job SUCCEEDED); its `run` process "
+                               "is gone, so no result was recorded")
 
 def test_the_timeout_deletes_the_rayjob(registry, echo_volume, kubectl):
     calls, canned = kubectl

@@ -201,7 +201,8 @@ def test_runs_list_shows_attempts_in_flight_and_a_resume_gets_more_time(
         waiting = _wait_for(lambda: [r for r in _in_flight(capsys, runs, "--status", "pending")
                                      if r["reason"]] or None)  # once Slurm has a reason
         assert waiting == [{"run_id": doc["run_id"], "attempt": 1, "provider": "slurm",
-                            "job": job, "state": "pending", "reason": waiting[0]["reason"]}]
+                            "job": job, "state": "pending", "job_state": "PENDING",
+                            "reason": waiting[0]["reason"], "run_process": "running"}]
         assert waiting[0]["reason"] in ("Resources", "Priority")
     finally:
         on_slurm.run("scancel", blocker)
@@ -231,3 +232,69 @@ def test_runs_list_shows_attempts_in_flight_and_a_resume_gets_more_time(
     resumed = json.loads((second / "result.json").read_text())
     assert resumed["status"] == "succeeded" and resumed["resumed_from"]["attempt"] == 1
     assert json.loads((run_dir / "plan.json").read_text()) == json.loads(plan.read_text())
+
+
+def _listing(capsys, runs: Path, *status: str) -> dict:
+    capsys.readouterr()
+    assert main(["--json", "runs", "list", "--runs-dir", str(runs), *status]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _screen(capsys, *argv: str) -> str:
+    capsys.readouterr()
+    assert main(list(argv)) == 0
+    return " ".join(capsys.readouterr().out.split())  # the table's cells, unwrapped
+
+
+def test_a_killed_run_whose_job_goes_on_is_listed_as_slurm_says_then_abandoned(
+        on_slurm, spec, tmp_path, capsys):
+    """`run` killed outright (SIGKILL: no handler runs, so the job is not cancelled) while its
+    job waits in the queue: `runs list` shows the job pending, then running, as Slurm says,
+    with its job id and that its `run` is gone; once the job has ended it is listed as
+    abandoned with Slurm's final state, no longer in flight."""
+    doc = _plan(spec, tmp_path / "plan.json", "--slurm-time", "00:05:00")
+    runs = tmp_path / "runs"
+    first = runs / doc["run_id"] / "attempts" / "1"
+    blocker = on_slurm.run("sbatch", "--parsable", f"--cpus-per-task={os.cpu_count() or 1}",
+                           "-o", "/dev/null", "--wrap", "sleep 300").stdout.strip()
+    proc = _start(tmp_path / "plan.json", runs)
+    try:
+        job = _wait_for(lambda: first / "slurm" / "job_id" if (
+            first / "slurm" / "job_id").is_file() else None).read_text().strip()
+        _wait_for(lambda: [r for r in _in_flight(capsys, runs, "--status", "pending")
+                           if r["reason"]] or None)
+        proc.kill()
+        proc.communicate(timeout=60)
+        pending, = _in_flight(capsys, runs, "--status", "pending")
+        assert (pending["job"], pending["job_state"], pending["run_process"]) == (
+            job, "PENDING", "gone")
+        assert pending["reason"].endswith(
+            f"its `run` process is gone: the job goes on, but nothing will record its result "
+            f"(scancel {job} stops it)"), pending
+    finally:
+        on_slurm.run("scancel", blocker)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=60)
+    running = _wait_for(lambda: _in_flight(capsys, runs, "--status", "running") or None)
+    assert [(r["job"], r["state"], r["job_state"], r["run_process"]) for r in running] == [
+        (job, "running", "RUNNING", "gone")]
+    screen = _screen(capsys, "runs", "list", "--runs-dir", str(runs))
+    assert "in flight (no result yet)" in screen and f"slurm job {job}" in screen
+    assert "running (its `run` process is gone: the job goes on" in screen, screen
+    assert on_slurm.run("scancel", job).returncode == 0
+    listing = _wait_for(lambda: (lambda d: d if d["abandoned"] else None)(
+        _listing(capsys, runs)))
+    assert listing["in_flight"] == []
+    row, = listing["abandoned"]
+    assert (row["run_id"], row["job"], row["state"], row["job_state"], row["run_process"]) == (
+        doc["run_id"], job, "abandoned", "CANCELLED", "gone")
+    assert row["reason"].startswith(f"Slurm job {job} ended CANCELLED") and \
+        row["reason"].endswith("; its `run` process is gone, so no result was recorded")
+    assert _listing(capsys, runs, "--status", "abandoned")["abandoned"] == [row]
+    assert _listing(capsys, runs, "--status", "running")["in_flight"] == []
+    screen = _screen(capsys, "runs", "list", "--runs-dir", str(runs))
+    assert "abandoned (the job ended, its `run` was gone: no result)" in screen
+    assert "in flight" not in screen and f"Slurm job {job} ended CANCELLED" in screen, screen
+    shown = _screen(capsys, "runs", "show", doc["run_id"], "--runs-dir", str(runs))
+    assert f"attempt 1: unknown (no result.json: Slurm job {job} ended CANCELLED" in shown, shown

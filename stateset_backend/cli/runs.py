@@ -34,9 +34,10 @@ def add_parsers(commands: Commands) -> None:
     q.add_argument("--engine", help="only runs on this engine")
     q.add_argument("--status", choices=["succeeded", "failed", "invalid", "interrupted",
                                         "quarantined", "prepared", "unreadable", "running",
-                                        "pending"],
+                                        "pending", "abandoned"],
                    help="only runs whose latest attempt ended so; running or pending: only "
-                        "attempts in flight")
+                        "attempts in flight; abandoned: only attempts whose job ended after "
+                        "their `run` was killed, with no result")
     _paging(q)
     q = runs_sub.add_parser("show", parents=parents, help="one run: identity, attempts, "
                                                           "checkpoints, selection")
@@ -105,10 +106,13 @@ def cmd_runs(args: argparse.Namespace) -> int:
         limit, offset = _page(args)
         rows, total = store.page(digest=digest, engine=args.engine, status=args.status,
                                  limit=limit, offset=offset)
-        flying = [r for r in runs.in_flight(store) if args.status in (None, r["state"])] \
-            if args.page == 1 and args.status in (None, "running", "pending") else []
+        unrecorded = [r for r in runs.in_flight(store) if args.status in (None, r["state"])] \
+            if args.page == 1 and args.status in (None, "running", "pending", runs.ABANDONED) \
+            else []
         doc = {"runs": rows, "total": total, "page": args.page, "limit": limit,
-               "more": max(0, total - offset - len(rows)), "in_flight": flying}
+               "more": max(0, total - offset - len(rows)),
+               "in_flight": [r for r in unrecorded if r["state"] != runs.ABANDONED],
+               "abandoned": [r for r in unrecorded if r["state"] == runs.ABANDONED]}
         emit(args, doc, lambda: runs_table(doc))
     elif args.runs_command == "show":
         doc = runs.show(store, args.run)

@@ -43,15 +43,18 @@ def runs_table(doc: dict[str, Any]) -> None:
 
     rows = doc["runs"]
     console = rich_console()
-    if doc.get("in_flight"):
-        flying = Table(title="in flight (no result yet)", box=box.SIMPLE_HEAD, padding=(0, 1),
-                       pad_edge=False)
+    for key, title in (("in_flight", "in flight (no result yet)"),
+                       ("abandoned", "abandoned (the job ended, its `run` was gone: no result)")):
+        if not doc.get(key):
+            continue
+        flying = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
         for name in ("run", "attempt", "provider", "state"):
             flying.add_column(name, no_wrap=name != "state", overflow="fold")
-        for r in doc["in_flight"]:
+        for r in doc[key]:
             job = f" job {r['job']}" if r["job"] else ""
-            flying.add_row(r["run_id"], f"#{r['attempt']}", f"{r['provider']}{job}",
-                           r["state"] + (f" ({elided(r['reason'])})" if r["reason"] else ""))
+            state = elided(r["reason"]) if key == "abandoned" else \
+                r["state"] + (f" ({elided(r['reason'])})" if r["reason"] else "")
+            flying.add_row(r["run_id"], f"#{r['attempt']}", f"{r['provider']}{job}", state)
         console.print(flying)
     if not rows and doc["total"]:  # past the last page
         console.print(_page_title("runs", 0, doc), markup=False)

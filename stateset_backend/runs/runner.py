@@ -7,7 +7,6 @@ import os
 import shutil
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -203,8 +202,9 @@ def run_plan(plan: LaunchPlan, registry: Registry, store: RunStore, *,
               "warnings": warnings, "resume_from": None if resume_from is None else
               {"path": str(resume_from.path), "update": resume_from.update}}
     try:
-        with tether.hold(attempt.directory / RUNNING, record) if plan.provider == "local" \
-                else nullcontext():
+        # held for every provider: a cluster's job outlives a killed `run`, and the listing
+        # tells the two apart by this lock (views.in_flight)
+        with tether.hold(attempt.directory / RUNNING, record):
             if start_from is not None:
                 lineage.stage(start_from, attempt.directory)
             return _run_attempt(plan, adapter, store, attempt, spec, resume_from,

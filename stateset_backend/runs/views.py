@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # only `runs show` reads results; listings and comparisons re
     from stateset_backend.runs.results import Result
 
 
-def _attempt_results(store: RunStore, run_id: str) -> list[tuple[int, Result | None, str]]:
+def _attempt_results(store: RunStore, run_id: str,
+                     provider: str) -> list[tuple[int, Result | None, str]]:
     """(attempt number, result or None, problem) for every attempt folder of a run."""
     from stateset_backend.runs.results import Result
 
@@ -33,7 +34,7 @@ def _attempt_results(store: RunStore, run_id: str) -> list[tuple[int, Result | N
     for folder in numbered:
         path = folder / "result.json"
         if not path.is_file():
-            out.append((int(folder.name), None, _no_result(folder)))
+            out.append((int(folder.name), None, _no_result(folder, provider)))
             continue
         try:
             out.append((int(folder.name), Result.load(path), ""))
@@ -42,13 +43,26 @@ def _attempt_results(store: RunStore, run_id: str) -> list[tuple[int, Result | N
     return out
 
 
-def _no_result(folder: Path) -> str:
+def _no_result(folder: Path, provider: str) -> str:
     """Why an attempt has no result yet: its `run` still runs, or died and its tether with it
-    (the next `run` of the plan records it: this view loads no engine plugin to collect it)."""
+    (the next `run` of a local plan records it: this view loads no engine plugin to collect
+    it). A cluster's job outlives its `run`: what the cluster says of it now."""
+    job_file = folder / "slurm" / "job_id"
+    if provider == "slurm" and job_file.is_file():
+        job = job_file.read_text(encoding="utf-8", errors="replace").strip()
+        if job.isdigit():
+            row = _slurm_state(job, tether.held(folder / RUNNING))
+            if row["state"] == ABANDONED:
+                return f"no result.json: {row['reason']}"
+            said = f": {row['reason']}" if row["reason"] else ""
+            return f"no result.json: Slurm job {job} {row['state']}{said}"
     if not (folder / RUNNING).exists():
         return "no result.json (running, or ended without one)"
     if tether.held(folder / RUNNING):
         return "no result.json yet: its `run` process is running"
+    if provider != "local":
+        return (f"no result.json: its `run` process was killed before recording it; its "
+                f"{provider} job may go on, and nothing records its result")
     return ("no result.json: its `run` process was killed before recording it; the next `run` "
             "of its plan records it as interrupted")
 
@@ -63,39 +77,68 @@ def record_submitted(attempt_dir: Path, provider: str, job: str) -> None:
         conn, run_dir.name, int(attempt_dir.name), provider, job))
 
 
+ABANDONED = "abandoned"  # the job ended, its `run` is gone, and no result was recorded
+_UNRECORDED = "its `run` process is gone, so no result was recorded"
+
+
 def in_flight(store: RunStore) -> list[dict[str, Any]]:
     """Attempts a cluster accepted that have no result yet, newest first, each with its
     provider's state now: a Slurm job's as the controller says it (``pending`` with Slurm's
-    reason, ``running``), a RayJob's as kubectl reads it. From the index and the provider,
-    never a run's folder."""
-    from stateset_backend.common.errors import StatesetError
+    reason, ``running``), a RayJob's as kubectl reads it; ``job_state`` is the provider's own
+    word for it. From the index, the provider and the attempt's liveness lock, which tells a
+    ``run`` that still follows the job from one that was killed while the job goes on: such
+    an attempt shows the job's state and that no result will be recorded, and once the job
+    has ended it is ``abandoned`` (with the job's last state) instead of in flight."""
     from stateset_backend.runs import index
 
     rows = []
     for run_id, attempt, provider, job in store._select(index.IN_FLIGHT, []):
+        alive = tether.held(store.run_dir(run_id) / "attempts" / str(attempt) / RUNNING)
         row = {"run_id": run_id, "attempt": attempt, "provider": provider, "job": job,
-               "state": "unknown", "reason": ""}
+               "state": "unknown", "job_state": "", "reason": "",
+               "run_process": "running" if alive else "gone"}
         if provider == "slurm":
-            from stateset_backend.providers.slurm.job import job_state
-
-            try:
-                state = job_state(job)
-            except StatesetError as exc:  # no Slurm client on this machine
-                state, row["reason"] = None, exc.message
-            if state is not None:
-                row.update(state=state.state.lower(), reason=state.reason or "")
-            elif not row["reason"]:
-                row["reason"] = "Slurm no longer knows the job"
+            row.update(_slurm_state(job, alive))
         elif provider == "kuberay":
-            row.update(_rayjob_state(job))
+            row.update(_rayjob_state(job, alive))
         rows.append(row)
     return rows
 
 
-def _rayjob_state(job: str) -> dict[str, str]:
+def _orphaned(job: str, provider: str) -> str:
+    namespace, _, name = job.partition("/")
+    stop = f"scancel {job}" if provider == "slurm" else \
+        f"kubectl delete rayjob {name} -n {namespace}"
+    return (f"its `run` process is gone: the job goes on, but nothing will record its result "
+            f"({stop} stops it)")
+
+
+def _slurm_state(job: str, alive: bool) -> dict[str, str]:
+    """A Slurm job's row as the controller (or its accounting) says it now."""
+    from stateset_backend.common.errors import StatesetError
+    from stateset_backend.providers.slurm.job import ENDED, job_state
+
+    try:
+        state = job_state(job)
+    except StatesetError as exc:  # no Slurm client on this machine
+        return {"state": "unknown", "reason": exc.message}
+    if state is None:
+        gone = "" if alive else f"; {_UNRECORDED}"
+        return {"state": "unknown" if alive else ABANDONED,
+                "reason": f"Slurm no longer knows the job{gone}"}
+    if state.state in ENDED and not alive:
+        code = "" if state.exit_code is None else f", exit code {state.exit_code}"
+        return {"state": ABANDONED, "job_state": state.state,
+                "reason": f"Slurm job {job} ended {state.state}{code}; {_UNRECORDED}"}
+    said = [state.reason or ""] if alive else [state.reason or "", _orphaned(job, "slurm")]
+    return {"state": state.state.lower(), "job_state": state.state,
+            "reason": "; ".join(part for part in said if part)}
+
+
+def _rayjob_state(job: str, alive: bool = True) -> dict[str, str]:
     """A RayJob's state as kubectl reads it now (``namespace/name``)."""
     from stateset_backend.common.errors import StatesetError
-    from stateset_backend.providers.kuberay.job import read_state
+    from stateset_backend.providers.kuberay.job import ENDED, read_state
 
     namespace, _, name = job.partition("/")
     try:
@@ -103,12 +146,20 @@ def _rayjob_state(job: str) -> dict[str, str]:
     except StatesetError as exc:  # no kubectl here
         return {"reason": exc.message}
     if got is None:
+        if not alive:
+            return {"state": ABANDONED,
+                    "reason": f"the RayJob is not in the cluster; {_UNRECORDED}"}
         return {"state": "gone", "reason": "the RayJob is not in the cluster"}
     if isinstance(got, str):
         return {"reason": got}
     said = f", {got.reason}" if got.reason else ""
-    return {"state": (got.deployment or "New").lower(), "reason": f"job {got.job or 'PENDING'}"
-                                                              f"{said}"}
+    deployment = got.deployment or "New"
+    if got.deployment in ENDED and not alive:
+        return {"state": ABANDONED, "job_state": deployment,
+                "reason": f"the RayJob ended {got.describe()}; {_UNRECORDED}"}
+    orphan = "" if alive else f"; {_orphaned(job, 'kuberay')}"
+    return {"state": deployment.lower(), "job_state": deployment,
+            "reason": f"job {got.job or 'PENDING'}{said}{orphan}"}
 
 
 def show(store: RunStore, run_id: str) -> dict[str, Any]:
@@ -121,7 +172,8 @@ def show(store: RunStore, run_id: str) -> dict[str, Any]:
 
     plan = read_json(plan_path, what="plan")
     attempts = []
-    for number, result, problem in _attempt_results(store, run_id):
+    for number, result, problem in _attempt_results(store, run_id,
+                                                     str(plan.get("provider") or "local")):
         doc: dict[str, Any] = {"attempt": number}
         if result is None:
             doc.update(status="unknown", reason=problem)
