@@ -26,8 +26,9 @@ from stateset_backend.common.errors import AdapterBug, InvalidInput, StatesetErr
 from stateset_backend.common.jsonio import atomic_write_bytes, atomic_write_json, log_rows
 from stateset_backend.contracts.capabilities import VOCABULARY as CAPABILITIES
 from stateset_backend.contracts.capabilities import required_capabilities
-from stateset_backend.contracts.domains import compared as compared_values
 from stateset_backend.contracts.loader import Contract, Deviation, Dialect, parse_version
+from stateset_backend.contracts.release_code import added_constants
+from stateset_backend.contracts.release_code import compared as compared_values
 from stateset_backend.contracts.surfaces import check_options
 from stateset_backend.engines.adapter import (
     ENGINE_HOME,
@@ -156,6 +157,7 @@ __all__ = [
     "Translation",
     "Uncountable",
     "Unsupported",
+    "added_constants",
     "all_leaf_paths",
     "atomic_write_bytes",
     "atomic_write_json",

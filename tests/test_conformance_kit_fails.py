@@ -414,6 +414,59 @@ def test_the_kit_holds_values_to_the_release_that_implements_them(tmp_path, cls,
     _kit_on_verl(tmp_path, cls, "test_launch_reads_back_as_declared", says, version=version)
 
 
+class StatesAnotherClamp(VerlAdapter):
+    """Declares verl's k3 clamp at 20 (the log-ratio's clamp), where the estimate's is 10."""
+
+    @property
+    def contract(self):
+        real = super().contract
+        doc = real.to_json()
+        for dialect in doc["dialects"]:
+            if "k3_clamp" in dialect.get("deviations", {}):
+                dialect["deviations"]["k3_clamp"]["engine_value"] = 20.0
+        return type(real).model_validate(doc)
+
+
+class StatesAnotherEpsilon(VerlAdapter):
+    """States the whitening constant as 1e-6 (verl's GRPO group epsilon) in words."""
+
+    @property
+    def contract(self):
+        real = super().contract
+        doc = real.to_json()
+        for dialect in doc["dialects"]:
+            if "whitening_epsilon" in dialect.get("deviations", {}):
+                dialect["deviations"]["whitening_epsilon"]["quantity"] = 1e-6
+        return type(real).model_validate(doc)
+
+
+@pytest.mark.parametrize("cls, version, says", [
+    (StatesAnotherClamp, "0.9.1", "deviation 'k3_clamp' states 20 (algorithm.kl.clamp), but "
+                                  "verl 0.9.1's own code gives 10"),
+    (StatesAnotherEpsilon, "0.4.1", "deviation 'whitening_epsilon' states 1e-06"),
+    (VerlAdapter, "0.4.1", None)])
+def test_the_kit_holds_stated_numbers_to_the_releases_code(tmp_path, cls, version, says):
+    """A deviation's number is measured from the release itself (its own functions run from
+    its source when the surface is generated): a wrong one fails, where before it was held
+    only to the contract that states it."""
+    _kit_on_verl(tmp_path, cls, "test_declared_quantities", says, version=version)
+
+
+def test_a_stated_number_nothing_measures_is_named_not_passed():
+    from stateset_backend.conformance.quantities import check_quantities
+    from stateset_backend.contracts.loader import Deviation
+
+    stated = {"eps": Deviation(setting="algorithm.advantage.epsilon", engine_value=1e-4,
+                               description="adds 1e-4 to the std"),
+              "words": Deviation(setting="optim.lr", engine_value="lr * 0.5",
+                                 description="halves the rate", quantity=0.5),
+              "prose": Deviation(setting="data.shuffle", engine_value="unseeded",
+                                 description="no number stated")}
+    checked, missing = check_quantities(stated, {"half": {"value": 0.5, "how": "x"}},
+                                        {"words": "half"}, "echo 1.0", AssertionError)
+    assert checked == ["words"] and missing == ["eps"]
+
+
 DEVIATIONS, STUB = "test_declared_deviations_run", "test_launch_runs_under_an_engine_stub"
 
 

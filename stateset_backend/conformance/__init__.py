@@ -36,6 +36,8 @@ Every check is derived from the adapter's contract, never hand-written per engin
   ``engine_options`` keys cannot reach a key the launch sets, in any spelling, nor name
   anything outside the engine's own configuration (Hydra's namespace, an edit prefix, an
   environment variable, an abbreviated flag, a key the release's surface lacks);
+- every number a declared deviation states (a clamp, an epsilon, a floor) is the one the
+  release's own code gives, measured from the release when its surface was generated;
 - collection: healthy outputs are ``succeeded``; NaN, Infinity and string metrics, missing or
   escaping artifacts, a missing identity and no committed update are ``invalid``;
 - resume (when ``resume:exact`` is claimed): the checkpoint is found, accepted and continued
@@ -386,6 +388,35 @@ class AdapterConformance(KitFixtures):
                     checks.check_expected(adapter, plan, read, known)
                 except (CheckFailed, readers.LaunchUnreadable) as exc:
                     raise CheckFailed(f"deviation {name!r}: {exc}") from None
+
+    def test_declared_quantities_are_the_engines(self, adapter: EngineAdapter,
+                                                 engine_version: str) -> None:
+        """Every number a deviation of the release's dialect states (a clamp, an epsilon, a
+        floor) equals what the release's own code gives: the quantity the surface generator
+        measured by running the release's function, or read from the line that uses it."""
+        self._version(adapter, engine_version)
+        from stateset_backend.conformance import quantities
+        from stateset_backend.contracts.surfaces import surface
+
+        dialect = adapter.contract.dialect(parse_version(engine_version))
+        stated = {name: d for name, d in dialect.deviations.items()
+                  if quantities.declared_number(d) is not None}
+        if not stated:
+            pytest.skip(f"{adapter.name} {dialect.name} declares no deviation that states a "
+                        "number")
+        support = adapter.kit_support()
+        known = surface(adapter.name, engine_version) or support.surface or {}
+        quantity_of = {**quantities.QUANTITY_OF.get(adapter.name, {}), **support.quantities}
+        with reported():
+            checked, missing = quantities.check_quantities(
+                stated, known.get("quantities") or {}, quantity_of,
+                f"{adapter.name} {engine_version}", CheckFailed)
+        if missing:
+            unverified(f"{len(missing)} of the {len(stated)} deviations that state a number "
+                       f"have no measurement of {adapter.name} {engine_version} to hold it to: "
+                       + ", ".join(missing) + " (give KitSupport.quantities and the surface's "
+                       "quantities, measured from the engine's own code; docs/plugins.md)")
+        print(f"{len(checked)} stated numbers equal the release's own: {', '.join(checked)}")
 
     def test_engine_options_cannot_reach_owned_keys(self, adapter: EngineAdapter,
                                                     engine_version: str,

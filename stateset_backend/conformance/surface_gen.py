@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from stateset_backend.conformance import quantities
 from stateset_backend.contracts import domains
 
 SURFACE_SCHEMA_ID = "stateset-backend/surface/v1"
@@ -128,6 +129,17 @@ def openrlhf_parser(wheel: Path) -> argparse.ArgumentParser:
                 sys.modules[name] = module
 
 
+def wheel_reader(wheel: Path) -> domains.Read:
+    """A release file by its package path, from a wheel (a platform wheel keeps its package
+    under ``NAME-VERSION.data/purelib/``)."""
+    def read(path: str) -> str | None:
+        with zipfile.ZipFile(wheel) as archive:
+            match = [n for n in archive.namelist()
+                     if n == path or n.endswith(".data/purelib/" + path)]
+            return archive.read(match[0]).decode() if match else None
+    return read
+
+
 def openrlhf_surface(wheel: Path) -> dict[str, Any]:
     version = re.match(r"openrlhf-([^-]+)-", wheel.name)
     if version is None:
@@ -138,7 +150,10 @@ def openrlhf_surface(wheel: Path) -> dict[str, Any]:
                if option.startswith("--") and action.dest != "help"}
     return {"schema": SURFACE_SCHEMA_ID, "engine": "openrlhf", "version": version.group(1),
             "source": f"openrlhf=={version.group(1)}: the argparse parser of "
-                      "openrlhf/cli/train_ppo_ray.py, built by its own __main__ block",
+                      "openrlhf/cli/train_ppo_ray.py, built by its own __main__ block; its "
+                      "hard-coded numbers measured from its own source "
+                      "(conformance/quantities.py)",
+            "quantities": quantities.openrlhf_quantities(wheel_reader(wheel)),
             "options": dict(sorted(options.items()))}
 
 
@@ -151,9 +166,7 @@ def verl_surface(source: Path, version: str | None = None) -> dict[str, Any]:
 
     from hydra import compose, initialize_config_dir
 
-    def from_wheel(path: str) -> str | None:
-        with zipfile.ZipFile(source) as archive:
-            return archive.read(path).decode() if path in archive.namelist() else None
+    from_wheel = wheel_reader(source)
 
     def from_folder(path: str) -> str | None:
         # an installed config folder is verl/trainer/config under the site-packages root
@@ -181,11 +194,13 @@ def verl_surface(source: Path, version: str | None = None) -> dict[str, Any]:
         read = from_wheel if source.suffix == ".whl" else from_folder
         for key, values in domains.verl_domains(read, options).items():
             options[key]["values"] = values
+        measured = quantities.verl_quantities(read)
     return {"schema": SURFACE_SCHEMA_ID, "engine": "verl", "version": version,
             "source": f"verl=={version}: verl/trainer/config/ppo_trainer composed by Hydra, "
                       "no overrides; each string setting's values from the release's own "
-                      "registries and dispatch (contracts/domains.py)",
-            "options": options}
+                      "registries and dispatch (contracts/domains.py); its hard-coded numbers "
+                      "measured from its own functions (conformance/quantities.py)",
+            "quantities": measured, "options": options}
 
 
 def _leaves(cfg: Any) -> dict[str, Any]:
@@ -215,19 +230,33 @@ def _leaves(cfg: Any) -> dict[str, Any]:
     return dict(sorted(keys.items()))
 
 
-def nemo_rl_surface(config: Path, version: str) -> dict[str, Any]:
+def folder_reader(root: Path) -> domains.Read:
+    """A release file by its package path, from a source checkout of the release."""
+    def read(path: str) -> str | None:
+        file = root / path
+        return file.read_text(encoding="utf-8") if file.is_file() else None
+    return read
+
+
+def nemo_rl_surface(config: Path, version: str, source: Path | None = None) -> dict[str, Any]:
     """Every key of a NeMo RL release's GRPO example config (``examples/configs/
     grpo_math_1B.yaml`` of its tag; NeMo RL, Apache-2.0), which ``run_grpo.py`` loads and the
-    launch's overrides apply to in struct mode."""
+    launch's overrides apply to in struct mode; with ``source`` (a checkout of the tag: NeMo RL
+    ships no wheel), the numbers its code hard-codes."""
     from omegaconf import OmegaConf
 
     # run_grpo registers this resolver before it loads the config
     OmegaConf.register_new_resolver("mul", lambda a, b: a * b, replace=True)
     cfg = OmegaConf.load(config)
-    return {"schema": SURFACE_SCHEMA_ID, "engine": "nemo-rl", "version": version,
-            "source": f"NeMo RL v{version} (Apache-2.0): examples/configs/{config.name} as "
-                      "OmegaConf loads it",
-            "options": _leaves(cfg)}
+    doc: dict[str, Any] = {
+        "schema": SURFACE_SCHEMA_ID, "engine": "nemo-rl", "version": version,
+        "source": f"NeMo RL v{version} (Apache-2.0): examples/configs/{config.name} as "
+                  "OmegaConf loads it"}
+    if source is not None:
+        doc["source"] += "; its hard-coded numbers read from the tag's source " \
+                         "(conformance/quantities.py)"
+        doc["quantities"] = quantities.nemo_rl_quantities(folder_reader(source))
+    return {**doc, "options": _leaves(cfg)}
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -245,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sources", nargs="+", type=Path,
                         help="release wheels (or, for verl, an installed verl/trainer/config)")
     parser.add_argument("--version", help="the release of a config folder (verl)")
+    parser.add_argument("--source", type=Path,
+                        help="a source checkout of the release (nemo-rl: its hard-coded "
+                             "numbers)")
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
@@ -254,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.engine == "verl":
             doc = verl_surface(source, args.version)
         else:
-            doc = nemo_rl_surface(source, args.version or "")
+            doc = nemo_rl_surface(source, args.version or "", args.source)
         target = args.output / f"{doc['engine']}-{doc['version']}.json"
         target.write_text(render(doc), encoding="utf-8")
         print(f"wrote {target} ({len(doc['options'])} options)")

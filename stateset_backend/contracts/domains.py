@@ -11,81 +11,11 @@ domain beside the key's default (``"values"``), and the kit holds every launch's
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
+from stateset_backend.contracts.release_code import Read, compared, enum_members, registered
 from stateset_backend.contracts.surfaces import outside_domain
-
-Read = Callable[[str], "str | None"]
-
-
-def _subject(node: ast.expr) -> str:
-    return ast.unparse(node)
-
-
-def _matches(node: ast.expr, names: Iterable[str]) -> bool:
-    """``loss_type`` matches ``loss_type``, ``self.loss_type`` and ``args.loss_type``;
-    ``kl_ctrl.type`` matches ``self.kl_ctrl.type``."""
-    text = _subject(node)
-    return any(text == name or text.endswith("." + name) for name in names)
-
-
-def _strings(node: ast.expr) -> set[str]:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return {node.value}
-    if isinstance(node, ast.List | ast.Tuple | ast.Set):
-        return {e.value for e in node.elts
-                if isinstance(e, ast.Constant) and isinstance(e.value, str)}
-    return set()
-
-
-def compared(source: str, *names: str) -> set[str]:
-    """The string literals the code compares a setting with (``==``, ``!=``, ``in``, ``not
-    in``, either side), and, where it strips a suffix it tests with ``endswith`` (verl's
-    ``low_var_kl+``, the straight-through form), each literal with that suffix too."""
-    found: set[str] = set()
-    suffixes: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Compare):
-            sides = [node.left, *node.comparators]
-            for i, side in enumerate(sides):
-                if _matches(side, names):
-                    for other in sides[:i] + sides[i + 1:]:
-                        found |= _strings(other)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                node.func.attr == "endswith" and _matches(node.func.value, names):
-            for arg in node.args:
-                suffixes |= _strings(arg)
-    return found | {value + suffix for value in found for suffix in suffixes
-                    if not value.endswith(suffix)}
-
-
-def enum_members(source: str, cls: str) -> dict[str, str]:
-    """The members of a ``class NAME(str, Enum)``: member name → value."""
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            return {target.id: stmt.value.value for stmt in node.body
-                    if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant)
-                    and isinstance(stmt.value.value, str)
-                    for target in stmt.targets if isinstance(target, ast.Name)}
-    return {}
-
-
-def registered(source: str, decorator: str, members: dict[str, str] | None = None) -> set[str]:
-    """The names a registry decorator (``@register_policy_loss("gspo")``) registers; an enum
-    member argument (``@register_adv_est(AdvantageEstimator.GRPO)``) is its value."""
-    members = members or {}
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and _subject(node.func).split(".")[-1] == decorator:
-            for arg in node.args:
-                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                    found.add(arg.value)
-                elif isinstance(arg, ast.Attribute) and arg.attr in members:
-                    found.add(members[arg.attr])
-    return found
-
 
 # -- verl ------------------------------------------------------------------------------------
 _ALGOS = "verl/trainer/ppo/core_algos.py"

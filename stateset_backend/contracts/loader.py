@@ -79,6 +79,11 @@ class Deviation(_Doc):
                                      "'algorithm.advantage.epsilon'")
     engine_value: Any = Field(description="what the engine does instead, in the spec's terms")
     description: str = Field(min_length=1, description="what the engine computes, quantified")
+    quantity: float | None = Field(
+        default=None, description="the number the engine hard-codes (a clamp, an epsilon, a "
+                                  "floor) where engine_value states it in words; the "
+                                  "conformance kit holds it, or a numeric engine_value, to the "
+                                  "release's own code")
 
 
 class Dialect(_Ranged):

@@ -138,7 +138,10 @@ class KitSupport:
     ``unverified``. ``expectations`` lists, for every key the launch sets, what the engine
     must read for a spec, written from the engine's own documentation and code, never from the
     adapter: ``((spelling, ...), expect)`` with ``expect(spec)`` the value (None: not checked
-    for this spec); a key none names is ``unverified``.
+    for this spec); a key none names is ``unverified``. ``quantities`` names, for each
+    deviation that states a number, the quantity of the release's surface (its
+    ``"quantities"``, measured from the release's own code) that number must equal; a
+    deviation stating a number none names is ``unverified``.
     """
 
     write_outputs: Any = None
@@ -149,6 +152,7 @@ class KitSupport:
     base: dict[str, Any] = field(default_factory=dict)
     engine_stub: dict[str, str] | None = None
     expectations: tuple[tuple[tuple[str, ...], Any], ...] = ()
+    quantities: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -477,8 +478,34 @@ def test_shipped_surfaces_are_the_tags_example_configs(version):
     if not config.is_file():
         pytest.skip(f"{config} is absent: check out NeMo RL's examples/configs at tag "
                     f"v{version} there to compare the shipped surface with it")
-    shipped = resources.files("stateset_backend.contracts").joinpath(
-        "surfaces", f"nemo-rl-{version}.json").read_text()
-    generated = surface_gen.render(surface_gen.nemo_rl_surface(config, version))
-    assert generated == shipped, "regenerate: python -m stateset_backend.conformance." \
-        f"surface_gen nemo-rl {config} --version {version} -o stateset_backend/contracts/surfaces"
+    shipped = json.loads(resources.files("stateset_backend.contracts").joinpath(
+        "surfaces", f"nemo-rl-{version}.json").read_text())
+    generated = json.loads(surface_gen.render(surface_gen.nemo_rl_surface(config, version)))
+    # the numbers read from the tag's source are the next test's
+    assert generated["options"] == shipped["options"], "regenerate: python -m " \
+        f"stateset_backend.conformance.surface_gen nemo-rl {config} --version {version} " \
+        "--source CHECKOUT -o stateset_backend/contracts/surfaces"
+
+
+NEMO_RL_SOURCE = os.environ.get("STATESET_TEST_NEMO_RL_SOURCE")
+
+
+@pytest.mark.parametrize("version", ["0.5.0", "0.6.0", "0.7.0"])
+def test_shipped_quantities_are_the_tags_own(version, tmp_path):
+    """The numbers the kit holds NeMo RL's deviations to, measured again from the tag's own
+    source (a git clone of NVIDIA-NeMo/RL, read at the tag), are the ones shipped."""
+    import subprocess
+    from importlib import resources
+
+    from stateset_backend.conformance import quantities, surface_gen
+
+    if NEMO_RL_SOURCE is None:
+        pytest.skip("set STATESET_TEST_NEMO_RL_SOURCE to a git clone of NVIDIA-NeMo/RL (with "
+                    "its tags) to measure the shipped numbers from the tag's source")
+    archive = subprocess.run(["git", "-C", NEMO_RL_SOURCE, "archive", f"v{version}",
+                              "nemo_rl/algorithms"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive.stdout, check=True)
+    shipped = json.loads(resources.files("stateset_backend.contracts").joinpath(
+        "surfaces", f"nemo-rl-{version}.json").read_text())
+    measured = quantities.nemo_rl_quantities(surface_gen.folder_reader(tmp_path))
+    assert json.loads(json.dumps(measured)) == shipped["quantities"]

@@ -48,6 +48,7 @@ from stateset_backend.plugin import (
     Rehearsal,
     RuleSet,
     Translation,
+    added_constants,
     carried,
     compared_values,
     distribution_version,
@@ -688,6 +689,7 @@ class TRLAdapter(EngineAdapter):
         return KitSupport(write_outputs=write_outputs, option_key=lambda plan: (
             SFT if plan.spec["algorithm"]["objective"] == SUPERVISED else "") + "hub_model_id",
                           parse_launch=read_launch, surface=grpo_surface(), engine_stub=STUB,
+                          quantities={"group_std_plus_1e-4": "group_std_epsilon"},
                           unsupported={
             "loss_agg:seq_mean_token_sum": "TRL sums tokens per sequence (luspo) only with "
                                            "GSPO's sequence ratios; the kit's sample uses "
@@ -1014,4 +1016,10 @@ def grpo_surface() -> dict[str, Any]:
     # the generated launch script's own settings (data, prompt handling, validation): a
     # mapping it takes whole, beside GRPOConfig
     options[LAUNCH.rstrip(".")] = {"default": {}}
-    return {"engine": "trl", "options": options}
+    # the epsilon GRPOTrainer adds to the group's reward std, written inline where it
+    # normalises: what the group_std_plus_1e-4 deviation states is held to it
+    (epsilon,) = added_constants(trainer, "std_rewards")
+    quantities = {"group_std_epsilon": {
+        "value": epsilon, "how": "trl/trainer/grpo_trainer.py: the constant added to "
+                                 "std_rewards where advantages are scaled"}}
+    return {"engine": "trl", "options": options, "quantities": quantities}
