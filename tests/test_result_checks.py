@@ -127,3 +127,34 @@ def test_an_engine_that_stops_before_the_budget_and_exits_0_is_invalid(plan, tmp
     status, checks, _ = evaluate(plan, Exit(code=0), idle, tmp_path, resumed_from=1)
     assert status == "invalid" and not checks[[c.name for c in checks].index(
         "committed_updates")].ok
+
+
+def test_a_weights_file_is_judged_by_what_its_format_proves(tmp_path):
+    """Empty and cut-short safetensors or torch files are not whole; a file in a format the hub
+    cannot read (or too short to be a header at all) is not called broken."""
+    import torch
+    from safetensors.torch import save_file
+
+    from stateset_backend.runs.weights_files import problem
+
+    whole = tmp_path / "model.safetensors"
+    save_file({"w": torch.zeros(64)}, str(whole))
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(whole.read_bytes()[:-10])
+    into_header = tmp_path / "header.safetensors"
+    into_header.write_bytes(whole.read_bytes()[:20])
+    saved = tmp_path / "state.pt"
+    torch.save({"w": torch.zeros(64)}, saved)
+    cut_zip = tmp_path / "cut.pt"
+    cut_zip.write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    for path in (whole, saved, tmp_path / "junk.safetensors", tmp_path / "raw.bin",
+                 tmp_path / "notes.txt"):
+        if not path.exists():
+            path.write_bytes(b"weights" if path.suffix != ".txt" else b"")
+        assert problem(path) is None, path
+    assert problem(empty) == "empty (0 bytes)"
+    assert problem(cut).startswith("cut short: its header declares")
+    assert problem(into_header).startswith("cut short: its header alone needs")
+    assert problem(cut_zip).startswith("cut short: a torch.save zip archive")

@@ -300,3 +300,32 @@ def test_the_kit_holds_loss_types_to_what_grpo_trainer_implements(tmp_path, cls,
         assert result["state"] == "passed", result
     else:
         assert result["state"] == "failed" and says in result["reason"], result
+
+
+class CountsOptimizerSteps(plugin.TRLAdapter):
+    """Takes the updates an attempt committed from TRL's logged step, which counts optimizer
+    steps: right only while an update is one optimizer step."""
+
+    def collect(self, attempt_dir, ctx):
+        out = super().collect(attempt_dir, ctx)
+        log = attempt_dir / plugin.METRICS_FILE
+        if log.is_file():
+            steps = [json.loads(line).get("step", 0) for line in log.read_text().splitlines()
+                     if line.strip()]
+            out.committed_updates = max(steps, default=0)
+        return out
+
+
+@pytest.mark.parametrize("cls, says", [
+    (CountsOptimizerSteps, "committed_updates is 8, but the outputs show 4 updates"),
+    (AsShipped, None)])
+def test_the_kit_gives_an_update_several_optimizer_steps(tmp_path, cls, says):
+    from kit_runs import run_kit
+
+    report = run_kit(tmp_path, MISTAKE, cls, "::TestMistake",
+                     "collection and several_optimizer_steps")
+    (result,) = report["checks"]
+    if says is None:
+        assert result["state"] == "passed", result
+    else:
+        assert result["state"] == "failed" and says in result["reason"], result

@@ -147,7 +147,10 @@ def write_native(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, A
     if identity:
         info.update(run_id=ctx.run_id, experiment_digest=ctx.experiment_digest)
     (attempt / layout.RUN_INFO_FILE).write_text(json.dumps(info))
-    (attempt / layout.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    # one row per update, whatever its optimizer steps: the row carries no optimizer step
+    (attempt / layout.METRICS_FILE).write_text("".join(
+        json.dumps({k: v for k, v in r.items() if k != "optimizer_step"}) + "\n"
+        for r in metrics))
     if artifacts and checkpoint_step is not None:
         ckpt = attempt / layout.CHECKPOINTS_DIR / layout.checkpoint_name(checkpoint_step)
         ckpt.mkdir(parents=True)

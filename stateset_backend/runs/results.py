@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from stateset_backend.common.errors import InvalidInput
+from stateset_backend.runs import weights_files
 from stateset_backend.runs.quarantine import MARKER, describe
 from stateset_backend.runs.quarantine import read as read_marker
 
@@ -253,7 +254,7 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
              "no metrics were reported") if not collected.metrics else
             (f"non-finite: {', '.join(bad[:5])}" if bad else
              f"{len(collected.metrics)} rows, all finite"))
-        missing, escaping = [], []
+        missing, escaping, broken = [], [], []
         for art in collected.artifacts:
             path = attempt_dir / art.path
             rel = Path(art.path)
@@ -265,12 +266,16 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
             if not path.is_file():
                 missing.append(art.path)
                 continue
+            why = weights_files.problem(path)
+            if why is not None:
+                broken.append(f"{art.path} ({why})")
             artifacts.append(ArtifactRecord(path=art.path, kind=art.kind, step=art.step,
                                             bytes=path.stat().st_size,
                                             sha256=sha256_file(path)))
-        add("artifacts", bool(artifacts) and not missing and not escaping,
+        add("artifacts", bool(artifacts) and not missing and not escaping and not broken,
             f"refused: {', '.join(escaping[:5])}" if escaping else
             f"missing: {', '.join(missing[:5])}" if missing else
+            f"not whole: {', '.join(broken[:5])}" if broken else
             (f"{len(artifacts)} files hashed" if artifacts else "no artifacts were produced"))
     marker = read_marker(attempt_dir) if (attempt_dir / MARKER).exists() else None
     if marker is not None:  # the engine's state may be half-changed: distrust it first

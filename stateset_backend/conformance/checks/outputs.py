@@ -22,6 +22,7 @@ from stateset_backend.engines.adapter import RUN_DIR, CannotWrite, EngineAdapter
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.providers.local import Exit
 from stateset_backend.runs.results import evaluate
+from stateset_backend.runs.weights_files import WEIGHT_SUFFIXES
 
 
 class Writer(Protocol):
@@ -74,6 +75,14 @@ COLLECTION_CASES: dict[str, Case] = {c.name: c for c in (
     Case("rows_out_of_order", "succeeded", [HEALTHY[1], HEALTHY[0], HEALTHY[3], HEALTHY[2]]),
     Case("update_without_a_row", "succeeded", [*HEALTHY[:2], HEALTHY[3]]),
     Case("row_cut_by_a_crash", "succeeded", HEALTHY, after="cut_last_line"),
+    # an engine that takes two optimizer steps per update (mini-batches, epochs): each row
+    # carries the optimizer step the update ended at, and an engine that logs or saves by
+    # optimizer step writes that; still four updates, never eight
+    Case("several_optimizer_steps_per_update", "succeeded",
+         [dict(r, optimizer_step=2 * r["step"]) for r in HEALTHY]),
+    # weights an engine killed while saving leaves: listed, hashable, and not whole
+    Case("empty_weights", "invalid", HEALTHY, after="empty_weights"),
+    Case("weights_cut_short", "invalid", HEALTHY, after="cut_weights"),
 )}
 # the start of a row, as a process killed while writing it leaves it in a JSON-lines log
 CUT_ROW = '{"step": 5, "da'
@@ -87,6 +96,25 @@ def _cut_last_line(attempt: Path) -> int:
             out.write(CUT_ROW)
         cut += 1
     return cut
+
+
+def _break(path: Path, empty: bool) -> None:
+    """The weights file as a save cut off leaves it: nothing written yet, or a real file of
+    its format (safetensors, or torch.save's zip) stopped before its end."""
+    if empty:
+        path.write_bytes(b"")
+        return
+    import torch
+
+    tensors = {"weight": torch.zeros(256)}
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(path))
+    else:
+        torch.save(tensors, path)
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
 
 
 def _collect(adapter: EngineAdapter, attempt: Path, ctx: LaunchContext) -> Any:
@@ -114,6 +142,15 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
             raise CannotWrite("the engine writes no JSON-lines log to cut a row of")
         collected, error = _collect(adapter, attempt, ctx)
     else:
+        collected, error = _collect(adapter, attempt, ctx)
+    if case.after in ("empty_weights", "cut_weights"):
+        weights = [attempt / a.path for a in (collected.artifacts if collected else [])
+                   if Path(a.path).suffix in WEIGHT_SUFFIXES and (attempt / a.path).is_file()]
+        if not weights:
+            raise CannotWrite("the outputs list no weights file (.safetensors, .pt, .pth, "
+                              ".bin, .ckpt) to break")
+        for path in weights:
+            _break(path, empty=case.after == "empty_weights")
         collected, error = _collect(adapter, attempt, ctx)
     if case.after in ("remove_artifacts", "symlink_artifacts"):
         if collected is None or not collected.artifacts:

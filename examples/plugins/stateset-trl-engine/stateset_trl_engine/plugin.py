@@ -644,19 +644,24 @@ def write_outputs(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, 
     """TRL's outputs as the generated launch leaves them, from canonical rows, for the
     conformance kit: the identity file, the metrics log, checkpoints and final weights."""
     name = ctx.run_name if identity else "other-run." + "0" * 64
-    (attempt / IDENTITY_FILE).write_text(json.dumps({"run_name": name, "steps_per_update": 1}))
+    # TRL counts optimizer steps: the launch logs at every update's last one and names
+    # checkpoints by it, and records how many an update takes
+    steps = next((r["optimizer_step"] // r["step"] for r in metrics
+                  if "optimizer_step" in r and r["step"]), 1)
+    (attempt / IDENTITY_FILE).write_text(json.dumps({"run_name": name,
+                                                     "steps_per_update": steps}))
     with (attempt / METRICS_FILE).open("w") as out:
         for row in metrics:
             logs = {raw: row[key] for key, raw in METRICS.items() if key in row}
             validation = {k: v for k, v in row.items() if k.startswith("val/")}
             if logs or not validation:
-                out.write(json.dumps({"update": row["step"], "step": row["step"],
+                out.write(json.dumps({"update": row["step"], "step": row["step"] * steps,
                                       "logs": logs}) + "\n")
             if validation:
                 out.write(json.dumps({"update": row["step"], "validation": validation})
                           + "\n")
     if artifacts and checkpoint_step is not None:
-        step_dir = attempt / CHECKPOINTS / f"{CHECKPOINT_PREFIX}{checkpoint_step}"
+        step_dir = attempt / CHECKPOINTS / f"{CHECKPOINT_PREFIX}{checkpoint_step * steps}"
         step_dir.mkdir(parents=True)
         (step_dir / "model.safetensors").write_bytes(b"weights")
         (step_dir / CHECKPOINT_STATE).write_text(json.dumps({"update": checkpoint_step,
