@@ -4,6 +4,7 @@ key and what to fix."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,7 +13,7 @@ from stateset_echo_engine.plugin import EchoAdapter
 
 from stateset_backend.contracts.loader import Contract
 from stateset_backend.engines.adapter import Collected, NativeLaunch
-from stateset_backend.translate.rules import RuleSet, to
+from stateset_backend.translate.rules import RuleSet, carried, to
 
 
 class SetsNothingForALeaf(EchoAdapter):
@@ -66,6 +67,19 @@ class ClaimsRlooLaunchesGrpo(EchoAdapter):
                 "algorithm.objective": to("algorithm.objective", convert=lambda v: "grpo")}
 
 
+class CarriesTheLearningRate(EchoAdapter):
+    """Says the engine's own rate already is the spec's, for every rate (and, as an author
+    who believed it would, writes no expectation of the rate)."""
+
+    def rules(self, dialect) -> RuleSet:
+        return {**super().rules(dialect), "optim.lr": carried("the engine's own rate")}
+
+    def kit_support(self):
+        support = super().kit_support()
+        return dataclasses.replace(support, expectations=tuple(
+            e for e in support.expectations if e[0] != ("optim.lr",)))
+
+
 class CountsLogRows(EchoAdapter):
     def collect(self, attempt_dir, ctx) -> Collected:
         out = super().collect(attempt_dir, ctx)
@@ -97,6 +111,7 @@ class TestMistake(AdapterConformance):
     (ClaimsRlooLaunchesGrpo, "algorithm.objective: echo 1.2.0 reads 'grpo', but for this spec "
                              "it must read 'rloo'"),
     (CountsLogRows, "committed_updates is 5, but the outputs show 4 updates"),
+    (CarriesTheLearningRate, "optim.lr: planned at 1e-06 and 5e-07, the launch is the same"),
     (EchoAdapter, None)])
 def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):
     report = run_kit(tmp_path, MODULE, cls, "::TestMistake",

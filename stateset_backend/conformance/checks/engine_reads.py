@@ -229,9 +229,13 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
     full = spec.model_dump(mode="json")
     varied = 0
     for row in rows:
-        if row.state != "pinned" or not row.native or row.path.split(".")[0] in (
+        if row.state != "pinned" or row.path.split(".")[0] in (
                 "resources", "seed", "engine_options") or (only and not only(row.path)) or \
-                row.path in HELD_APART:
+                row.path in HELD_APART or row.hub_enforced:
+            continue
+        if not row.native:
+            varied += _check_carried_rule(adapter, version, origin, full, files, read, row,
+                                          spec)
             continue
         _carried(origin, row.path, row.native)
         plans = []
@@ -271,6 +275,33 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
                               "reads the launch, which its translation does not set")
         varied += 1
     return varied
+
+
+def _check_carried_rule(adapter: EngineAdapter, version: str, origin: LaunchPlan,
+                        full: dict[str, Any], files: SampleFiles,
+                        read: Callable[[LaunchPlan], dict[str, Any]], row: Any,
+                        spec: Any) -> int:
+    """A leaf its rule carries without an engine key (``carried``: the engine's own behaviour
+    already is the spec's) holds for this value only: planned at another value that is not
+    refused, the launch must change, or the engine runs two settings alike. Returns 1 when a
+    variant planned (the rule was moved), else 0."""
+    for value in _variants(row.value, row.path):
+        other = plan_or_none(adapter, version, with_leaf(full, row.path, value), files)
+        if other is None:
+            continue
+        if _moot(row.path, spec):
+            return 1
+        same = flatten(normalize_values(read(origin), origin)) == \
+            flatten(normalize_values(read(other), other))
+        if same and origin.files == other.files and _flat_native(origin)[0] == \
+                _flat_native(other)[0]:
+            raise CheckFailed(f"{row.path}: planned at {row.value!r} and {value!r}, the launch "
+                              "is the same: its rule carries the setting without an engine "
+                              f"key ({row.reason or 'carried'}), so the engine runs both "
+                              "alike; pin it, or refuse the values the engine does not "
+                              "already do")
+        return 1
+    return 0
 
 
 def _carried(plan: LaunchPlan, path: str, native: dict[str, Any]) -> None:
