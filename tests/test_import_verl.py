@@ -158,8 +158,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, cli_in_process):
     unknown.write_text("python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.lrr=1\n")
     grammar = tmp_path / "grammar.txt"
     grammar.write_text("data.train_batch_size=[1,\n")
+    unclosed = tmp_path / "unclosed.sh"
+    unclosed.write_text("python3 -m verl.trainer.main_ppo data.train_batch_size='8\n")
     for path, words in ((no_engine, "no verl command"), (unknown, "no such key"),
-                        (grammar, "")):
+                        (grammar, ""), (unclosed, "No closing quotation")):
         proc = cli_in_process("import", "verl", path, "--engine-version", "0.9.1")
         assert proc.returncode == 2, (path, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
@@ -196,3 +198,17 @@ def test_bash_arrays_and_conditions_read_as_the_shell_splits_them(tmp_path, cli_
     assert doc["spec"]["algorithm"]["group_size"] == 4
     assert {s["key"] for s in doc["settings"]} == {
         "algorithm.adv_estimator", "actor_rollout_ref.rollout.n", "data.train_batch_size"}
+
+
+def test_a_quote_inside_a_comment_opens_nothing(tmp_path, cli_in_process):
+    """``# it's`` is a comment to the shell, apostrophe and all."""
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/bash\noffload=false # it's a small model\n"
+                      "python3 -m verl.trainer.main_ppo \\\n"
+                      "  trainer.project_name='its' \\\n"
+                      "  actor_rollout_ref.actor.fsdp_config.param_offload=$offload  # why's\n")
+    proc = cli_in_process("import", "verl", script, "--engine-version", "0.9.1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    settings = {s["key"]: s["value"] for s in json.loads(proc.stdout)["settings"]}
+    assert settings["trainer.project_name"] == "its"
+    assert settings["actor_rollout_ref.actor.fsdp_config.param_offload"] is False

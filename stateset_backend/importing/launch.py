@@ -33,6 +33,7 @@ from stateset_backend.importing.engines import (
 from stateset_backend.importing.roundtrip import PLACEHOLDER_SHA256, plan_dropping, read_plan
 from stateset_backend.importing.solve import Solver, bare, native_of
 from stateset_backend.spec.content import sha256_file
+from stateset_backend.spec.model import MAX_COUNT as _MAX_UPDATES
 from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.translate.rules import _same, explain_rows
 
@@ -168,13 +169,15 @@ def _file_input(value: Any, base: Path, what: str, inputs: list[str]) -> tuple[s
         value = value[0]
     if not isinstance(value, str) or not value:
         return None
-    path = Path(value).expanduser()
+    home = _home(value)
+    path = Path(home).expanduser()
     path = path if path.is_absolute() else base / path
-    if "$" in value or not path.is_file():
+    if "$" in home or not path.is_file():
         inputs.append(f"{what}: {value} is not a file on this machine: its sha256 is a "
                       "placeholder (64 zeros); put the file there and re-run the import, or set "
-                      "the digest yourself (sha256sum)")
-        return value, PLACEHOLDER_SHA256
+                      "the digest yourself (sha256sum)" +
+                      (f" ($HOME read as {Path.home()}, as ~ is)" if home != value else ""))
+        return (str(Path(home).expanduser()) if home != value else value), PLACEHOLDER_SHA256
     inputs.append(f"{what}: {value} pinned by its sha256")
     return str(path), sha256_file(path)
 
@@ -279,22 +282,23 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
     said = frozenset(k for k, v in launch.settings.items()
                      if k not in defaults or not _same(v, defaults[k]))
     solver = Solver(rules, dialect, engine, effective, said,
-                    adapter.contract.provided(parse_version(version)))
+                    adapter.contract.provided(parse_version(version)),
+                    frozenset(launch.settings) - said)
     inputs: list[str] = []
     named = next((v for k, v in launch.settings.items() if k.endswith("project_name") and
                   isinstance(v, str) and v), None)  # the engine's own name for the experiment
     doc = starting_spec(engine, launch, solver, path.resolve().parent, named or path.stem,
                         inputs)
     with entry.guard("solving the spec"):
-        spec = solver.solve(doc)
+        spec = _inputs_kept(solver.solve(doc), doc, launch.settings)
         spec = _drop_unused_validation(spec, inputs)
         counted = _updates_from_passes({**defaults, **launch.settings},
                                        spec.budget.prompts_per_update,
-                                       _rows(spec, path.resolve().parent))
+                                       _rows(spec, path.resolve().parent), launch.settings)
         if counted is not None and counted != spec.budget.total_updates:
             doc = spec.model_dump(mode="json")
             doc["budget"]["total_updates"] = counted
-            spec = solver.solve(doc)
+            spec = _inputs_kept(solver.solve(doc), doc, launch.settings)
     rows = explain_rows(spec, rules, dialect, engine)
     mapped = {bare(k): row.path for row in rows for k in flatten(
         {kk: vv for kk, vv in row.native.items()})}
@@ -373,11 +377,12 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
         if not same and any(key.startswith(section + ".") for section in registry):
             setting.fate, setting.reason = "not_expressible", _registry_reason(
                 key, value, registry, engine)
-        # only the run's own names and folders are the hub's: names and paths that carry the
-        # run's id or folder, or that the adapter holds for the run's outputs
-        setting.hub_owned = not same and isinstance(got, str) and (
-            plan.run_id in got or "{run_dir}" in got or
-            (src is None and key in read and _OWNED in setting.reason))
+        # only the run's names, folders and loggers are the hub's: values that carry the run's
+        # id or folder, and names the adapter holds for the run's identity and outputs (a
+        # count or a switch it holds is the experiment's, and counts as a miss)
+        setting.hub_owned = not same and src is None and (
+            (isinstance(got, str) and (plan.run_id in got or "{run_dir}" in got)) or
+            (key in read and _OWNED in setting.reason and _textual(got) and _textual(value)))
         imported.settings.append(setting)
     # beyond what the launch sets: every key the release reads, launch and plan alike
     keys = [k for k in effective if k in planned]
@@ -455,6 +460,26 @@ def _registry_reason(key: str, value: Any, registry: dict[str, str], engine: str
             "replaces: write the split's rows as this option would give them")
 
 
+def _textual(value: Any) -> bool:
+    """A name, a path or a list of them (loggers), never a count or a switch."""
+    return isinstance(value, str) or (isinstance(value, list) and all(
+        isinstance(item, str) for item in value))
+
+
+def _inputs_kept(spec: ExperimentSpec, start: dict[str, Any],
+                 settings: dict[str, Any]) -> ExperimentSpec:
+    """A split's file as the import resolved it (``$HOME`` read as ``~``): the solver, which
+    proposes the launch's own words, would put the word back as written."""
+    doc = spec.model_dump(mode="json")
+    changed = False
+    for name in ("train", "validation"):
+        mine, first = doc["data"].get(name), start["data"].get(name)
+        if mine and first and mine["uri"] != first["uri"] and _home(mine["uri"]) != \
+                mine["uri"] and mine["uri"] in [str(v) for v in settings.values()]:
+            mine["uri"], changed = first["uri"], True
+    return ExperimentSpec.model_validate(doc) if changed else spec
+
+
 def _drop_unused_validation(spec: ExperimentSpec, inputs: list[str]) -> ExperimentSpec:
     split = spec.data.validation
     if split is None or split.uri != VALIDATION_PLACEHOLDER or \
@@ -479,16 +504,19 @@ def _rows(spec: ExperimentSpec, base: Path) -> int | None:
         return None
 
 
-def _updates_from_passes(settings: dict[str, Any], prompts: int,
-                         rows: int | None) -> int | None:
+def _updates_from_passes(settings: dict[str, Any], prompts: int, rows: int | None,
+                         given: dict[str, Any]) -> int | None:
     """An engine without a step limit (OpenRLHF) runs passes over the rows it keeps; the
     launch's updates are passes times rows kept over the prompts per update, which is how the
     hub's launch sizes them (and the round trip checks it)."""
     passes = next((v for k, v in settings.items() if k.endswith("num_episodes")), None)
     kept = next((v for k, v in settings.items() if k.endswith("max_samples")), None)
+    if rows is None and not any(k.endswith("max_samples") for k in given):
+        return None  # the data's rows decide, and they are not on this machine
     if rows is not None and isinstance(kept, int):
         kept = min(kept, rows)
-    if isinstance(passes, int) and isinstance(kept, int) and prompts and kept >= prompts:
+    if isinstance(passes, int) and isinstance(kept, int) and prompts and kept >= prompts and \
+            passes * (kept // prompts) <= _MAX_UPDATES:
         return int(passes * (kept // prompts))
     return None
 
@@ -506,11 +534,22 @@ def _same_input(src: str | None, value: Any, got: Any, base: Path, spec: dict[st
     if isinstance(got, str) and got in stand_ins:
         return ("not on this machine: the round trip planned a stand-in split of the rows the "
                 "launch keeps")
-    if isinstance(value, str) and isinstance(got, str) and "$" not in value and \
-            Path(got).is_file() and (base / Path(value).expanduser()).resolve() == \
-            Path(got).resolve():
-        return "the same file, named by its absolute path"
+    if isinstance(value, list) and len(value) == 1:  # the engine reads one file or a list
+        value = value[0]
+    if isinstance(value, str) and isinstance(got, str) and "$" not in _home(value) and \
+            (base / Path(_home(value)).expanduser()).resolve() == Path(got).resolve():
+        return "the same file, named by its absolute path" if Path(got).is_file() else \
+            "the same path (the file is not on this machine: see inputs)"
     return None
+
+
+def _home(value: str) -> str:
+    """``$HOME/...`` as ``~/...``: the shell gives both the home of the user who runs the
+    launch, and the import reads ``~`` as this user's."""
+    for prefix in ("$HOME/", "${HOME}/"):
+        if value.startswith(prefix):
+            return "~/" + value[len(prefix):]
+    return value
 
 
 def _why_not(key: str, value: Any, got: Any, src: str | None, rows: Any, engine: str,
@@ -519,6 +558,10 @@ def _why_not(key: str, value: Any, got: Any, src: str | None, rows: Any, engine:
         return (f"holds a shell variable the import does not expand: {src} keeps "
                 f"{value!r} as written, which the plan reads relative to the spec's folder; "
                 "write the real path there")
+    if src in ("data.train.uri", "data.validation.uri") and isinstance(value, list) and \
+            len(value) > 1:
+        return (f"the launch reads {len(value)} files as one split, a spec split is one file: "
+                f"{src} names the first (join the others into it; see inputs)")
     if src in _LIMITS:
         return (f"{src} translates to {key}={got!r}: a spec's prompt and response limits are "
                 f"separate (the sequence limit is their sum), while the launch's {value!r} "

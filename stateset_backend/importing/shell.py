@@ -14,6 +14,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from stateset_backend.common.errors import InvalidInput
+
 _SHELL_WORDS = frozenset({"set", "export", "unset", "cd", "echo", "source", ".", "exec",
                           "nohup", "env", "time", "mkdir", "rm"})
 
@@ -107,17 +109,55 @@ class _Expander:
         return "".join(out)
 
 
+def _without_comments(text: str) -> str:
+    """The script without its comments: a ``#`` that starts a word, outside quotes, to the end
+    of its line. Taken out before splitting, so a quote inside a comment (``# it's``) opens
+    nothing, while ``$#``, ``${X#y}`` and a quoted ``#`` stay."""
+    out: list[str] = []
+    quote: str | None = None
+    start = True  # at the start of a word
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if quote is not None:
+            if char == "\\" and quote == '"' and i + 1 < len(text):
+                out.append(text[i:i + 2])
+                i += 2
+                continue
+            quote = None if char == quote else quote
+        elif char == "\\" and i + 1 < len(text):
+            out.append(text[i:i + 2])
+            i, start = i + 2, False
+            continue
+        elif char in "'\"":
+            quote, start = char, False
+        elif char == "#" and start:
+            end = text.find("\n", i)
+            i = len(text) if end < 0 else end
+            continue
+        else:
+            start = char in " \t\r\n;&|()"
+        out.append(char)
+        i += 1
+    return "".join(out)
+
+
 def _tokens(text: str) -> list[str]:
     """The script's words and separators. A backslash-newline joins lines as the shell does,
     a word opening with ``#`` starts a comment, and ``$(`` ... ``)`` comes back as one word
     (its nesting kept), which the caller reports instead of running."""
-    lexer = shlex.shlex(text.replace("\\\r\n", " ").replace("\\\n", " "), posix=True,
-                        punctuation_chars=";&|()\n")
+    lexer = shlex.shlex(_without_comments(text).replace("\\\r\n", " ").replace("\\\n", " "),
+                        posix=True, punctuation_chars=";&|()\n")
     lexer.whitespace = " \t\r"
     lexer.whitespace_split = True
     lexer.commenters = ""
     raw: list[str] = []
-    for token in lexer:  # shlex joins neighbouring punctuation ("(\n", ");"): split it
+    try:
+        tokens = list(lexer)
+    except ValueError as exc:  # an unclosed quote: the shell would refuse the script too
+        raise InvalidInput(f"the script cannot be split as the shell splits it ({exc})") \
+            from None
+    for token in tokens:  # shlex joins neighbouring punctuation ("(\n", ");"): split it
         if token and all(c in ";&|\n()" for c in token):
             for char in token:
                 if char in "()":

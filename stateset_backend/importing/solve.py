@@ -13,6 +13,7 @@ screen names it.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import types
 import typing
@@ -27,7 +28,7 @@ from stateset_backend.common.jsonio import flatten
 from stateset_backend.contracts.capabilities import required_capabilities
 from stateset_backend.contracts.loader import Dialect
 from stateset_backend.spec.model import OBJECTIVE_DEFAULTS, ExperimentSpec
-from stateset_backend.spec.modeltree import leaves, model_in
+from stateset_backend.spec.modeltree import all_leaf_paths, leaves, model_in
 from stateset_backend.translate.rules import (
     CORE_HANDLED,
     FieldRow,
@@ -43,6 +44,7 @@ _NOT_SOLVED = (*CORE_HANDLED, "name", "model.revision", "data.train.sha256",
                "model.from_run")
 _MAX_PASSES = 5
 _GIVEN_WEIGHT = 10.0
+_WRITTEN_WEIGHT = 2.0
 # Spec leaves whose numbers other rules convert between units (prompts, samples, GPUs).
 _UNITS = ("budget.prompts_per_update", "algorithm.group_size", "budget.mini_batches",
           "budget.ppo_epochs", "budget.total_updates", "resources.gpus_per_node",
@@ -76,6 +78,7 @@ class Solver:
     effective: dict[str, Any]  # every key the engine reads: its default, or the launch's value
     given: frozenset[str] = frozenset()  # the keys the launch itself sets
     provided: frozenset[str] | None = None  # the release's capabilities, where known
+    written: frozenset[str] = frozenset()  # keys the launch restates at the release's default
 
     def __post_init__(self) -> None:
         self._inert_keys: dict[str, bool] = {}
@@ -123,7 +126,9 @@ class Solver:
         for key, value in native_of(rows).items():
             if key in self.effective and not _placeholder(value) and not self._inert(key):
                 # what the launch says outweighs what it leaves to the release's defaults
-                weight = _GIVEN_WEIGHT if key in self.given else 1.0
+                # and a default it restates outweighs one it leaves unsaid
+                weight = _GIVEN_WEIGHT if key in self.given else \
+                    _WRITTEN_WEIGHT if key in self.written else 1.0
                 total += weight if _same(value, self.effective[key]) else -weight
         return total
 
@@ -155,7 +160,7 @@ class Solver:
         leaves mean (switching a section on, another objective) is judged after a pass over
         the leaves it governs, since alone it rarely scores better."""
         changed = False
-        for path, value in list(leaves(spec)):
+        for path, value in [*leaves(spec), *_switched_on(spec)]:
             if _skip(path) or not path.startswith(prefix):
                 continue
             for candidate, trial in self._trials(spec, path, value):
@@ -172,9 +177,10 @@ class Solver:
     def _explains(self, spec: ExperimentSpec, path: str) -> bool:
         """Whether the leaf's own translation sets some key to what the engine reads: only
         then is re-solving the leaves it governs worth its cost."""
-        row = next((r for r in self.rows(spec) or [] if r.path == path), None)
-        if row is None:
-            return False
+        rows = self.rows(spec) or []
+        row = next((r for r in rows if r.path == path), None)
+        if row is None:  # a section switched on: its own leaves are the rows
+            return any(r.path.startswith(path + ".") for r in rows)
         if not row.native:
             return True  # a section switched on may set nothing itself
         flat = flatten({bare(k): v for k, v in row.native.items()})
@@ -274,6 +280,25 @@ def _governed(path: str, old: Any, new: Any) -> tuple[str, ...]:
     if path in _UNITS:  # the others are counted in this one's units
         return tuple(p for p in _UNITS if p != path)
     return ()
+
+
+@functools.cache
+def _optional_sections() -> tuple[str, ...]:
+    return tuple(p for p in all_leaf_paths(ExperimentSpec) if not p.startswith("data.") and
+                 model_in(annotation_at(p)) is not None and
+                 type(None) in _unwrap(annotation_at(p)))
+
+
+def _switched_on(spec: ExperimentSpec) -> list[tuple[str, Any]]:
+    """The optional sections the spec holds, each a move of its own (switching it off): a
+    section is no leaf once set, and a launch that reads nothing of it (verl's PPO recipes
+    without KL) is the spec without it. The data's splits are the import's inputs."""
+    out: list[tuple[str, Any]] = []
+    for path in _optional_sections():
+        value = _leaf(spec, path)
+        if isinstance(value, BaseModel):
+            out.append((path, value.model_dump(mode="json")))
+    return out
 
 
 def _placeholder(value: Any) -> bool:
