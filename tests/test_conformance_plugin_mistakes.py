@@ -80,6 +80,15 @@ class CarriesTheLearningRate(EchoAdapter):
             e for e in support.expectations if e[0] != ("optim.lr",)))
 
 
+class LeavesTheTemperatureToTheEngine(EchoAdapter):
+    """Says the engine's own sampling temperature is the spec's, so the launch never sets
+    it and the engine samples at whatever its release defaults to."""
+
+    def rules(self, dialect) -> RuleSet:
+        return {**super().rules(dialect),
+                "rollout.temperature": carried("the engine samples at the spec's temperature")}
+
+
 class CountsLogRows(EchoAdapter):
     def collect(self, attempt_dir, ctx) -> Collected:
         out = super().collect(attempt_dir, ctx)
@@ -122,3 +131,17 @@ def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):
         assert report["counts"]["passed"] > 50
     else:
         assert any(says in reason for reason in failed), failed or report["checks"]
+
+
+@pytest.mark.parametrize("cls, says", [
+    (LeavesTheTemperatureToTheEngine,
+     "1 engine keys that change the math are left at echo 1.2.0's default by the launches "
+     "that read them: rollout.temperature"),
+    (EchoAdapter, None)])
+def test_a_math_default_left_to_the_engine_fails(tmp_path, cls, says):
+    report = run_kit(tmp_path, MODULE, cls, "::TestMistake", "math_defaults")
+    (result,) = report["checks"]
+    if says is None:
+        assert result["state"] == "passed", result
+    else:
+        assert result["state"] == "failed" and says in result["reason"], result

@@ -36,6 +36,8 @@ Every check is derived from the adapter's contract, never hand-written per engin
   ``engine_options`` keys cannot reach a key the launch sets, in any spelling, nor name
   anything outside the engine's own configuration (Hydra's namespace, an edit prefix, an
   environment variable, an abbreviated flag, a key the release's surface lacks);
+- every engine key whose release default changes the math (the kit's list for a built-in
+  engine, ``KitSupport.math_keys`` for a plugin) is set by every launch it matters to;
 - every number a declared deviation states (a clamp, an epsilon, a floor) is the one the
   release's own code gives, measured from the release when its surface was generated;
 - collection: healthy outputs are ``succeeded``; NaN, Infinity and string metrics, missing or
@@ -388,6 +390,45 @@ class AdapterConformance(KitFixtures):
                     checks.check_expected(adapter, plan, read, known)
                 except (CheckFailed, readers.LaunchUnreadable) as exc:
                     raise CheckFailed(f"deviation {name!r}: {exc}") from None
+
+    def test_math_defaults_are_pinned(self, adapter: EngineAdapter, engine_version: str,
+                                      sample_files: SampleFiles) -> None:
+        """Every engine key whose release default changes the math or the budget (the kit's
+        list for a built-in engine, written from the engine's code; ``KitSupport.math_keys``
+        for a plugin) is set by every claimed sample's launch it matters to: a key left at
+        the release's default changes the experiment when a release changes its default."""
+        self._version(adapter, engine_version)
+        from stateset_backend.conformance.math_keys import math_keys_of, unset_math_keys
+        from stateset_backend.contracts.surfaces import surface
+
+        if adapter.name == "native":
+            pytest.skip("the native engine's launch is the spec itself")
+        support = adapter.kit_support()
+        known = surface(adapter.name, engine_version) or support.surface
+        if known is None:
+            unverified("no configuration surface: give KitSupport.surface, so the kit knows "
+                       "the release's keys and defaults (docs/plugins.md)")
+        assert known is not None
+        options = known["options"]
+        keys = math_keys_of(adapter.name, options, support.math_keys)
+        if not keys:
+            unverified("no list of the engine keys whose defaults change the math: give "
+                       "KitSupport.math_keys, written from the engine's own code "
+                       "(docs/plugins.md)")
+        left: dict[str, list[str]] = {}
+        for sample, plan in self._claimed(adapter, engine_version, sample_files):
+            launch = {k.lstrip("+"): v for k, v in flatten(plan.native).items()}
+            unread = {k.lstrip("+") for k in plan.unread_defaults}
+            for key in unset_math_keys(keys, launch, options, unread):
+                left.setdefault(key, []).append(sample.capability)
+        if left:
+            shown = "; ".join(f"{key} (at {options[key].get('default')!r}, in "
+                              f"{', '.join(caps[:3])}{', ...' if len(caps) > 3 else ''})"
+                              for key, caps in sorted(left.items())[:8])
+            pytest.fail(f"{len(left)} engine keys that change the math are left at "
+                        f"{adapter.name} {engine_version}'s default by the launches that "
+                        f"read them: {shown}; set each in the launch and record the "
+                        "release's default in the dialect", pytrace=False)
 
     def test_declared_quantities_are_the_engines(self, adapter: EngineAdapter,
                                                  engine_version: str) -> None:

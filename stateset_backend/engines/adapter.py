@@ -141,7 +141,11 @@ class KitSupport:
     for this spec); a key none names is ``unverified``. ``quantities`` names, for each
     deviation that states a number, the quantity of the release's surface (its
     ``"quantities"``, measured from the release's own code) that number must equal; a
-    deviation stating a number none names is ``unverified``.
+    deviation stating a number none names is ``unverified``. ``math_keys`` lists the engine
+    keys whose release defaults change the math or the budget (a key, or ``(key, switch,
+    value)`` for one read only where ``switch`` has ``value``), written from the engine's own
+    code: every launch must set each that matters to it; without them the check is
+    ``unverified``.
     """
 
     write_outputs: Any = None
@@ -153,6 +157,7 @@ class KitSupport:
     engine_stub: dict[str, str] | None = None
     expectations: tuple[tuple[tuple[str, ...], Any], ...] = ()
     quantities: dict[str, str] = field(default_factory=dict)
+    math_keys: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)

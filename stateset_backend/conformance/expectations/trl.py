@@ -184,6 +184,8 @@ TRL: list[tuple[tuple[str, ...], Expect]] = [
     (("use_vllm",), rl(lambda s: s.rollout.backend == "vllm")),
     (("use_transformers_continuous_batching",), rl(lambda s: False)),
     # the model's own dropout and head precision, as its config has them
+    # NEFTune adds noise to the embeddings in every training forward: not the spec's model
+    (("neftune_noise_alpha",), rl(lambda s: OFF)),
     (("disable_dropout",), rl(lambda s: False)),
     (("cast_lm_head_to_fp32",), rl(lambda s: False)),
     (("shuffle_dataset",), rl(lambda s: s.data.shuffle)),

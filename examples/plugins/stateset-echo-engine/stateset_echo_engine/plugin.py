@@ -45,7 +45,7 @@ class EchoAdapter(EngineAdapter):
     def kit_support(self) -> KitSupport:
         return KitSupport(write_outputs=write_outputs, parse_launch=read_launch,
                           surface=surface(), engine_stub=ENGINE_STUB,
-                          expectations=EXPECTATIONS)
+                          expectations=EXPECTATIONS, math_keys=MATH_KEYS)
 
     def render(self, translation: Translation, spec: ExperimentSpec,
                ctx: LaunchContext) -> NativeLaunch:
@@ -75,6 +75,11 @@ class EchoAdapter(EngineAdapter):
         if (attempt_dir / "weights.bin").is_file():
             out.artifacts.append(Artifact("weights.bin", "model", out.committed_updates))
         return out
+
+
+# what the echo engine's run depends on, whatever else it records: every launch sets them
+MATH_KEYS = ("--updates", "seed", "optim.lr", "algorithm.group_size",
+             "budget.prompts_per_update", "rollout.temperature")
 
 
 def _setting(path: str):

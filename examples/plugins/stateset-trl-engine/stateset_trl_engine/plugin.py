@@ -695,6 +695,7 @@ class TRLAdapter(EngineAdapter):
             SFT if plan.spec["algorithm"]["objective"] == SUPERVISED else "") + "hub_model_id",
                           parse_launch=read_launch, surface=grpo_surface(), engine_stub=STUB,
                           quantities={"group_std_plus_1e-4": "group_std_epsilon"},
+                          math_keys=MATH_KEYS,
                           unsupported={
             "loss_agg:seq_mean_token_sum": "TRL sums tokens per sequence (luspo) only with "
                                            "GSPO's sequence ratios; the kit's sample uses "
@@ -980,6 +981,24 @@ def read_launch(plan: Any) -> dict[str, Any]:
         config = {SFT + key: value for key, value in config.items()}
     return {**config, **_launch_keys(settings["launch"])}
 
+
+# GRPOConfig and TrainingArguments fields whose defaults change the experiment (read by
+# GRPOTrainer's loss, sampling and advantages, and by Trainer's optimizer, scheduler and
+# NEFTune hook), and SFTConfig's for SFTTrainer, which also runs Trainer's label smoother:
+# the kit requires every launch of that trainer to set each one
+_TRAINER_MATH = ("learning_rate", "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay",
+                 "max_grad_norm", "lr_scheduler_type", "warmup_steps", "warmup_ratio",
+                 "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
+                 "seed", "neftune_noise_alpha")
+_GRPO_MATH = ("num_generations", "max_completion_length", "temperature", "top_p", "top_k",
+              "repetition_penalty", "beta", "epsilon", "epsilon_high", "loss_type",
+              "scale_rewards", "importance_sampling_level", "num_iterations",
+              "steps_per_generation", "mask_truncated_completions", "shuffle_dataset")
+MATH_KEYS: tuple[Any, ...] = (
+    *((key, "num_generations", ...) for key in (*_TRAINER_MATH, *_GRPO_MATH)),
+    *((SFT + key, SFT + "completion_only_loss", ...)
+      for key in (*_TRAINER_MATH, "label_smoothing_factor", "loss_type", "shuffle_dataset")),
+)
 
 # GRPOConfig's string settings whose values GRPOTrainer dispatches on
 DISPATCHED = ("loss_type", "importance_sampling_level", "scale_rewards")
