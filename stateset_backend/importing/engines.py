@@ -68,12 +68,14 @@ def _verl_entry(word: str) -> bool:
 
 
 def read_hydra(engine: str, words: list[str], version: str,
-               reader: Callable[[Any], dict[str, Any]]) -> Launch:
+               reader: Callable[[Any], dict[str, Any]], trusted: int = 0) -> Launch:
     """Each override through the engine's reader alone (which key it sets), then all of them
-    together (the values the engine reads, interpolations resolved)."""
+    together (the values the engine reads, interpolations resolved). The first ``trusted``
+    words are the release's own config, written by the hub from its surface: they are only
+    composed."""
     launch = Launch(engine, version, {}, {})
-    kept: list[str] = []
-    for word in words:
+    kept: list[str] = list(words[:trusted])
+    for word in words[trusted:]:
         if word.startswith("-"):
             launch.refused[word] = ("a Hydra command-line flag: the import reads the release's "
                                     "own config, composed as the hub launches it")
@@ -94,8 +96,10 @@ def read_hydra(engine: str, words: list[str], version: str,
         except readers.LaunchUnreadable:  # alone it may interpolate another override
             keys = {word.split("=", 1)[0].lstrip("+"): None}
         except Exception as exc:  # OmegaConf's own errors, for one word
-            launch.refused[word] = f"{engine}'s config parser refuses it: {exc}"
-            continue
+            if not _interpolates(exc):
+                launch.refused[word] = f"{engine}'s config parser refuses it: {exc}"
+                continue
+            keys = {word.split("=", 1)[0].lstrip("+"): None}
         if not word.startswith("+"):
             _known(engine, version, word.split("=", 1)[0])
         for key in keys:
@@ -110,6 +114,16 @@ def read_hydra(engine: str, words: list[str], version: str,
     for key in launch.settings:
         launch.words.setdefault(key, key)
     return launch
+
+
+def _interpolates(exc: Exception) -> bool:
+    """OmegaConf failing to resolve one word read alone: it names keys the other words set
+    (NeMo RL's ``${mul:${policy...}}``), and the words read together decide."""
+    try:
+        from omegaconf.errors import InterpolationResolutionError
+    except ImportError:
+        return False
+    return isinstance(exc, InterpolationResolutionError)
 
 
 def _known(engine: str, version: str, key: str) -> None:
@@ -186,11 +200,13 @@ def read_nemo_rl(text: str, version: str, source: str,
         launch.notes.append(f"defaults: {len(files) - 1} parent config(s) merged under "
                             f"{Path(source).name}, as NeMo RL merges them")
     # a config file merges (new keys are added); only command-line overrides are checked
-    words = [*_base_words(version),
+    base = _base_words(version)
+    words = [*base,
              *(f"{'' if has_key('nemo-rl', version, k) else '+'}{k}={_hydra_value(v)}"
                for k, v in own.items())]
     given = [*own, *(w.split("=", 1)[0].lstrip("+~") for w in overrides or [])]
-    full = read_hydra("nemo-rl", [*words, *(overrides or [])], version, _nemo_reader)
+    full = read_hydra("nemo-rl", [*words, *(overrides or [])], version, _nemo_reader,
+                      trusted=len(base))
     launch.refused = {w: r for w, r in full.refused.items() if w in (overrides or [])}
     launch.settings = {k: v for k, v in full.settings.items()
                        if any(k == g or k.startswith(g + ".") for g in given)}
