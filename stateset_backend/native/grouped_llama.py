@@ -124,6 +124,31 @@ class _Layer:
                       getattr(mlp.act_fn, "forward", mlp.act_fn))
 
 
+@dataclass(frozen=True)
+class Joined:
+    """A layer's projections that read the same input, as one matrix each (GroupedLlama.joined):
+    built for one no-gradient call from the parameters as they are then."""
+
+    qkv: tuple[Tensor, Tensor | None]
+    qkv_sizes: tuple[int, int, int]
+    gate_up: tuple[Tensor, Tensor | None]
+
+    @staticmethod
+    def of(layer: _Layer) -> Joined:
+        def cat(*parts: tuple[Tensor, Tensor | None]) -> tuple[Tensor, Tensor | None]:
+            biases = [b for _, b in parts]
+            if any(b is None for b in biases) and any(b is not None for b in biases):
+                # one projection with a bias, one without: the missing bias is zero
+                biases = [b if b is not None else w.new_zeros(w.shape[0])
+                          for (w, _), b in zip(parts, biases, strict=True)]
+            bias = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
+            return torch.cat([w for w, _ in parts]), bias
+
+        return Joined(cat(layer.q, layer.k, layer.v),
+                       (layer.q[0].shape[0], layer.k[0].shape[0], layer.v[0].shape[0]),
+                       cat(layer.gate, layer.up))
+
+
 def _as(x: Tensor, dtype: torch.dtype) -> Tensor:
     """``x.to(dtype)``, without the operator call where ``x`` already has it (the call then
     returns ``x`` itself, but costs a dispatch: a tenth of a small model's operators were
@@ -203,18 +228,40 @@ class GroupedLlama:
     def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
-    def _qkv(self, layer: _Layer, x: Tensor, cos: Tensor,
-             sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _qkv(self, layer: _Layer, x: Tensor, cos: Tensor, sin: Tensor,
+             joined: Joined | None = None) -> tuple[Tensor, Tensor, Tensor]:
         b, t, _ = x.shape
-        q = F.linear(x, *layer.q).view(b, t, -1, self.head_dim).transpose(1, 2)
-        k = F.linear(x, *layer.k).view(b, t, -1, self.head_dim).transpose(1, 2)
-        v = F.linear(x, *layer.v).view(b, t, -1, self.head_dim).transpose(1, 2)
+        if joined is None:
+            q = F.linear(x, *layer.q)
+            k = F.linear(x, *layer.k)
+            v = F.linear(x, *layer.v)
+        else:
+            q, k, v = F.linear(x, *joined.qkv).split(joined.qkv_sizes, dim=-1)
+        q = q.view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, -1, self.head_dim).transpose(1, 2)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
 
     @staticmethod
-    def _mlp(layer: _Layer, x: Tensor) -> Tensor:
-        return F.linear(layer.act(F.linear(x, *layer.gate)) * F.linear(x, *layer.up),
-                        *layer.down)
+    def _mlp(layer: _Layer, x: Tensor, joined: Joined | None = None) -> Tensor:
+        if joined is None:
+            gate, up = F.linear(x, *layer.gate), F.linear(x, *layer.up)
+        else:
+            gate, up = F.linear(x, *joined.gate_up).chunk(2, dim=-1)
+        return F.linear(layer.act(gate) * up, *layer.down)
+
+    def joined(self) -> list[Joined] | None:
+        """Each layer's query, key and value weights as one matrix, and its gate and up
+        weights as another, where no gradient is taken (sampling, the KL reference).
+
+        One product then does the work of three (and of two) at every token step: each
+        output column is the same dot product over the same inputs, so the numbers are the
+        ones the separate products give, bit for bit (the tests compare them). With a
+        gradient the separate products stay: the joined one would sum the input's gradient
+        in one product instead of three, in another order, and round differently."""
+        if torch.is_grad_enabled():
+            return None
+        return [Joined.of(layer) for layer in self.layers]
 
     def _embed(self, ids: Tensor) -> Tensor:
         weight, padding_idx = self.embed
@@ -228,9 +275,11 @@ class GroupedLlama:
         return self.logits(prompt.last_hidden).repeat_interleave(group_size, dim=0)
 
     # -- prompts: once per group -----------------------------------------------------------
-    def encode_prompts(self, ids: Tensor, mask: Tensor, positions: Tensor) -> PromptKeys:
+    def encode_prompts(self, ids: Tensor, mask: Tensor, positions: Tensor,
+                       joined: list[Joined] | None = None) -> PromptKeys:
         """Run the distinct prompts ([G, P], left-padded, with their token positions) and keep
-        their keys and values."""
+        their keys and values. ``joined``: the layers' joined projections (``joined()``),
+        where no gradient is taken."""
         real = mask.bool()
         p = ids.shape[1]
         causal = torch.ones(p, p, dtype=torch.bool, device=ids.device).tril()
@@ -241,51 +290,79 @@ class GroupedLlama:
         x = self._embed(ids)
         cos, sin = self._rope(positions, x.dtype)
         keys, values = [], []
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             h = _rms(x, layer.norm_in)
-            q, k, v = self._qkv(layer, h, cos, sin)
+            q, k, v = self._qkv(layer, h, cos, sin, joined[i] if joined else None)
             keys.append(k)
             values.append(v)
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=allowed, scale=self.scaling, enable_gqa=self.rep > 1)
             x = x + F.linear(out.transpose(1, 2).reshape(*x.shape[:2], -1), *layer.o)
-            x = x + self._mlp(layer, _rms(x, layer.norm_post))
+            x = x + self._mlp(layer, _rms(x, layer.norm_post), joined[i] if joined else None)
         bias = torch.zeros(real.shape, dtype=torch.float32, device=ids.device)
         bias = bias.masked_fill(~real, float("-inf"))[:, None, None, :]
         return PromptKeys(keys, values, bias, x[:, -1])
 
     # -- responses: each attends to its group's prompt in place ---------------------------
     def extend(self, prompt: PromptKeys, group_size: int, tokens: Tensor, positions: Tensor,
-               cache: list[tuple[Tensor, Tensor]] | None = None, past_len: int = 0) -> Tensor:
+               cache: list[tuple[Tensor, Tensor]] | None = None, past_len: int = 0, *,
+               rope: tuple[Tensor, Tensor] | None = None,
+               joined: list[Joined] | None = None, groups: Tensor | None = None,
+               live: Tensor | None = None) -> Tensor:
         """Hidden states of ``tokens`` ([G*S, T], rows grouped as the prompts are).
 
         Each token attends to its group's prompt, its own earlier response tokens and itself,
         causally. Sampling passes ``cache`` (new_cache: per layer, key and value buffers
         holding ``past_len`` response tokens): this call's keys and values are written into
         it in place, so a long completion never re-copies what it has generated; the learner
-        passes none and runs the whole response at once, with gradients.
+        passes none and runs the whole response at once, with gradients. Sampling also passes
+        ``rope``, the rotary (cos, sin) of ``positions`` taken from a table built once per
+        rollout (``rope_table``), and ``joined`` (``joined()``): per token step, each is a
+        handful of operators fewer, for the same numbers. The learner may pass ``groups``,
+        each row's group, for rows that are not whole groups in order (a subset of similar
+        response lengths, rollout's packing): each row then reads its group's prompt keys
+        through the fused kernel. Sampling may pass ``live``, the rows still generating, in
+        the order the cache holds them (the cache then holds only those rows: rollout's
+        decoder drops the finished ones from it). Their numbers are the ones every row gets
+        without it (each row's products, softmax and sums are its own); a finished row's
+        hidden state is then of no meaning, and its tokens are padding anyway.
         """
         n, t = tokens.shape
         g = n // group_size
         x = self._embed(tokens)
-        cos, sin = self._rope(positions, x.dtype)
-        own_causal = torch.ones(t, past_len + t, dtype=torch.bool,
-                                device=tokens.device).tril(past_len)
-        own_bias = torch.zeros(own_causal.shape, dtype=torch.float32, device=tokens.device)
-        own_bias = own_bias.masked_fill(~own_causal, float("-inf"))
+        cos, sin = self._rope(positions, x.dtype) if rope is None else rope
+        own_bias = None  # one token after all of its row's earlier ones: it sees them all
+        if t > 1 or groups is not None:
+            own_causal = torch.ones(t, past_len + t, dtype=torch.bool,
+                                    device=tokens.device).tril(past_len)
+            own_bias = torch.zeros(own_causal.shape, dtype=torch.float32, device=tokens.device)
+            own_bias = own_bias.masked_fill(~own_causal, float("-inf"))
         for i, layer in enumerate(self.layers):
             h = _rms(x, layer.norm_in)
-            q, k, v = self._qkv(layer, h, cos, sin)
+            q, k, v = self._qkv(layer, h, cos, sin, joined[i] if joined else None)
             if cache is not None:
                 keys, values = cache[i]
+                if live is not None:
+                    k, v = k.index_select(0, live), v.index_select(0, live)
                 keys[:, :, past_len:past_len + t] = k
                 values[:, :, past_len:past_len + t] = v
                 k, v = keys[:, :, :past_len + t], values[:, :, :past_len + t]
-            out = self._attend(q, k, v, prompt.keys[i], prompt.values[i], prompt.bias,
-                               own_bias, g, group_size)
+            if groups is None:
+                out = self._attend(q, k, v, prompt.keys[i], prompt.values[i], prompt.bias,
+                                   own_bias, g, group_size, live)
+            else:
+                assert own_bias is not None
+                out = self._attend_fused(q, k, v, prompt.keys[i], prompt.values[i],
+                                         prompt.bias, own_bias, group_size, groups)
             x = x + F.linear(out, *layer.o)
-            x = x + self._mlp(layer, _rms(x, layer.norm_post))
+            x = x + self._mlp(layer, _rms(x, layer.norm_post), joined[i] if joined else None)
         return x
+
+    def rope_table(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The rotary (cos, sin) of ``positions`` ([N, T]), each [N, 1, T, head_dim]: a
+        rollout's whole table at once, read one column per token step (the same elementwise
+        operations on the same positions, so the same numbers)."""
+        return self._rope(positions, dtype)
 
     def new_cache(self, rows: int, steps: int, like: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Empty per-layer key and value buffers for ``steps`` response tokens of each row."""
@@ -293,40 +370,62 @@ class GroupedLlama:
         return [(like.new_empty(shape), like.new_empty(shape)) for _ in self.layers]
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, pk: Tensor, pv: Tensor,
-                prompt_bias: Tensor, own_bias: Tensor, g: int, s: int) -> Tensor:
-        """One softmax over [group prompt keys | own response keys]; returns [N, T, H*D]."""
+                prompt_bias: Tensor, own_bias: Tensor | None, g: int, s: int,
+                live: Tensor | None = None) -> Tensor:
+        """One softmax over [group prompt keys | own response keys]; returns [N, T, H*D].
+        ``own_bias`` None: every response key is visible (adding its zeros changes nothing).
+        ``live``: the rows whose own keys ``k`` and ``v`` hold, in their order (extend's
+        ``live``); the other rows' outputs are left as their prompt part alone."""
         n, heads, t, d = q.shape
         kv, rep, p = self.kv_heads, self.rep, pk.shape[2]
-        if t >= FUSED_FROM_TOKENS:
+        if t >= FUSED_FROM_TOKENS and own_bias is not None:
             return self._attend_fused(q, k, v, pk, pv, prompt_bias, own_bias, s)
         q = q * self.scaling  # on the queries: fewer numbers than the scores
         # against the prompt: the group's S*rep*T query rows share one product per kv head
         qg = q.reshape(g, s, kv, rep, t, d).transpose(1, 2).reshape(g, kv, s * rep * t, d)
         prompt_scores = _as(qg @ pk.transpose(-1, -2), torch.float32) + prompt_bias
         prompt_scores = prompt_scores.view(g, kv, s, rep, t, p).transpose(1, 2)
+        prompt_scores = prompt_scores.reshape(n, kv, rep, t, p)
+        if live is not None:
+            q, prompt_scores = q.index_select(0, live), prompt_scores.index_select(0, live)
+        rows = q.shape[0]
         # against its own response
-        own_scores = _as(q.reshape(n, kv, rep * t, d) @ k.transpose(-1, -2), torch.float32)
-        own_scores = own_scores.view(n, kv, rep, t, -1) + own_bias
-        scores = torch.cat([prompt_scores.reshape(n, kv, rep, t, p), own_scores], dim=-1)
+        own_scores = _as(q.reshape(rows, kv, rep * t, d) @ k.transpose(-1, -2), torch.float32)
+        own_scores = own_scores.view(rows, kv, rep, t, -1)
+        if own_bias is not None:
+            own_scores = own_scores + own_bias
+        scores = torch.cat([prompt_scores, own_scores], dim=-1)
         probs = _as(torch.softmax(scores, dim=-1), q.dtype)
         to_prompt, to_own = probs.split_with_sizes([p, probs.shape[-1] - p], dim=-1)
+        if live is not None:  # the rows without their own keys weigh the prompt by nothing
+            to_prompt = to_prompt.new_zeros((n, kv, rep, t, p)).index_copy_(0, live, to_prompt)
         to_prompt = to_prompt.reshape(g, s, kv, rep, t, p).transpose(1, 2)
         from_prompt = (to_prompt.reshape(g, kv, s * rep * t, p) @ pv).view(g, kv, s, rep, t, d)
         from_prompt = from_prompt.transpose(1, 2).reshape(n, kv, rep, t, d)
-        out = from_prompt + to_own.reshape(n, kv, rep * t, -1).matmul(v).view(n, kv, rep, t, d)
+        from_own = to_own.reshape(rows, kv, rep * t, -1).matmul(v).view(rows, kv, rep, t, d)
+        if live is None:
+            out = from_prompt + from_own
+        else:
+            out = from_prompt.index_copy(0, live, from_prompt.index_select(0, live) + from_own)
         return out.reshape(n, heads, t, d).transpose(1, 2).reshape(n, t, heads * d)
 
     def _attend_fused(self, q: Tensor, k: Tensor, v: Tensor, pk: Tensor, pv: Tensor,
-                      prompt_bias: Tensor, own_bias: Tensor, s: int) -> Tensor:
+                      prompt_bias: Tensor, own_bias: Tensor, s: int,
+                      groups: Tensor | None = None) -> Tensor:
         """The same attention through torch's fused kernel, with the prompt's keys copied to
         each sample: for many response tokens per row the score matrices, not the copies,
         are what costs, and the fused kernel never materialises them (nor, in backward, their
-        gradients)."""
+        gradients). ``groups``: each row's group, where the rows are not whole groups in
+        order (extend's ``groups``)."""
         n, heads, t, d = q.shape
-        keys = torch.cat([pk.repeat_interleave(s, dim=0), k], dim=2)
-        values = torch.cat([pv.repeat_interleave(s, dim=0), v], dim=2)
+
+        def each_row(x: Tensor) -> Tensor:
+            return x.repeat_interleave(s, dim=0) if groups is None else x.index_select(0, groups)
+
+        keys = torch.cat([each_row(pk), k], dim=2)
+        values = torch.cat([each_row(pv), v], dim=2)
         allowed = torch.cat([
-            torch.isfinite(prompt_bias).repeat_interleave(s, dim=0).expand(n, 1, t, -1),
+            each_row(torch.isfinite(prompt_bias)).expand(n, 1, t, -1),
             torch.isfinite(own_bias).expand(n, 1, t, -1)], dim=-1)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed,
                                              scale=self.scaling, enable_gqa=self.rep > 1)

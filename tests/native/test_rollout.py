@@ -123,6 +123,100 @@ def test_the_grouped_forward_computes_what_the_model_computes(kind, fused_from, 
         assert torch.allclose(torch.nan_to_num(a[2]), torch.nan_to_num(b[2]), atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_the_decode_shortcuts_give_the_step_by_step_numbers_bit_for_bit(kind, monkeypatch):
+    """Without gradients (sampling, the KL reference) each layer's query, key and value
+    products run as one, and its gate and up products as one; sampling reads the rotary
+    angles from a table built once per rollout, and drops finished rows from its KV cache
+    as they finish. None of it may move a number: sampled tokens, their log-probs and the
+    reference's log-probs equal, bit for bit, what separate products, angles computed at
+    every step and every row's whole cache give."""
+    from stateset_backend.native import grouped_llama, rollout
+    from stateset_backend.native.rollout import group_generators, response_token_logprobs
+
+    model = _llama_family(kind)
+    pids, pmask, _, _, size = _grouped_batch()
+    drops = []
+
+    def decode():
+        kwargs = dict(max_new_tokens=24, temperature=0.9, top_p=1.0, eos_id=3, pad_id=0,
+                      group_size=size)
+        drawn = sample(model, pids, pmask, generator=group_generators(1, 2, range(3)),
+                       **kwargs)
+        greedy = sample(model, pids, pmask, generator=None, greedy=True, **kwargs)
+        with torch.no_grad():
+            reference = response_token_logprobs(model, pids, pmask, drawn[0], drawn[1], 0.9,
+                                                 size)
+        return [*drawn, *greedy, reference]
+
+    drop = rollout._drop_finished
+
+    def counted(buffers, live, alive, done):
+        got = drop(buffers, live, alive, done)
+        if got[1] is not live:
+            drops.append(got[1].numel())
+        return got
+
+    monkeypatch.setattr(rollout, "DROP_SHARE", 0.01)  # drop at every row that finishes
+    monkeypatch.setattr(rollout, "_drop_finished", counted)
+    shortcut = decode()
+    extend = grouped_llama.GroupedLlama.extend
+
+    def step_by_step(self, *args, rope=None, joined=None, live=None, **kwargs):
+        return extend(self, *args, **kwargs)  # angles from the positions, separate products
+
+    with monkeypatch.context() as m:
+        m.setattr(grouped_llama.GroupedLlama, "joined", lambda self: None)
+        m.setattr(grouped_llama.GroupedLlama, "extend", step_by_step)
+        m.setattr(rollout, "_drop_finished", lambda buffers, live, alive, done: (buffers, live))
+        plain = decode()
+    assert shortcut[0].shape[1] > 12  # long enough for the cache and the table to matter
+    assert len(drops) >= 2 and drops[-1] < pids.shape[0]  # rows finished and were dropped
+    for a, b in zip(shortcut, plain, strict=True):
+        assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_the_packed_learner_computes_what_the_whole_batch_computes(kind, monkeypatch):
+    """Long responses run in chunks of rows of similar lengths, each only as far as its
+    longest response. At every real position the log-probs, entropies, the reference's
+    log-probs and every parameter's gradient are the whole batch's within 1e-5, the
+    tolerance of the grouped forward against the model's own: not bit for bit, because a
+    chunk's products sum over other rows and another length, and float32 rounds those sums
+    differently. Padding positions are not compared: the loss multiplies them by the mask."""
+    from stateset_backend.native import rollout
+    from stateset_backend.native.rollout import response_token_logprobs
+
+    monkeypatch.setattr(rollout, "PACK_ROWS", 4)
+    model = _llama_family(kind)
+    pids, pmask, _, _, size = _grouped_batch()
+    g = torch.Generator().manual_seed(3)
+    rids = torch.randint(4, 50, (pids.shape[0], 12), generator=g)
+    ends = torch.tensor([12, 3, 9, 1, 12, 7, 5, 11, 2, 12, 8, 6])
+    rmask = (torch.arange(12) < ends[:, None]).float()
+    rids[rmask == 0] = 0
+
+    def learner():
+        model.zero_grad()
+        logp, entropy = response_logprobs(model, pids, pmask, rids, rmask, 0.8, size)
+        ((logp * rmask).sum() + 0.1 * (entropy * rmask).sum()).backward()
+        with torch.no_grad():
+            reference = response_token_logprobs(model, pids, pmask, rids, rmask, 0.8, size)
+        return (logp.detach(), entropy.detach(), reference,
+                [p.grad.clone() for p in model.parameters()])
+
+    assert [longest for _, longest in rollout._packed(rmask)] == [12, 9, 5]
+    packed = learner()
+    with monkeypatch.context() as m:
+        m.setattr(rollout, "_packed", lambda mask: None)
+        whole = learner()
+    on = rmask.bool()
+    for a, b in zip(packed[:3], whole[:3], strict=True):
+        assert torch.allclose(a[on], b[on], atol=1e-5) and a.isfinite().all()
+    for a, b in zip(packed[3], whole[3], strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
 def test_what_the_grouped_forward_does_not_reproduce_takes_the_models_own(tiny, make_trainer):
     from transformers import MistralConfig, MistralForCausalLM
 
