@@ -74,3 +74,12 @@ def test_the_kit_runs_twice_in_one_process():
     entry = build_registry().get("native")
     counts = [runner.run_conformance(entry, ["0.1.0"])["counts"] for _ in range(2)]
     assert counts[0] == counts[1] and counts[0]["failed"] == 0 and counts[0]["passed"] > 40
+
+
+def test_a_range_that_opens_at_a_pre_release_is_checked_at_its_final():
+    """NeMo RL's first dialect opens at 0.5.0rc0; its surface (and its users) are 0.5.0's, so
+    the CLI's default checks 0.5.0 (the rc had no surface and failed three checks)."""
+    from stateset_backend.engines.registry import build_registry
+
+    contract = build_registry().get("nemo-rl").adapter.contract
+    assert runner.dialect_versions(contract)[0] == "0.5.0"

@@ -25,9 +25,13 @@ FAILED_EXIT = 5
 
 
 def dialect_versions(contract: Contract) -> list[str]:
-    """The first version the contract names in each dialect (and the newest it names)."""
-    probes = sorted(v for v in contract._probe_versions()
-                    if not v.is_postrelease and contract.supports(v))
+    """The first version the contract names in each dialect (and the newest it names): a
+    final release, where a range opens at a pre-release (NeMo RL's ``>=0.5.0rc0``), since
+    the release's configuration surface is the final's."""
+    named = {v for v in contract._probe_versions() if not v.is_postrelease}
+    finals = {parse_version(v.base_version) for v in named}
+    probes = sorted(v for v in named | finals if contract.supports(v))
+    probes = sorted(probes, key=lambda v: (v.is_prerelease, v))
     out: list[str] = []
     for dialect in contract.dialects:
         first = next((v for v in probes if dialect.contains(v)), None)
