@@ -64,6 +64,10 @@ class _Expander:
             if used not in self.script.substituted:
                 self.script.substituted.append(used)
             return default
+        if name == "HOME":  # kept as written; a data or reward path under it reads as ~
+            self._note("$HOME: the launching user's home; a file path under it is read as ~ "
+                       "(this user's home)")
+            return None
         self._note(f"${name}: set outside the script (the caller's environment or a file it "
                    "sources), so its value is not known here")
         return None
