@@ -13,8 +13,6 @@ cannot carry it; the reason says why) or ``refused`` (not read at all).
 
 from __future__ import annotations
 
-import copy
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,17 @@ from stateset_backend.importing.engines import (
     nemo_rl_effective,
     read_file,
 )
+from stateset_backend.importing.fates import (
+    OBJECTIVE_PINS,
+    OWNED,
+    home,
+    registry_datasets,
+    registry_reason,
+    same_input,
+    textual,
+    whole_mappings,
+    why_not,
+)
 from stateset_backend.importing.roundtrip import PLACEHOLDER_SHA256, plan_dropping, read_plan
 from stateset_backend.importing.solve import Solver, bare, native_of
 from stateset_backend.spec.content import sha256_file
@@ -41,12 +50,6 @@ from stateset_backend.translate.rules import _same, explain_rows
 # out): a stand-in name, kept only when the launch validates.
 VALIDATION_PLACEHOLDER = "validation.jsonl"
 _PROBE = "stateset-import-probe"
-# The spec's token limits, which engines read as one sequence limit and one response limit.
-_LIMITS = ("data.max_prompt_tokens", "data.max_response_tokens")
-# The hub's guard refusing an engine option on a key the adapter holds for the run itself.
-_OWNED = "set by stateset-backend to keep the run's identity and outputs"
-# The hub's guard refusing an engine option under a key the objective's rule holds.
-_OBJECTIVE_PINS = re.compile(r"overrides the key that algorithm\.objective pins \(([^)]+)\)")
 
 
 @dataclass
@@ -169,15 +172,15 @@ def _file_input(value: Any, base: Path, what: str, inputs: list[str]) -> tuple[s
         value = value[0]
     if not isinstance(value, str) or not value:
         return None
-    home = _home(value)
-    path = Path(home).expanduser()
+    at_home = home(value)
+    path = Path(at_home).expanduser()
     path = path if path.is_absolute() else base / path
-    if "$" in home or not path.is_file():
+    if "$" in at_home or not path.is_file():
         inputs.append(f"{what}: {value} is not a file on this machine: its sha256 is a "
                       "placeholder (64 zeros); put the file there and re-run the import, or set "
                       "the digest yourself (sha256sum)" +
-                      (f" ($HOME read as {Path.home()}, as ~ is)" if home != value else ""))
-        return (str(Path(home).expanduser()) if home != value else value), PLACEHOLDER_SHA256
+                      (f" ($HOME read as {Path.home()}, as ~ is)" if at_home != value else ""))
+        return (str(Path(at_home).expanduser()) if at_home != value else value), PLACEHOLDER_SHA256
     inputs.append(f"{what}: {value} pinned by its sha256")
     return str(path), sha256_file(path)
 
@@ -316,7 +319,7 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
             options[key] = value
             fates[key] = ("engine_option", "engine-only: kept in engine_options, outside the "
                           "experiment digest", None)
-    grouped = _whole_mappings(engine, version, options, fates)
+    grouped = whole_mappings(engine, version, options, fates)
     spec_doc = spec.model_dump(mode="json")
     imported = Imported(engine, version, spec_doc, [], launch.refused, launch.notes, inputs)
     base = path.resolve().parent
@@ -354,7 +357,7 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
     spec_doc["engine_options"] = {engine: options} if options else {}
     for key, mapping in grouped.items():
         fates[key] = fates[mapping]
-    registry = _registry_datasets(launch.settings, planned, fates, engine, inputs)
+    registry = registry_datasets(launch.settings, planned, fates, engine, inputs)
     for key, value in launch.settings.items():
         fate, reason, src = fates[key]
         got = planned.get(key)
@@ -362,27 +365,27 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
             _same(defaults.get(key), value)
         setting = Setting(key, value, launch.words.get(key, key), fate, src, reason, same, got)
         if not same:
-            why = _same_input(src, value, got, base, spec_doc, set(stand_ins.values()))
+            why = same_input(src, value, got, base, spec_doc, set(stand_ins.values()))
             if why is not None:
                 same, setting.reproduced, setting.reason = True, True, why
         if not same and fate in ("mapped", "default", "engine_option"):
             setting.fate = "not_expressible"
-            setting.reason = _why_not(key, value, got, src, rows, engine, version)
+            setting.reason = why_not(key, value, got, src, rows, engine, version)
         elif same and fate == "not_expressible":
             setting.fate, setting.reason = "mapped", "the hub's launch sets this value itself"
-        pins = _OBJECTIVE_PINS.match(setting.reason) if fate == "not_expressible" else None
+        pins = OBJECTIVE_PINS.match(setting.reason) if fate == "not_expressible" else None
         if not same and pins is not None:  # an option under a key the hub holds for every spec
-            setting.reason = _why_not(pins[1], value, planned.get(pins[1]),
+            setting.reason = why_not(pins[1], value, planned.get(pins[1]),
                                       "algorithm.objective", rows, engine, version)
         if not same and any(key.startswith(section + ".") for section in registry):
-            setting.fate, setting.reason = "not_expressible", _registry_reason(
+            setting.fate, setting.reason = "not_expressible", registry_reason(
                 key, value, registry, engine)
         # only the run's names, folders and loggers are the hub's: values that carry the run's
         # id or folder, and names the adapter holds for the run's identity and outputs (a
         # count or a switch it holds is the experiment's, and counts as a miss)
         setting.hub_owned = not same and src is None and (
             (isinstance(got, str) and (plan.run_id in got or "{run_dir}" in got)) or
-            (key in read and _OWNED in setting.reason and _textual(got) and _textual(value)))
+            (key in read and OWNED in setting.reason and textual(got) and textual(value)))
         imported.settings.append(setting)
     # beyond what the launch sets: every key the release reads, launch and plan alike
     keys = [k for k in effective if k in planned]
@@ -395,77 +398,6 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
     return imported
 
 
-def _whole_mappings(engine: str, version: str, options: dict[str, Any],
-                    fates: dict[str, tuple[str, str, str | None]]) -> dict[str, str]:
-    """Keys a launch sets inside one of the release's free mappings (vLLM's kwargs, a
-    model's config overrides) go to engine_options as that mapping whole, the only spelling
-    the hub's guards take: each such key is returned with its mapping, whose fate it shares."""
-    shipped = surface(engine, version)
-    if shipped is None:
-        return {}
-    known = shipped["options"]
-    grouped: dict[str, str] = {}
-    for key in options:
-        if key in known:
-            continue
-        parts = key.split(".")
-        parent = next((p for p in (".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1))
-                       if p in known), None)
-        if parent is not None and isinstance(known[parent].get("default"), dict):
-            grouped[key] = parent
-    for key, mapping in grouped.items():
-        whole = options.setdefault(mapping, copy.deepcopy(known[mapping]["default"]))
-        node = whole
-        *inner, last = key[len(mapping) + 1:].split(".")
-        for part in inner:
-            node = node.setdefault(part, {})
-        node[last] = options.pop(key)
-        fates[mapping] = fates[key]
-    return grouped
-
-
-def _registry_datasets(settings: dict[str, Any], planned: dict[str, Any],
-                       fates: dict[str, tuple[str, str, str | None]], engine: str,
-                       inputs: list[str]) -> dict[str, str]:
-    """The splits a launch names by a dataset of the engine's own registry (NeMo RL's
-    ``dataset_name: DeepScaler``), by section: the engine downloads and formats those itself,
-    while a spec's split is a file pinned by its content, so the spec holds a placeholder and
-    the user is told which file to make."""
-    found: dict[str, str] = {}
-    for key, value in settings.items():
-        src = fates[key][2]
-        if not key.endswith(".dataset_name") or not isinstance(value, str) or \
-                src not in ("data.train.uri", "data.validation.uri") or \
-                _same(planned.get(key), value):
-            continue
-        found[key.rsplit(".", 1)[0]] = value
-        split = src.rsplit(".", 1)[0]
-        inputs[:] = [line for line in inputs if not line.startswith(f"{split}: the launch "
-                                                                   "validates on data")]
-        inputs.append(f"{src.rsplit('.', 1)[0]}: the launch names {value!r}, a dataset of "
-                      f"{engine}'s own data registry, not a file: {src} is a placeholder; "
-                      f"write that split as JSON lines (a prompt and an answer field per row) "
-                      f"and point {src} at it")
-    return found
-
-
-def _registry_reason(key: str, value: Any, registry: dict[str, str], engine: str) -> str:
-    section = max((s for s in registry if key.startswith(s + ".")), key=len)
-    name = registry[section]
-    if key == f"{section}.dataset_name":
-        return (f"{value!r} is a dataset of {engine}'s own data registry, which the engine "
-                "downloads and formats itself; a spec split is a file pinned by its sha256, so "
-                "the spec's split is a placeholder (see inputs)")
-    return (f"an option of {engine}'s registry dataset {name!r}, which the spec's file split "
-            "replaces: write the split's rows as this option would give them")
-
-
-def _textual(value: Any) -> bool:
-    """A name, a path or a list of them (loggers), never a count or a switch."""
-    return isinstance(value, str) or (isinstance(value, list) and all(
-        isinstance(item, str) for item in value))
-
-
 def _inputs_kept(spec: ExperimentSpec, start: dict[str, Any],
                  settings: dict[str, Any]) -> ExperimentSpec:
     """A split's file as the import resolved it (``$HOME`` read as ``~``): the solver, which
@@ -474,7 +406,7 @@ def _inputs_kept(spec: ExperimentSpec, start: dict[str, Any],
     changed = False
     for name in ("train", "validation"):
         mine, first = doc["data"].get(name), start["data"].get(name)
-        if mine and first and mine["uri"] != first["uri"] and _home(mine["uri"]) != \
+        if mine and first and mine["uri"] != first["uri"] and home(mine["uri"]) != \
                 mine["uri"] and mine["uri"] in [str(v) for v in settings.values()]:
             mine["uri"], changed = first["uri"], True
     return ExperimentSpec.model_validate(doc) if changed else spec
@@ -521,59 +453,3 @@ def _updates_from_passes(settings: dict[str, Any], prompts: int, rows: int | Non
     return None
 
 
-def _same_input(src: str | None, value: Any, got: Any, base: Path, spec: dict[str, Any],
-                stand_ins: set[str]) -> str | None:
-    """Why the plan's value is the launch's input after all, or None: a file the launch names
-    relative to where it runs, a reward the hub calls through its shim, a split that is not on
-    this machine (the round trip plans a stand-in of the rows the launch keeps)."""
-    if src not in ("data.train.uri", "data.validation.uri", "reward.entrypoint"):
-        return None
-    if src == "reward.entrypoint":
-        return None if spec["reward"].get("sha256") in (None, PLACEHOLDER_SHA256) else \
-            "the hub's reward shim loads this file, checked by its sha256"
-    if isinstance(got, str) and got in stand_ins:
-        return ("not on this machine: the round trip planned a stand-in split of the rows the "
-                "launch keeps")
-    if isinstance(value, list) and len(value) == 1:  # the engine reads one file or a list
-        value = value[0]
-    if isinstance(value, str) and isinstance(got, str) and "$" not in _home(value) and \
-            (base / Path(_home(value)).expanduser()).resolve() == Path(got).resolve():
-        return "the same file, named by its absolute path" if Path(got).is_file() else \
-            "the same path (the file is not on this machine: see inputs)"
-    return None
-
-
-def _home(value: str) -> str:
-    """``$HOME/...`` as ``~/...``: the shell gives both the home of the user who runs the
-    launch, and the import reads ``~`` as this user's."""
-    for prefix in ("$HOME/", "${HOME}/"):
-        if value.startswith(prefix):
-            return "~/" + value[len(prefix):]
-    return value
-
-
-def _why_not(key: str, value: Any, got: Any, src: str | None, rows: Any, engine: str,
-             version: str) -> str:
-    if src is not None and isinstance(value, str) and "$" in value:
-        return (f"holds a shell variable the import does not expand: {src} keeps "
-                f"{value!r} as written, which the plan reads relative to the spec's folder; "
-                "write the real path there")
-    if src in ("data.train.uri", "data.validation.uri") and isinstance(value, list) and \
-            len(value) > 1:
-        return (f"the launch reads {len(value)} files as one split, a spec split is one file: "
-                f"{src} names the first (join the others into it; see inputs)")
-    if src in _LIMITS:
-        return (f"{src} translates to {key}={got!r}: a spec's prompt and response limits are "
-                f"separate (the sequence limit is their sum), while the launch's {value!r} "
-                "shares one budget between a prompt and its response; no pair of limits gives "
-                "that")
-    if src == "algorithm.objective":
-        return (f"the hub's launch holds {key} at {got!r} for every spec, a setting the spec "
-                "has no name for, kept where the run is the spec's experiment; no spec value "
-                f"gives {value!r} on {engine} {version}")
-    if src is not None:
-        row = next((r for r in rows if r.path == src), None)
-        how = f" ({row.reason})" if row is not None and row.reason else ""
-        return (f"{src} translates to {key}={got!r}{how}; no value of it gives {value!r} on "
-                f"{engine} {version}")
-    return f"the hub's launch sets {key}={got!r} itself"
