@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from stateset_backend.engines.registry import build_registry
 from stateset_backend.importing.launch import import_file
 from stateset_backend.plan.launch_plan import make_plan
@@ -114,3 +116,29 @@ def test_defaults_that_follow_another_key_are_kept_as_written():
         assert fates[key]["reproduced"] and fates[key]["fate"] == "engine_option", key
         assert key in doc["spec"]["engine_options"]["nemo-rl"]
     assert doc["round_trip"]["experiment_percent"] >= 94.0
+
+
+# What each shipped recipe's round trip measured (the share of its own settings reproduced,
+# leaving out the run's names and folders), as examples/recipes/nemo-rl-v0.7.0/README.md
+# states it.
+SHIPPED_FLOORS = {
+    "grpo_smoke.yaml": 66.7,
+    "recipes/llm/dapo-qwen2.5-7b.v2.yaml": 86.0,
+    "recipes/llm/grpo-deepscaler-1.5b-16K.yaml": 74.1,
+    "recipes/llm/grpo-deepscaler-1.5b-8K.yaml": 70.8,
+    "recipes/llm/grpo-gemma3-1b-it-1n8g-fsdp2tp1.yaml": 92.3,
+    "recipes/llm/grpo-gspo-deepscaler-1.5b-8K.yaml": 77.8,
+    "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-fsdp2tp1-noncolocated.yaml": 88.0,
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n4g-fsdp2tp1.v3.yaml": 92.3,
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-fsdp2tp1.v3.yaml": 92.3,
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-fsdp2tp2-temp0.8-topp0.9-topk50.yaml": 94.1,
+    "recipes/llm/grpo-qwen2.5-math-1.5b-instruct-1n8g-fsdp2tp1.v3.yaml": 92.3,
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(SHIPPED_FLOORS))
+def test_every_shipped_recipe_keeps_its_round_trip(recipe):
+    doc = import_file(build_registry(), "nemo-rl", SHIPPED / recipe, "0.7.0").to_json()
+    assert "error" not in doc["round_trip"]
+    assert doc["round_trip"]["experiment_percent"] >= SHIPPED_FLOORS[recipe]
+    assert all(s["reason"] for s in doc["settings"] if not s["reproduced"])
