@@ -323,7 +323,7 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
     spec_doc = spec.model_dump(mode="json")
     imported = Imported(engine, version, spec_doc, [], launch.refused, launch.notes, inputs)
     base = path.resolve().parent
-    for _ in range(2):
+    for attempt in range(3):
         spec_doc["engine_options"] = {engine: options} if options else {}
         try:
             plan, stand_ins = plan_dropping(entry, version, spec_doc, base, fates, engine,
@@ -347,7 +347,7 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
         # it: where the launch wrote it, the launch keeps it
         moved = [k for k, v in launch.settings.items() if fates[k][0] == "default" and
                  k in planned and not _same(planned[k], v)]
-        if not moved:
+        if not moved or attempt == 2:  # the spec's options are the ones last planned
             break
         for key in moved:
             options[key] = launch.settings[key]
