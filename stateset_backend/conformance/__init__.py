@@ -141,13 +141,12 @@ class AdapterConformance(KitFixtures):
         if parse_launch is None:
             unverified("no launch reader: give KitSupport.parse_launch (docs/plugins.md)")
         assert parse_launch is not None
-        from stateset_backend.contracts.surfaces import surface
         from stateset_backend.spec.model import ExperimentSpec
         from stateset_backend.spec.modeltree import all_leaf_paths
 
         leaves = set(all_leaf_paths(ExperimentSpec)) if adapter.name == "native" else set()
         base, base_plan = self._base(adapter, engine_version, sample_files)
-        known = surface(adapter.name, engine_version) or adapter.kit_support().surface
+        known = self._surface(adapter, engine_version)
         with reported():
             varied = checks.check_sensitivity(
                 adapter, engine_version, base, sample_files, parse_launch,
@@ -250,13 +249,12 @@ class AdapterConformance(KitFixtures):
             unverified("no launch reader: give KitSupport.parse_launch, the engine's own "
                        "reading of a launch (docs/plugins.md)")
         assert parse_launch is not None
-        from stateset_backend.contracts.surfaces import surface
         from stateset_backend.spec.model import ExperimentSpec
         from stateset_backend.spec.modeltree import all_leaf_paths
 
         leaves = set(all_leaf_paths(ExperimentSpec)) if adapter.name == "native" else set()
         samples = self._claimed(adapter, engine_version, sample_files)
-        known = surface(adapter.name, engine_version) or adapter.kit_support().surface
+        known = self._surface(adapter, engine_version)
         with reported():
             for sample, plan in samples:
                 try:
@@ -314,10 +312,8 @@ class AdapterConformance(KitFixtures):
         if parse_launch is None:
             unverified("no launch reader: give KitSupport.parse_launch (docs/plugins.md)")
         assert parse_launch is not None and stub is not None
-        from stateset_backend.contracts.surfaces import surface
-
         _, plan = self._base(adapter, engine_version, sample_files)
-        known = surface(adapter.name, engine_version) or adapter.kit_support().surface
+        known = self._surface(adapter, engine_version)
         with reported():
             compared = launch_run.check_launch_runs(plan, dict(stub), parse_launch(plan),
                                                     tmp_path, known, adapter)
@@ -370,11 +366,9 @@ class AdapterConformance(KitFixtures):
         dialect = adapter.contract.dialect(parse_version(engine_version))
         if not dialect.deviations:
             pytest.skip(f"{adapter.name} {dialect.name} declares no deviation")
-        from stateset_backend.contracts.surfaces import surface
-
         samples = self._claimed(adapter, engine_version, sample_files)
         _, base = self._base(adapter, engine_version, sample_files)
-        known = surface(adapter.name, engine_version) or adapter.kit_support().surface
+        known = self._surface(adapter, engine_version)
         with reported():
             reached = checks.check_deviations_run(adapter, engine_version, base,
                                                   [plan for _, plan in samples], sample_files)
@@ -398,13 +392,12 @@ class AdapterConformance(KitFixtures):
         for a plugin) is set by every claimed sample's launch it matters to: a key left at
         the release's default changes the experiment when a release changes its default."""
         self._version(adapter, engine_version)
-        from stateset_backend.conformance.math_keys import math_keys_of, unset_math_keys
-        from stateset_backend.contracts.surfaces import surface
+        from stateset_backend.conformance.math_keys import check_math_pinned, math_keys_of
 
         if adapter.name == "native":
             pytest.skip("the native engine's launch is the spec itself")
         support = adapter.kit_support()
-        known = surface(adapter.name, engine_version) or support.surface
+        known = self._surface(adapter, engine_version)
         if known is None:
             unverified("no configuration surface: give KitSupport.surface, so the kit knows "
                        "the release's keys and defaults (docs/plugins.md)")
@@ -415,20 +408,9 @@ class AdapterConformance(KitFixtures):
             unverified("no list of the engine keys whose defaults change the math: give "
                        "KitSupport.math_keys, written from the engine's own code "
                        "(docs/plugins.md)")
-        left: dict[str, list[str]] = {}
-        for sample, plan in self._claimed(adapter, engine_version, sample_files):
-            launch = {k.lstrip("+"): v for k, v in flatten(plan.native).items()}
-            unread = {k.lstrip("+") for k in plan.unread_defaults}
-            for key in unset_math_keys(keys, launch, options, unread):
-                left.setdefault(key, []).append(sample.capability)
-        if left:
-            shown = "; ".join(f"{key} (at {options[key].get('default')!r}, in "
-                              f"{', '.join(caps[:3])}{', ...' if len(caps) > 3 else ''})"
-                              for key, caps in sorted(left.items())[:8])
-            pytest.fail(f"{len(left)} engine keys that change the math are left at "
-                        f"{adapter.name} {engine_version}'s default by the launches that "
-                        f"read them: {shown}; set each in the launch and record the "
-                        "release's default in the dialect", pytrace=False)
+        with reported():
+            check_math_pinned(f"{adapter.name} {engine_version}", keys, options,
+                              self._claimed(adapter, engine_version, sample_files))
 
     def test_declared_quantities_are_the_engines(self, adapter: EngineAdapter,
                                                  engine_version: str) -> None:
@@ -437,8 +419,6 @@ class AdapterConformance(KitFixtures):
         measured by running the release's function, or read from the line that uses it."""
         self._version(adapter, engine_version)
         from stateset_backend.conformance import quantities
-        from stateset_backend.contracts.surfaces import surface
-
         dialect = adapter.contract.dialect(parse_version(engine_version))
         stated = {name: d for name, d in dialect.deviations.items()
                   if quantities.declared_number(d) is not None}
@@ -446,7 +426,7 @@ class AdapterConformance(KitFixtures):
             pytest.skip(f"{adapter.name} {dialect.name} declares no deviation that states a "
                         "number")
         support = adapter.kit_support()
-        known = surface(adapter.name, engine_version) or support.surface or {}
+        known = self._surface(adapter, engine_version) or {}
         quantity_of = {**quantities.QUANTITY_OF.get(adapter.name, {}), **support.quantities}
         with reported():
             checked, missing = quantities.check_quantities(

@@ -202,6 +202,14 @@ class KitFixtures:
                 out[version] = samples[0][0]
         return out
 
+    @staticmethod
+    def _surface(adapter: EngineAdapter, version: str) -> dict[str, Any] | None:
+        """The release's configuration surface: the hub's generated one for a built-in
+        engine, the plugin's ``KitSupport.surface`` otherwise."""
+        from stateset_backend.contracts.surfaces import surface
+
+        return surface(adapter.name, version) or adapter.kit_support().surface
+
     def _base(self, adapter: EngineAdapter, version: str, files: SampleFiles,
               **extra: Any) -> tuple[dict[str, Any], LaunchPlan]:
         with reported():

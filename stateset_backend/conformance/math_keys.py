@@ -112,3 +112,25 @@ def unset_math_keys(keys: tuple[MathKey, ...], launch: dict[str, Any],
             continue
         out.append(key)
     return out
+
+
+def check_math_pinned(where: str, keys: tuple[MathKey, ...], options: dict[str, Any],
+                      samples: Iterable[tuple[Any, Any]]) -> None:
+    """Every claimed sample's launch sets each math key that matters to it (CheckFailed
+    naming the keys, their defaults and the samples otherwise)."""
+    from stateset_backend.common.jsonio import flatten
+    from stateset_backend.conformance.checks import CheckFailed
+
+    left: dict[str, list[str]] = {}
+    for sample, plan in samples:
+        launch = {k.lstrip("+"): v for k, v in flatten(plan.native).items()}
+        unread = {k.lstrip("+") for k in plan.unread_defaults}
+        for key in unset_math_keys(keys, launch, options, unread):
+            left.setdefault(key, []).append(sample.capability)
+    if left:
+        shown = "; ".join(f"{key} (at {options[key].get('default')!r}, in "
+                          f"{', '.join(caps[:3])}{', ...' if len(caps) > 3 else ''})"
+                          for key, caps in sorted(left.items())[:8])
+        raise CheckFailed(f"{len(left)} engine keys that change the math are left at "
+                          f"{where}'s default by the launches that read them: {shown}; set "
+                          "each in the launch and record the release's default in the dialect")
