@@ -252,11 +252,15 @@ def nemo_rl_surface(config: Path, version: str, source: Path | None = None) -> d
         "schema": SURFACE_SCHEMA_ID, "engine": "nemo-rl", "version": version,
         "source": f"NeMo RL v{version} (Apache-2.0): examples/configs/{config.name} as "
                   "OmegaConf loads it"}
+    options = _leaves(cfg)
     if source is not None:
-        doc["source"] += "; its hard-coded numbers read from the tag's source " \
-                         "(conformance/quantities.py)"
+        doc["source"] += "; each string setting's values and its hard-coded numbers read " \
+                         "from the tag's source (contracts/domains.py, " \
+                         "conformance/quantities.py)"
         doc["quantities"] = quantities.nemo_rl_quantities(folder_reader(source))
-    return {**doc, "options": _leaves(cfg)}
+        for key, values in domains.nemo_rl_domains(folder_reader(source), options).items():
+            options[key]["values"] = values
+    return {**doc, "options": options}
 
 
 def render(doc: dict[str, Any]) -> str:

@@ -59,6 +59,22 @@ def verl_domains(read: Read, keys: Iterable[str]) -> dict[str, list[str]]:
     return {key: sorted(values) for key, values in found.items() if key in present and values}
 
 
+# -- NeMo RL ---------------------------------------------------------------------------------
+_NEMO_GRPO = "nemo_rl/algorithms/grpo.py"
+_NEMO_UTILS = "nemo_rl/algorithms/utils.py"
+
+
+def nemo_rl_domains(read: Read, keys: Iterable[str]) -> dict[str, list[str]]:
+    """The domains of NeMo RL's math-changing string settings in one tag: the advantage
+    estimators its GRPO loop dispatches on, the KL types its ``calculate_kl`` computes."""
+    found = {
+        "grpo.adv_estimator.name": compared(read(_NEMO_GRPO) or "", "adv_estimator_name"),
+        "loss_fn.reference_policy_kl_type": compared(read(_NEMO_UTILS) or "", "kl_type"),
+    }
+    present = set(keys)
+    return {key: sorted(values) for key, values in found.items() if key in present and values}
+
+
 def violation(key: str, value: object, option: dict[str, Any], where: str) -> str | None:
     """Why a launch's value is outside the release's domain for ``key``; None where it is
     inside, or the release has no domain for the key."""

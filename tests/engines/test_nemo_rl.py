@@ -481,8 +481,10 @@ def test_shipped_surfaces_are_the_tags_example_configs(version):
     shipped = json.loads(resources.files("stateset_backend.contracts").joinpath(
         "surfaces", f"nemo-rl-{version}.json").read_text())
     generated = json.loads(surface_gen.render(surface_gen.nemo_rl_surface(config, version)))
-    # the numbers read from the tag's source are the next test's
-    assert generated["options"] == shipped["options"], "regenerate: python -m " \
+    # the values and numbers read from the tag's source are the next test's
+    from_config = {k: {f: v for f, v in o.items() if f != "values"}
+                   for k, o in shipped["options"].items()}
+    assert generated["options"] == from_config, "regenerate: python -m " \
         f"stateset_backend.conformance.surface_gen nemo-rl {config} --version {version} " \
         "--source CHECKOUT -o stateset_backend/contracts/surfaces"
 
@@ -492,12 +494,14 @@ NEMO_RL_SOURCE = os.environ.get("STATESET_TEST_NEMO_RL_SOURCE")
 
 @pytest.mark.parametrize("version", ["0.5.0", "0.6.0", "0.7.0"])
 def test_shipped_quantities_are_the_tags_own(version, tmp_path):
-    """The numbers the kit holds NeMo RL's deviations to, measured again from the tag's own
-    source (a git clone of NVIDIA-NeMo/RL, read at the tag), are the ones shipped."""
+    """The numbers the kit holds NeMo RL's deviations to and the values it holds its string
+    settings to, read again from the tag's own source (a git clone of NVIDIA-NeMo/RL, read at
+    the tag), are the ones shipped."""
     import subprocess
     from importlib import resources
 
     from stateset_backend.conformance import quantities, surface_gen
+    from stateset_backend.contracts import domains
 
     if NEMO_RL_SOURCE is None:
         pytest.skip("set STATESET_TEST_NEMO_RL_SOURCE to a git clone of NVIDIA-NeMo/RL (with "
@@ -509,3 +513,5 @@ def test_shipped_quantities_are_the_tags_own(version, tmp_path):
         "surfaces", f"nemo-rl-{version}.json").read_text())
     measured = quantities.nemo_rl_quantities(surface_gen.folder_reader(tmp_path))
     assert json.loads(json.dumps(measured)) == shipped["quantities"]
+    values = domains.nemo_rl_domains(surface_gen.folder_reader(tmp_path), shipped["options"])
+    assert values == {k: o["values"] for k, o in shipped["options"].items() if "values" in o}
