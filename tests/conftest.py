@@ -82,6 +82,22 @@ def minimal() -> dict[str, Any]:
 
 
 @pytest.fixture
+def minimal_with_files(minimal, tmp_path: Path) -> dict[str, Any]:
+    """The minimal spec with its train split and reward written beside it (two rows, a reward
+    of 1) and their hashes in the spec: a spec that plans for any engine that takes jsonl."""
+    from stateset_backend.spec.content import sha256_file
+
+    (tmp_path / "data").mkdir()
+    train = tmp_path / "data" / "train.jsonl"
+    train.write_text('{"prompt": "p", "answer": "a"}\n' * 2)
+    reward = tmp_path / "reward.py"
+    reward.write_text("def score(prompt, response, answer):\n    return 1.0\n")
+    minimal["data"]["train"]["sha256"] = sha256_file(train)
+    minimal["reward"]["sha256"] = sha256_file(reward)
+    return minimal
+
+
+@pytest.fixture
 def write_json(tmp_path: Path):
     def write(doc: Any, name: str = "spec.json") -> Path:
         path = tmp_path / name

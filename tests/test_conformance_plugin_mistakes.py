@@ -8,7 +8,7 @@ import dataclasses
 import json
 
 import pytest
-from kit_runs import run_kit
+from kit_runs import assert_one_check, run_kit
 from stateset_echo_engine.plugin import EchoAdapter
 
 from stateset_backend.contracts.loader import Contract
@@ -139,9 +139,4 @@ def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):
      "that read them: rollout.temperature"),
     (EchoAdapter, None)])
 def test_a_math_default_left_to_the_engine_fails(tmp_path, cls, says):
-    report = run_kit(tmp_path, MODULE, cls, "::TestMistake", "math_defaults")
-    (result,) = report["checks"]
-    if says is None:
-        assert result["state"] == "passed", result
-    else:
-        assert result["state"] == "failed" and says in result["reason"], result
+    assert_one_check(run_kit(tmp_path, MODULE, cls, "::TestMistake", "math_defaults"), says)

@@ -78,18 +78,9 @@ def _start_run(cli, spec: Path, tmp_path: Path) -> tuple[Path, Path, str, Path,
 
 
 @pytest.fixture
-def hanging_echo(write_json, minimal, tmp_path):
+def hanging_echo(write_json, minimal_with_files):
     """An echo-engine spec whose engine parks after it starts, until it is killed."""
-    from stateset_backend.spec.content import sha256_file
-
-    (tmp_path / "data").mkdir()
-    train = tmp_path / "data" / "train.jsonl"
-    train.write_text('{"prompt": "p", "answer": "a"}\n' * 2)
-    reward = tmp_path / "reward.py"
-    reward.write_text("def score(prompt, response, answer):\n    return 1.0\n")
-    minimal["data"]["train"]["sha256"] = sha256_file(train)
-    minimal["reward"]["sha256"] = sha256_file(reward)
-    return write_json(dict(minimal, engine_options={"echo": {"behaviour": "hang"}}))
+    return write_json(dict(minimal_with_files, engine_options={"echo": {"behaviour": "hang"}}))
 
 
 def test_a_killed_run_takes_its_engine_group_along_and_reads_interrupted(

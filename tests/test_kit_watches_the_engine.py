@@ -6,7 +6,7 @@ GRPOTrainer do something the spec did not ask, and the kit's engine run names it
 from __future__ import annotations
 
 import pytest
-from kit_runs import run_kit
+from kit_runs import assert_one_check, run_kit, trl_module
 from optional_installs import TRL_PLUGIN_MISSING
 
 from stateset_backend.translate.rules import Pinned, RuleSet
@@ -84,22 +84,6 @@ class LongerCompletions(TRLAdapter):
                 "data.max_response_tokens": lambda v, s: Pinned({f.max_completion_length: 2 * v})}
 
 
-MODULE = '''
-import pytest
-from stateset_backend.conformance import AdapterConformance
-from test_kit_watches_the_engine import {cls}
-
-
-class TestMistake(AdapterConformance):
-    engine_versions = ["''' + VERSION + '''"]
-    base = {{"model": {{"path": "builtin:tiny-llama-support"}}, "data": {{"chat_template": False}}}}
-
-    @pytest.fixture
-    def adapter(self):
-        return {cls}()
-'''
-
-
 @pytest.mark.parametrize("cls, check, says", [
     (WarmupOffByOne, "learning rate", "gives 0.001 for update 2, not 0.0005"),
     (CosineWithoutItsFloor, "learning rate", "gives 0.00055 for update 3, not 0.0005"),
@@ -111,10 +95,7 @@ class TestMistake(AdapterConformance):
     (LongerCompletions, "reward calls", "data.max_response_tokens is 4"),
     (TRLAdapter, None, None)])
 def test_the_engine_run_catches_a_consistent_mistake(tmp_path, cls, check, says):
-    report = run_kit(tmp_path, MODULE, cls, "::TestMistake", "engine_runs")
-    (result,) = [c for c in report["checks"] if "engine_runs" in c["check"]]
-    if says is None:
-        assert result["state"] == "passed", result
-    else:
-        assert result["state"] == "failed", result
-        assert f"{check}: " in result["reason"] and says in result["reason"], result["reason"]
+    report = run_kit(tmp_path, trl_module("test_kit_watches_the_engine", VERSION), cls,
+                     "::TestMistake", "engine_runs")
+    assert_one_check(report, says and f"{check}: ", "engine_runs")
+    assert_one_check(report, says, "engine_runs")

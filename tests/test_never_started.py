@@ -17,21 +17,13 @@ from stateset_backend.providers.base import LocalProvider, PreparedLaunch
 from stateset_backend.runs.results import failure_reason
 from stateset_backend.runs.runner import raise_for_status, run_plan
 from stateset_backend.runs.store import RunStore
-from stateset_backend.spec.content import sha256_file
 from stateset_backend.spec.files import load_spec
 
 
 @pytest.fixture
-def echo_plan(minimal, tmp_path):
-    (tmp_path / "data").mkdir()
-    train = tmp_path / "data" / "train.jsonl"
-    train.write_text('{"prompt": "p", "answer": "a"}\n' * 2)
-    reward = tmp_path / "reward.py"
-    reward.write_text("def score(prompt, response, answer):\n    return 1.0\n")
-    minimal["data"]["train"]["sha256"] = sha256_file(train)
-    minimal["reward"]["sha256"] = sha256_file(reward)
+def echo_plan(minimal_with_files, tmp_path):
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps(minimal))
+    spec.write_text(json.dumps(minimal_with_files))
     registry = build_registry()
     plan = make_plan(load_spec(spec), registry.get("echo"), "1.2.0", base_dir=tmp_path)
     return plan, registry

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit_runs import assert_one_check, run_kit, trl_module
 from optional_installs import TRL_PLUGIN_MISSING
 
 from stateset_backend.conformance import AdapterConformance
@@ -272,34 +273,13 @@ class AsShipped(plugin.TRLAdapter):
     """The plugin unchanged."""
 
 
-MISTAKE = '''
-import pytest
-from stateset_backend.conformance import AdapterConformance
-from test_trl_plugin import {cls}
-
-
-class TestMistake(AdapterConformance):
-    engine_versions = ["''' + VERSION + '''"]
-    base = {{"model": {{"path": "builtin:tiny-llama-support"}}, "data": {{"chat_template": False}}}}
-
-    @pytest.fixture
-    def adapter(self):
-        return {cls}()
-'''
-
-
 @pytest.mark.parametrize("cls, says", [
     (SpellsALossTypeTRLLacks, "loss_type = 'dr-grpo': trl 1.16.0 implements only 'bnpo'"),
     (AsShipped, None)])
 def test_the_kit_holds_loss_types_to_what_grpo_trainer_implements(tmp_path, cls, says):
-    from kit_runs import run_kit
-
-    report = run_kit(tmp_path, MISTAKE, cls, "::TestMistake", "launch_reads_back")
-    (result,) = report["checks"]
-    if says is None:
-        assert result["state"] == "passed", result
-    else:
-        assert result["state"] == "failed" and says in result["reason"], result
+    report = run_kit(tmp_path, trl_module("test_trl_plugin", VERSION), cls, "::TestMistake",
+                     "launch_reads_back")
+    assert_one_check(report, says)
 
 
 class CountsOptimizerSteps(plugin.TRLAdapter):
@@ -320,12 +300,6 @@ class CountsOptimizerSteps(plugin.TRLAdapter):
     (CountsOptimizerSteps, "committed_updates is 8, but the outputs show 4 updates"),
     (AsShipped, None)])
 def test_the_kit_gives_an_update_several_optimizer_steps(tmp_path, cls, says):
-    from kit_runs import run_kit
-
-    report = run_kit(tmp_path, MISTAKE, cls, "::TestMistake",
+    report = run_kit(tmp_path, trl_module("test_trl_plugin", VERSION), cls, "::TestMistake",
                      "collection and several_optimizer_steps")
-    (result,) = report["checks"]
-    if says is None:
-        assert result["state"] == "passed", result
-    else:
-        assert result["state"] == "failed" and says in result["reason"], result
+    assert_one_check(report, says)
