@@ -17,17 +17,9 @@ from stateset_backend.runs.results import (
 
 
 @pytest.fixture
-def store(tmp_path, minimal, capsys):
+def store(tmp_path, minimal_with_files, capsys):
     """Two runs of one experiment on the echo engine, and one run of another experiment."""
-    from stateset_backend.spec.content import sha256_file
-
-    (tmp_path / "data").mkdir()
-    train = tmp_path / "data" / "train.jsonl"
-    train.write_text('{"prompt": "p", "answer": "a"}\n' * 4)
-    reward = tmp_path / "reward.py"
-    reward.write_text("def score(prompt, response, answer):\n    return 1.0\n")
-    minimal["data"]["train"]["sha256"] = sha256_file(train)
-    minimal["reward"]["sha256"] = sha256_file(reward)
+    minimal = minimal_with_files
     runs = tmp_path / "runs"
     for i, seed in enumerate((7, 7, 8)):
         spec = tmp_path / f"spec{i}.json"
