@@ -4,9 +4,10 @@ same jobs.
 
 Each shape is a variant of the README's job (``examples/support-routing.json``) with warmup,
 checkpoints and evaluation off: ``readme`` (the job as it is: 16 prompts x 16 samples,
-2-token completions, the built-in tiny Llama), ``completions-32`` and ``completions-128``
-(max_response_tokens 32 and 128), ``larger-model`` (a Llama 4x as wide and twice as deep,
-seeded weights written under benchmarks/results/, given as the spec's model path).
+2-token completions, the built-in tiny Llama), ``completions-32``, ``completions-128`` and
+``completions-512`` (max_response_tokens 32, 128 and 512), ``larger-model`` (a Llama 4x as
+wide and twice as deep, seeded weights written under benchmarks/results/, given as the
+spec's model path).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class Shape(NamedTuple):
 
 
 SHAPES = {"readme": Shape(200), "completions-32": Shape(20, 32),
-          "completions-128": Shape(10, 128), "larger-model": Shape(20, larger_model=True)}
+          "completions-128": Shape(10, 128), "completions-512": Shape(3, 512),
+          "larger-model": Shape(20, larger_model=True)}
 
 
 def write_larger_model() -> str:
@@ -80,10 +82,11 @@ def _shape_list(text: str) -> list[str]:
 
 
 def add_shapes_option(parser: argparse.ArgumentParser,
-                      default: Sequence[str] = tuple(SHAPES)) -> None:
+                      default: Sequence[str] = tuple(SHAPES), *, flag: str = "--shapes",
+                      dest: str = "shapes") -> None:
     """``--shapes a,b``: which shapes a benchmark measures, refused (exit 2) when it names
     none or one that is not a shape."""
-    parser.add_argument("--shapes", type=_shape_list, default=list(default),
+    parser.add_argument(flag, dest=dest, type=_shape_list, default=list(default),
                         help=f"comma-separated, of {', '.join(SHAPES)} "
                              f"(default {','.join(default)})")
 
