@@ -298,3 +298,14 @@ def test_a_killed_run_whose_job_goes_on_is_listed_as_slurm_says_then_abandoned(
     assert "in flight" not in screen and f"Slurm job {job} ended CANCELLED" in screen, screen
     shown = _screen(capsys, "runs", "show", doc["run_id"], "--runs-dir", str(runs))
     assert f"attempt 1: unknown (no result.json: Slurm job {job} ended CANCELLED" in shown, shown
+    # the next `run` of the plan records the attempt from how Slurm says the job ended, then
+    # its rerun guard speaks of a failed attempt, not of one in flight
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "plan.json"), "--runs-dir", str(runs)]) == 2
+    guard = capsys.readouterr().err
+    assert "--retry" in guard and "Traceback" not in guard, guard
+    result = json.loads((first / "result.json").read_text())
+    assert result["status"] == "failed" and result["exit_code"] != 1, result
+    assert f"Slurm job {job} outlived its killed `run`" in json.dumps(result), result
+    listing = _listing(capsys, runs)
+    assert listing["abandoned"] == [] and listing["in_flight"] == []

@@ -147,8 +147,15 @@ def _earlier_attempts(plan: Any, store: Any, document: str, apply: bool = False,
     says what exists and the command for each choice. None when the run has no attempt."""
     from stateset_backend.common.errors import InvalidInput
     from stateset_backend.runs.results import Result
-    from stateset_backend.runs.runner import attempt_dirs, completed, newest_checkpoint
+    from stateset_backend.runs.runner import (
+        attempt_dirs,
+        completed,
+        newest_checkpoint,
+        record_abandoned,
+    )
 
+    if adapter is not None:  # a killed `run`'s attempt (its Slurm job since ended) first
+        record_abandoned(plan, adapter, store)
     folders = attempt_dirs(store, plan.run_id)  # newest first
     if not folders or (apply and _prepared_only(folders)):  # applying what was prepared
         return None

@@ -288,18 +288,20 @@ class _TetheredLocal(LocalProvider):
 
 def record_abandoned(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore,
                      only: int | None = None) -> list[tuple[Result, Path]]:
-    """Record, as interrupted with what it committed, every local attempt of the run (or
-    attempt ``only``) whose `run` process died before writing its result.
+    """Record every attempt of the run (or attempt ``only``) whose `run` process died before
+    writing its result: a local one as interrupted with what it committed, a Slurm one once
+    its job has ended, as Slurm says it ended.
 
     The tether runs this the moment it has stopped the engine of a killed `run`; the next
     `run` of the plan runs it again for an attempt whose tether died too (a whole cgroup
-    killed). Recording falls to a writer, never to `runs show` or `runs list`: those read the
-    index alone or one run's files and load no engine plugin, while a result needs the
-    adapter's collect, and an index row needs its writer. Only a local attempt qualifies: a
-    cluster's job outlives `run` and may still be writing. The attempt's lock tells a dead
+    killed), and for a Slurm job that outlived its `run`. Recording falls to a writer, never
+    to `runs show` or `runs list`: those read the index alone or one run's files and load no
+    engine plugin, while a result needs the adapter's collect, and an index row needs its
+    writer. A cluster's job outlives `run` and may still be writing: a Slurm attempt waits
+    for its job's end, and a RayJob's is left to the cluster. The attempt's lock tells a dead
     `run` from one still running, whatever killed it; claiming it keeps two recorders from
     both writing."""
-    if plan.provider != "local":
+    if plan.provider not in ("local", "slurm"):
         return []
     recorded = []
     folders = attempt_dirs(store, plan.run_id)  # newest first
@@ -309,11 +311,20 @@ def record_abandoned(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore,
         with tether.claim(folder / RUNNING, wait=1.0) as record:
             if record is None or (folder / "result.json").exists():
                 continue
+            ended = Exit(-1, interrupted=True, reason="the `run` process was killed before "
+                         "it could stop its engine and record the attempt")
+            if plan.provider == "slurm":
+                from stateset_backend.providers.slurm.job import orphan_exit
+
+                slurm_end = orphan_exit(folder)
+                if slurm_end is None:
+                    continue  # the job goes on, or Slurm cannot be asked here
+                ended = slurm_end
             attempt = Attempt(plan.run_id, int(folder.name), folder)
             newer = any((f / "result.json").exists() for f in folders[:i])
             try:
                 recorded.append(_record_orphan(plan, adapter, store, attempt, record,
-                                               not newer))
+                                               not newer, ended))
             except OSError:  # a full disk: the lock stays, the next reader tries again
                 continue
             (folder / RUNNING).unlink(missing_ok=True)
@@ -321,21 +332,21 @@ def record_abandoned(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore,
 
 
 def _record_orphan(plan: LaunchPlan, adapter: EngineAdapter, store: RunStore, attempt: Attempt,
-                   record: dict[str, Any], latest: bool) -> tuple[Result, Path]:
-    """The result of a killed `run`'s attempt, from what its engine left, as a Ctrl-C's is;
-    its exit code is unknown (the engine's parent died with it)."""
+                   record: dict[str, Any], latest: bool, exit_: Exit) -> tuple[Result, Path]:
+    """The result of a killed `run`'s attempt, from what its engine left and how it ended: a
+    local one as a Ctrl-C's is, its exit code unknown (the engine's parent died with it); a
+    Slurm one as its job ended."""
     link = record.get("resume_from")
     resume_from = Checkpoint(Path(link["path"]), int(link["update"])) \
         if isinstance(link, dict) and {"path", "update"} <= link.keys() else None
     started = record.get("started")
-    exit_ = Exit(-1, interrupted=True, reason="the `run` process was killed before it could "
-                                              "stop its engine and record the attempt")
     result = collect_and_validate(
         plan, adapter, attempt, plan.validated_spec(), exit_, resume_from,
         started=str(record.get("started_at") or utc_now()),
         duration=max(0.0, time.time() - started) if isinstance(started, float) else 0.0,
         warnings=[str(w) for w in record.get("warnings") or []])
-    result = result.model_copy(update={"exit_code": None})
+    if exit_.code < 0:
+        result = result.model_copy(update={"exit_code": None})
     return result, store.finish(attempt, result, latest_too=latest)
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stateset_backend.common.errors import EngineFailed, Unsupported
+from stateset_backend.common.errors import EngineFailed, StatesetError, Unsupported
 from stateset_backend.providers.base import (
     EXIT_STOPPED,
     STOP_REQUEST,
@@ -223,6 +223,27 @@ def to_exit(state: JobState | None, run_dir: Path, cancelled_by: list[str],
     detail = f" ({state.reason})" if state.reason else ""
     return Exit(code or 1, reason=f"{meaning}{detail}, exit code {code}"
                 + (f", signal {state.signal}" if state.signal else ""))
+
+
+def orphan_exit(attempt_dir: Path) -> Exit | None:
+    """How the job of an attempt whose `run` was killed ended, for the next `run` to record;
+    None while the job goes on (or no Slurm client can say). A `run` killed before it
+    submitted left nothing that ran."""
+    job_file = attempt_dir / "slurm" / "job_id"
+    if not job_file.is_file():
+        return Exit(1, reason="the `run` process was killed before it submitted the job",
+                    started=False)
+    job_id = job_file.read_text(encoding="utf-8").strip()
+    try:
+        state = job_state(job_id)
+    except StatesetError:
+        return None
+    if state is not None and state.state not in ENDED:
+        return None
+    ended = to_exit(state, attempt_dir, [])
+    return Exit(ended.code, interrupted=ended.interrupted, timed_out=ended.timed_out,
+                reason=f"Slurm job {job_id} outlived its killed `run`; recorded from how it "
+                       "ended: " + (ended.reason or "it completed"))
 
 
 @dataclass(frozen=True)
