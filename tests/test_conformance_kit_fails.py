@@ -465,6 +465,9 @@ def test_a_stated_number_nothing_measures_is_named_not_passed():
     checked, missing = check_quantities(stated, {"half": {"value": 0.5, "how": "x"}},
                                         {"words": "half"}, "echo 1.0", AssertionError)
     assert checked == ["words"] and missing == ["eps"]
+    with pytest.raises(AssertionError, match=r"quantities\['half'\] is 0.5: give"):
+        check_quantities(stated, {"half": 0.5}, {"words": "half"}, "echo 1.0",
+                         AssertionError)
 
 
 DEVIATIONS, STUB = "test_declared_deviations_run", "test_launch_runs_under_an_engine_stub"

@@ -157,4 +157,10 @@ def test_a_weights_file_is_judged_by_what_its_format_proves(tmp_path):
     assert problem(empty) == "empty (0 bytes)"
     assert problem(cut).startswith("cut short: its header declares")
     assert problem(into_header).startswith("cut short: its header alone needs")
+    at_length = tmp_path / "length.safetensors"
+    at_length.write_bytes(whole.read_bytes()[:8])
+    assert problem(at_length).startswith("cut short: its header alone needs")
+    not_a_zip = tmp_path / "tensor.bin"
+    not_a_zip.write_bytes(b"PK" + bytes(62))  # a raw fp16 dump that starts like one
+    assert problem(not_a_zip) is None
     assert problem(cut_zip).startswith("cut short: a torch.save zip archive")

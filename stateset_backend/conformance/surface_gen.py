@@ -283,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                              "numbers)")
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.source is not None and len(args.sources) > 1:
+        parser.error("--source is one release's checkout: give one config with it")
     args.output.mkdir(parents=True, exist_ok=True)
     for source in args.sources:
         if args.engine == "openrlhf":

@@ -11,7 +11,7 @@ domain beside the key's default (``"values"``), and the kit holds every launch's
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 from stateset_backend.contracts.release_code import Read, compared, enum_members, registered
@@ -28,10 +28,10 @@ _SCHEDULERS = ("verl/workers/fsdp_workers.py", "verl/workers/engine/fsdp/transfo
 _ACTOR = "actor_rollout_ref.actor"
 
 
-def verl_domains(read: Read, keys: Iterable[str]) -> dict[str, list[str]]:
-    """The domains of verl's math-changing string settings in one release, for those of
-    ``keys`` (the release's config) it has; ``read`` gives a file of the release by its path
-    in the wheel (None where the release has no such file)."""
+def verl_domains(read: Read, options: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The domains of verl's math-changing string settings in one release, for those of its
+    config (``options``) it has; ``read`` gives a file of the release by its path in the wheel
+    (None where the release has no such file)."""
     algos = read(_ALGOS) or ""
     members = enum_members(algos, "AdvantageEstimator") or \
         enum_members(read(_RAY_TRAINER) or "", "AdvantageEstimator")
@@ -55,8 +55,22 @@ def verl_domains(read: Read, keys: Iterable[str]) -> dict[str, list[str]]:
         "critic.optim.warmup_style": schedules,
         "critic.optim.lr_scheduler_type": schedules,
     }
-    present = set(keys)
-    return {key: sorted(values) for key, values in found.items() if key in present and values}
+    return _whole(found, options)
+
+
+def _whole(found: dict[str, set[str]], options: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The domains of the keys the release has; a domain without the release's own default
+    was read incompletely (a dispatch site not read) and is left out, never used to refuse a
+    value the release takes."""
+    out = {}
+    for key, values in found.items():
+        default = options.get(key, {}).get("default") if key in options else None
+        # a default that interpolates another key (verl's critic follows the actor) is
+        # that key's, held there
+        own = isinstance(default, str) and "${" not in default
+        if key in options and values and (not own or default in values):
+            out[key] = sorted(values)
+    return out
 
 
 # -- NeMo RL ---------------------------------------------------------------------------------
@@ -64,15 +78,14 @@ _NEMO_GRPO = "nemo_rl/algorithms/grpo.py"
 _NEMO_UTILS = "nemo_rl/algorithms/utils.py"
 
 
-def nemo_rl_domains(read: Read, keys: Iterable[str]) -> dict[str, list[str]]:
+def nemo_rl_domains(read: Read, options: Mapping[str, Any]) -> dict[str, list[str]]:
     """The domains of NeMo RL's math-changing string settings in one tag: the advantage
     estimators its GRPO loop dispatches on, the KL types its ``calculate_kl`` computes."""
     found = {
         "grpo.adv_estimator.name": compared(read(_NEMO_GRPO) or "", "adv_estimator_name"),
         "loss_fn.reference_policy_kl_type": compared(read(_NEMO_UTILS) or "", "kl_type"),
     }
-    present = set(keys)
-    return {key: sorted(values) for key, values in found.items() if key in present and values}
+    return _whole(found, options)
 
 
 def violation(key: str, value: object, option: dict[str, Any], where: str) -> str | None:

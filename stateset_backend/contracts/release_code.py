@@ -25,10 +25,19 @@ def _subject(node: ast.expr) -> str:
 
 
 def _matches(node: ast.expr, names: Iterable[str]) -> bool:
-    """``loss_type`` matches ``loss_type``, ``self.loss_type`` and ``args.loss_type``;
-    ``kl_ctrl.type`` matches ``self.kl_ctrl.type``."""
+    """``loss_type`` matches ``loss_type``, ``self.loss_type``, ``args.loss_type``,
+    ``cfg.get("loss_type")`` and ``cfg["loss_type"]``; ``kl_ctrl.type`` matches
+    ``self.kl_ctrl.type``."""
     text = _subject(node)
-    return any(text == name or text.endswith("." + name) for name in names)
+    if any(text == name or text.endswith("." + name) for name in names):
+        return True
+    key: ast.expr | None = None
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+            node.func.attr == "get" and node.args:
+        key = node.args[0]
+    elif isinstance(node, ast.Subscript):
+        key = node.slice
+    return isinstance(key, ast.Constant) and key.value in set(names)
 
 
 def _strings(node: ast.expr) -> set[str]:
@@ -40,14 +49,26 @@ def _strings(node: ast.expr) -> set[str]:
     return set()
 
 
+def _refusals(tree: ast.AST) -> set[int]:
+    """The comparisons whose branch only raises (verl's ``if kl_penalty == "full": raise
+    NotImplementedError``): a value the code names in order to refuse it is not one it
+    implements."""
+    return {id(node.test) for node in ast.walk(tree)
+            if isinstance(node, ast.If) and node.body
+            and all(isinstance(stmt, ast.Raise) for stmt in node.body)}
+
+
 def compared(source: str, *names: str) -> set[str]:
     """The string literals the code compares a setting with (``==``, ``!=``, ``in``, ``not
-    in``, either side), and, where it strips a suffix it tests with ``endswith`` (verl's
-    ``low_var_kl+``, the straight-through form), each literal with that suffix too."""
+    in``, either side), except those whose branch only raises; and, where it strips a suffix
+    it tests with ``endswith`` (verl's ``low_var_kl+``, the straight-through form), each
+    literal with that suffix too."""
+    tree = ast.parse(source)
+    refused = _refusals(tree)
     found: set[str] = set()
     suffixes: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Compare):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and id(node) not in refused:
             sides = [node.left, *node.comparators]
             for i, side in enumerate(sides):
                 if _matches(side, names):
@@ -99,16 +120,22 @@ def _number(node: ast.expr) -> float | None:
     return None
 
 
+def _names(node: ast.AST) -> set[str]:
+    """Every variable and attribute name an expression uses."""
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | \
+        {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
 def added_constants(source: str, name: str) -> set[float]:
-    """The numbers the code adds to an expression that mentions ``name``
-    (``rewards.std(-1) + 1e-9``, ``std_rewards + 1e-4``): the epsilons an engine writes
-    inline where it normalises."""
+    """The numbers the code adds to an expression that uses the name ``name`` (a variable or
+    an attribute, whole: ``rewards.std(-1) + 1e-9`` for ``std``, ``std_rewards + 1e-4`` for
+    ``std_rewards``): the epsilons an engine writes inline where it normalises."""
     found: set[float] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             for this, other in ((node.left, node.right), (node.right, node.left)):
                 number = _number(other)
-                if number is not None and name in ast.unparse(this):
+                if number is not None and name in _names(this):
                     found.add(number)
     return found
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 WEIGHT_SUFFIXES = frozenset({".safetensors", ".pt", ".pth", ".bin", ".ckpt"})
 _MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on its JSON header
+_ZIP_ENTRY = b"PK\x03\x04"
 
 
 def _safetensors_problem(path: Path, size: int) -> str | None:
@@ -24,8 +25,8 @@ def _safetensors_problem(path: Path, size: int) -> str | None:
         if size < 8 or not 2 <= length <= _MAX_HEADER:
             return None  # not a safetensors header: not the hub's to judge
         header = f.read(min(length, size - 8))
-    if not header.startswith(b"{"):
-        return None
+    if header and not header.startswith(b"{"):
+        return None  # eight bytes that only look like a length: not a header
     if 8 + length > size:
         return f"cut short: its header alone needs {8 + length} bytes, the file has {size}"
     try:
@@ -50,7 +51,7 @@ def problem(path: Path) -> str | None:
     if path.suffix == ".safetensors":
         return _safetensors_problem(path, size)
     with path.open("rb") as f:
-        zipped = f.read(2) == b"PK"
+        zipped = f.read(4) == _ZIP_ENTRY  # torch.save's archive opens with its first entry
     if zipped and not zipfile.is_zipfile(path):
         return "cut short: a torch.save zip archive without its end (central directory)"
     return None

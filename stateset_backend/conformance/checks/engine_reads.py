@@ -231,7 +231,7 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
     for row in rows:
         if row.state != "pinned" or row.path.split(".")[0] in (
                 "resources", "seed", "engine_options") or (only and not only(row.path)) or \
-                row.path in HELD_APART or row.hub_enforced:
+                row.path in HELD_APART or (row.hub_enforced and not row.native):
             continue
         if not row.native:
             varied += _check_carried_rule(adapter, version, origin, full, files, read, row,
@@ -290,7 +290,7 @@ def _check_carried_rule(adapter: EngineAdapter, version: str, origin: LaunchPlan
         if other is None:
             continue
         if _moot(row.path, spec):
-            return 1
+            return 0
         same = flatten(normalize_values(read(origin), origin)) == \
             flatten(normalize_values(read(other), other))
         if same and origin.files == other.files and _flat_native(origin)[0] == \

@@ -11,6 +11,7 @@ A checkpoint is found, accepted and continued from without touching the earlier 
 from __future__ import annotations
 
 import copy
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,21 +100,25 @@ def _cut_last_line(attempt: Path) -> int:
 
 
 def _break(path: Path, empty: bool) -> None:
-    """The weights file as a save cut off leaves it: nothing written yet, or a real file of
-    its format (safetensors, or torch.save's zip) stopped before its end."""
+    """The weights file as a save cut off leaves it: nothing written yet, or a file of its
+    format (safetensors, or torch.save's zip archive), built here with the standard library
+    so a plugin's CI needs no torch, stopped before its end."""
     if empty:
         path.write_bytes(b"")
         return
-    import torch
-
-    tensors = {"weight": torch.zeros(256)}
     if path.suffix == ".safetensors":
-        from safetensors.torch import save_file
-
-        save_file(tensors, str(path))
+        header = json.dumps({"weight": {"dtype": "F32", "shape": [256],
+                                        "data_offsets": [0, 1024]}}).encode()
+        whole = len(header).to_bytes(8, "little") + header + bytes(1024)
     else:
-        torch.save(tensors, path)
-    whole = path.read_bytes()
+        import io
+        import zipfile
+
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+            archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+            archive.writestr("archive/data/0", bytes(1024))
+        whole = buffer.getvalue()
     path.write_bytes(whole[: len(whole) // 2])
 
 
@@ -135,8 +140,14 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
                           "must not change budget.total_updates")
     ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,
                         plan.resolved_dialect(), plan.base_dir)
-    writer(attempt, ctx, metrics=copy.deepcopy(case.metrics), identity=case.identity,
-           artifacts=case.artifacts, checkpoint_step=case.checkpoint_step)
+    try:
+        writer(attempt, ctx, metrics=copy.deepcopy(case.metrics), identity=case.identity,
+               artifacts=case.artifacts, checkpoint_step=case.checkpoint_step)
+    except (KeyError, TypeError, ValueError) as exc:
+        if "optimizer_step" not in str(exc):
+            raise
+        raise CannotWrite(f"the writer does not take a row's optimizer_step ({exc}); "
+                          "docs/plugins.md says what it is") from None
     if case.after == "cut_last_line":
         if not _cut_last_line(attempt):
             raise CannotWrite("the engine writes no JSON-lines log to cut a row of")

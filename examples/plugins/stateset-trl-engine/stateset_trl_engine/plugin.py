@@ -1042,8 +1042,10 @@ def grpo_surface() -> dict[str, Any]:
     options[LAUNCH.rstrip(".")] = {"default": {}}
     # the epsilon GRPOTrainer adds to the group's reward std, written inline where it
     # normalises: what the group_std_plus_1e-4 deviation states is held to it
-    (epsilon,) = added_constants(trainer, "std_rewards")
+    epsilons = added_constants(trainer, "std_rewards")
+    # one constant, or none measured: the kit then names the deviation unverified
     quantities = {"group_std_epsilon": {
-        "value": epsilon, "how": "trl/trainer/grpo_trainer.py: the constant added to "
-                                 "std_rewards where advantages are scaled"}}
+        "value": next(iter(epsilons)), "how": "trl/trainer/grpo_trainer.py: the constant "
+                                              "added to std_rewards where advantages are "
+                                              "scaled"}} if len(epsilons) == 1 else {}
     return {"engine": "trl", "options": options, "quantities": quantities}
