@@ -53,6 +53,14 @@ def _only(values: set[float], what: str) -> float:
     return values.pop()
 
 
+def _variance_floor(source: str, path: str) -> dict[str, Any]:
+    """The floor a batch variance is clamped to before its rsqrt: the one small floor among
+    the source's clamps (the others bound ratios)."""
+    floors = {v for v in keyword_values(source, "clamp", "min") if 0 < v < 1e-3}
+    return _measured(_only(floors, "variance floor"),
+                     f"{path}: the floor the batch variance is clamped to before rsqrt")
+
+
 def _measured(value: float, how: str) -> dict[str, Any]:
     return {"value": float(f"{value:.6g}"), "how": how}
 
@@ -157,11 +165,7 @@ def openrlhf_quantities(read: Read) -> dict[str, dict[str, Any]]:
 
     def variance_floor() -> dict[str, Any] | None:
         experience = read(_EXPERIENCE)
-        # the one small floor among its clamps (the others bound ratios)
-        return None if experience is None else _measured(
-            _only({v for v in keyword_values(experience, "clamp", "min") if 0 < v < 1e-3},
-                  "batch variance floor"),
-            f"{_EXPERIENCE}: the floor the batch variance is clamped to before rsqrt")
+        return None if experience is None else _variance_floor(experience, _EXPERIENCE)
 
     def min_tokens() -> dict[str, Any] | None:
         for path in _SAMPLES:
@@ -183,12 +187,8 @@ _ADVANTAGES = "nemo_rl/algorithms/advantage_estimator.py"
 def nemo_rl_quantities(read: Read) -> dict[str, dict[str, Any]]:
     """NeMo RL's hard-coded numbers, read from the tag's source (NeMo RL ships no wheel)."""
     def variance_floor() -> dict[str, Any] | None:
-        advantages = read(_ADVANTAGES)
-        floors = {v for v in keyword_values(advantages, "clamp", "min") if 0 < v < 1e-3} \
-            if advantages else set()
-        return _measured(_only(floors, "advantage variance floor"),
-                         f"{_ADVANTAGES}: the floor the batch variance is clamped to before "
-                         "rsqrt") if floors else None
+        advantages = read(_ADVANTAGES)  # the estimators arrive in v0.6.0
+        return None if advantages is None else _variance_floor(advantages, _ADVANTAGES)
 
     return _each({"advantage_variance_floor": variance_floor})
 

@@ -77,15 +77,9 @@ def openrlhf_main_block(wheel: Path) -> types.CodeType:
     release's own post-parse checks, then ``train(args)``), compiled from the wheel without
     installing it. The one pure helper module the hierarchical releases import is put in
     ``sys.modules`` (``openrlhf.utils.config``); the caller restores them if it must."""
-    with zipfile.ZipFile(wheel) as zf:
-        names = zf.namelist()
-
-        def source(suffix: str) -> str | None:
-            match = [n for n in names if n.endswith(suffix)]
-            return zf.read(match[0]).decode() if match else None
-
-        main_source = source("openrlhf/cli/train_ppo_ray.py")
-        config_source = source("openrlhf/utils/config.py")
+    read = wheel_reader(wheel)
+    main_source = read("openrlhf/cli/train_ppo_ray.py")
+    config_source = read("openrlhf/utils/config.py")
     if main_source is None:
         raise SystemExit(f"{wheel}: no openrlhf/cli/train_ppo_ray.py")
     if config_source is not None:
@@ -166,13 +160,6 @@ def verl_surface(source: Path, version: str | None = None) -> dict[str, Any]:
 
     from hydra import compose, initialize_config_dir
 
-    from_wheel = wheel_reader(source)
-
-    def from_folder(path: str) -> str | None:
-        # an installed config folder is verl/trainer/config under the site-packages root
-        file = config_dir.resolve().parents[2] / path
-        return file.read_text(encoding="utf-8") if file.is_file() else None
-
     with tempfile.TemporaryDirectory() as tmp:
         if source.suffix == ".whl":
             match = re.match(r"verl-([^-]+)-", source.name)
@@ -191,7 +178,9 @@ def verl_surface(source: Path, version: str | None = None) -> dict[str, Any]:
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
             cfg = compose(config_name="ppo_trainer")
         options = _leaves(cfg)
-        read = from_wheel if source.suffix == ".whl" else from_folder
+        # an installed config folder is verl/trainer/config under the site-packages root
+        read = wheel_reader(source) if source.suffix == ".whl" else \
+            folder_reader(config_dir.resolve().parents[2])
         for key, values in domains.verl_domains(read, options).items():
             options[key]["values"] = values
         measured = quantities.verl_quantities(read)
