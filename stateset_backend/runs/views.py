@@ -45,8 +45,9 @@ def _attempt_results(store: RunStore, run_id: str,
 
 def _no_result(folder: Path, provider: str) -> str:
     """Why an attempt has no result yet: its `run` still runs, or died and its tether with it
-    (the next `run` of a local plan records it: this view loads no engine plugin to collect
-    it). A cluster's job outlives its `run`: what the cluster says of it now."""
+    (the next `run` of the plan records it, a Slurm one once its job has ended: this view
+    loads no engine plugin to collect it). A cluster's job outlives its `run`: what the
+    cluster says of it now."""
     job_file = folder / "slurm" / "job_id"
     if provider == "slurm" and job_file.is_file():
         job = job_file.read_text(encoding="utf-8", errors="replace").strip()
