@@ -198,13 +198,15 @@ def _drop_finished(buffers: list[tuple[Tensor, Tensor]], live: Tensor | None, al
 def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int,
            temperature: float, top_p: float, eos_id: int, pad_id: int,
            generator: torch.Generator | Sequence[torch.Generator] | None,
-           greedy: bool = False,
-           group_size: int = 1, top_k: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+           greedy: bool = False, group_size: int = 1, top_k: int | None = None,
+           max_total_tokens: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(response_ids, response_mask, sample_logprobs), each [N, T]; NaN log-prob after EOS.
 
     Top-k, then top-p, filter the temperature-scaled distribution (vLLM's order); the recorded
     log-prob is the token's under the unfiltered distribution. ``greedy`` takes the argmax.
     ``generator`` is one generator for the whole batch, or one per group (group_generators).
+    ``max_total_tokens`` shares one budget between a row's prompt and its response
+    (``response_caps``); a row that reaches it ends as one that reaches ``max_new_tokens``.
     """
     # the model's own forward samples in eval mode; the grouped forward has no mode to set
     # (it runs only for models without dropout), and setting one walks every module twice
@@ -216,6 +218,8 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
     logits, advance = _decoder(model, prompt_ids, prompt_mask, group_size, max_new_tokens)
     u = None if greedy else uniforms(generator, n, max_new_tokens, group_size)
     finished = torch.zeros(n, dtype=torch.bool, device=device)
+    caps = None if max_total_tokens is None else \
+        response_caps(prompt_mask, max_new_tokens, max_total_tokens)
     ids, masks, logps = [], [], []
     for step in range(max_new_tokens):
         log_probs = torch.log_softmax(_scaled(logits, temperature), dim=-1)
@@ -230,12 +234,22 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
         masks.append((~finished).float())
         logps.append(lp.masked_fill(finished, float("nan")))
         finished = finished | (token == eos_id)
+        if caps is not None:
+            finished = finished | (caps <= step + 1)
         if bool(finished.all()) or step == max_new_tokens - 1:
             break
         logits = advance(ids[-1], ~finished)
     if toggled:
         model.train()
     return torch.stack(ids, 1), torch.stack(masks, 1), torch.stack(logps, 1)
+
+
+def response_caps(prompt_mask: Tensor, max_new_tokens: int, max_total_tokens: int) -> Tensor:
+    """Each row's most response tokens: what its prompt leaves of ``max_total_tokens``, at
+    most ``max_new_tokens``, and at least one (a row with no response token is no sample;
+    the batch check refuses it)."""
+    left = max_total_tokens - prompt_mask.long().sum(-1)
+    return left.clamp(min=1, max=max_new_tokens)
 
 
 def response_logprobs(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor,

@@ -388,7 +388,8 @@ class Trainer:
                 temperature=decoding.temperature or 1.0, top_p=decoding.top_p,
                 top_k=decoding.top_k, eos_id=self.tokenizer.eos_token_id,
                 pad_id=self.tokenizer.pad_token_id, generator=generator,
-                greedy=decoding.temperature == 0, group_size=group_size)
+                greedy=decoding.temperature == 0, group_size=group_size,
+                max_total_tokens=getattr(spec.data, "max_total_tokens", None))
         texts = self.decode(response_ids, response_mask)
         rewards = torch.tensor([self.reward_fn(r.prompt, t, r.answer)
                                 for r, t in zip(rows, texts, strict=True)])

@@ -295,3 +295,34 @@ def test_rms_norm_in_one_call_is_the_llama_formula_bit_for_bit():
     for a, b in zip(torch.autograd.grad(fused, (x, weight), up),
                     torch.autograd.grad(formula, (x, weight), up), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_a_shared_token_budget_gives_longer_prompts_shorter_responses(kind):
+    """With ``max_total_tokens`` a row's prompt and response share one budget: a row that
+    reaches it ends as one that reaches ``max_new_tokens`` (no EOS, its tokens so far), and
+    what every row draws up to its end is what it draws without the budget, bit for bit."""
+    from stateset_backend.native.rollout import group_generators
+
+    model = _llama_family(kind)
+    pids, pmask, _, _, size = _grouped_batch()  # prompts of 4, 6 and 7 tokens
+    kwargs = dict(max_new_tokens=10, temperature=0.9, top_p=1.0, eos_id=-1, pad_id=0,
+                  group_size=size)
+
+    def drawn(**budget):
+        return sample(model, pids, pmask, generator=group_generators(1, 2, range(3)),
+                      **kwargs, **budget)
+
+    free, capped = drawn(), drawn(max_total_tokens=12)
+    assert torch.equal(free[0], drawn(max_total_tokens=None)[0])
+    prompt = pmask.sum(-1).long()
+    lengths = capped[1].sum(-1).long()
+    assert sorted(set(prompt.tolist())) == [4, 6, 7]
+    assert torch.equal(lengths, (12 - prompt).clamp(max=10))
+    assert (free[1].sum(-1) == 10).all()  # no EOS: without the budget every row runs to 10
+    on = capped[1].bool()
+    assert torch.equal(capped[0][on], free[0][:, :capped[0].shape[1]][on])
+    assert torch.equal(capped[2][on], free[2][:, :capped[2].shape[1]][on])
+    assert torch.isnan(capped[2][~on]).all()
+    # a prompt that already fills the budget still gets one token: no row is left empty
+    assert (drawn(max_total_tokens=5)[1].sum(-1) == 1).all()
