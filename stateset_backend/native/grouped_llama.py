@@ -17,7 +17,7 @@ through the model's own forward.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -88,6 +88,18 @@ class PromptKeys:
     values: list[Tensor]
     bias: Tensor  # [G, 1, 1, P]: 0 where a prompt token is real, -inf on left padding
     last_hidden: Tensor  # [G, hidden]: the final hidden state at each prompt's last position
+    _operands: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict, repr=False)
+
+    def operands(self, layer: int) -> tuple[Tensor, Tensor]:
+        """The layer's keys, transposed, and values, each contiguous: as the per-group
+        products read them. Both are strided views of the projections (heads before
+        positions), which the product copied into this layout at every token step; made
+        once per prompt instead, the product reads the same numbers in the same layout."""
+        got = self._operands.get(layer)
+        if got is None:
+            got = self._operands[layer] = (self.keys[layer].transpose(-1, -2).contiguous(),
+                                           self.values[layer].contiguous())
+        return got
 
 
 @dataclass(frozen=True)
@@ -347,11 +359,10 @@ class GroupedLlama:
                 keys[:, :, past_len:past_len + t] = k
                 values[:, :, past_len:past_len + t] = v
                 k, v = keys[:, :, :past_len + t], values[:, :, :past_len + t]
-            if groups is None:
-                out = self._attend(q, k, v, prompt.keys[i], prompt.values[i], prompt.bias,
-                                   own_bias, g, group_size, live)
+            if own_bias is None or (groups is None and t < FUSED_FROM_TOKENS):
+                out = self._attend(q, k, v, *prompt.operands(i), prompt.bias, own_bias, g,
+                                   group_size, live)
             else:
-                assert own_bias is not None
                 out = self._attend_fused(q, k, v, prompt.keys[i], prompt.values[i],
                                          prompt.bias, own_bias, group_size, groups)
             x = x + F.linear(out, *layer.o)
@@ -369,21 +380,20 @@ class GroupedLlama:
         shape = (rows, self.kv_heads, steps, self.head_dim)
         return [(like.new_empty(shape), like.new_empty(shape)) for _ in self.layers]
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, pk: Tensor, pv: Tensor,
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, pk_t: Tensor, pv: Tensor,
                 prompt_bias: Tensor, own_bias: Tensor | None, g: int, s: int,
                 live: Tensor | None = None) -> Tensor:
         """One softmax over [group prompt keys | own response keys]; returns [N, T, H*D].
+        ``pk_t``, ``pv``: the prompt's transposed keys and its values (PromptKeys.operands).
         ``own_bias`` None: every response key is visible (adding its zeros changes nothing).
         ``live``: the rows whose own keys ``k`` and ``v`` hold, in their order (extend's
         ``live``); the other rows' outputs are left as their prompt part alone."""
         n, heads, t, d = q.shape
-        kv, rep, p = self.kv_heads, self.rep, pk.shape[2]
-        if t >= FUSED_FROM_TOKENS and own_bias is not None:
-            return self._attend_fused(q, k, v, pk, pv, prompt_bias, own_bias, s)
+        kv, rep, p = self.kv_heads, self.rep, pk_t.shape[3]
         q = q * self.scaling  # on the queries: fewer numbers than the scores
         # against the prompt: the group's S*rep*T query rows share one product per kv head
         qg = q.reshape(g, s, kv, rep, t, d).transpose(1, 2).reshape(g, kv, s * rep * t, d)
-        prompt_scores = _as(qg @ pk.transpose(-1, -2), torch.float32) + prompt_bias
+        prompt_scores = _as(qg @ pk_t, torch.float32) + prompt_bias
         prompt_scores = prompt_scores.view(g, kv, s, rep, t, p).transpose(1, 2)
         prompt_scores = prompt_scores.reshape(n, kv, rep, t, p)
         if live is not None:
