@@ -280,6 +280,13 @@ def _validation(doc: dict[str, Any], files: SampleFiles) -> None:
     doc["evaluation"] = {**doc.get("evaluation", {}), "every": 2}
 
 
+def _shared_budget(doc: dict[str, Any], files: SampleFiles) -> None:
+    """A budget that binds: below the two limits' sum, above the prompt limit."""
+    data = doc["data"]
+    data["max_total_tokens"] = data.get("max_prompt_tokens", 512) + \
+        data.get("max_response_tokens", 512) // 2
+
+
 def _dtype(name: str) -> Change:
     def change(doc: dict[str, Any], files: SampleFiles) -> None:
         doc["model"]["dtype"] = name
@@ -337,6 +344,7 @@ def _candidates(capability: str) -> list[tuple[Change, frozenset[str]]]:
         "overlong_penalty": [
             (_set("algorithm.overlong", {"buffer_tokens": 16, "penalty": 1.0}), set())],
         "entropy_bonus": [(_set("algorithm.entropy_coef", 0.001), set())],
+        "shared_token_budget": [(_shared_budget, set())],
         "lora": [(_set("model.lora", {"rank": 8, "alpha": 16,
                                       "target_modules": ["q_proj", "v_proj"]}), set()),
                  (_set("model.lora", {"rank": 8, "alpha": 16}), set())],
@@ -412,6 +420,8 @@ def _repair(doc: dict[str, Any], cap: str, claimed: frozenset[str],
         alg["overlong"] = None
     elif cap == "entropy_bonus":
         alg["entropy_coef"] = 0.0
+    elif cap == "shared_token_budget":
+        doc["data"].pop("max_total_tokens", None)
     elif family == "ratio" and alg.get("objective") != "gspo":
         alg["ratio_level"] = "token" if value == "sequence" else "sequence"
     elif family == "rollout":

@@ -34,6 +34,7 @@ _STANDALONE = {
     "zero_variance:exclude",
     "dynamic_sampling",
     "overlong_penalty",
+    "shared_token_budget",
     "entropy_bonus",
     "lora",
     "multi_turn",
@@ -114,6 +115,8 @@ def _rl_capabilities(spec: ExperimentSpec) -> set[str]:
         need.add("dynamic_sampling")
     if alg.overlong is not None:
         need.add("overlong_penalty")
+    if spec.data.max_total_tokens is not None:
+        need.add("shared_token_budget")
     if alg.entropy_coef > 0:
         need.add("entropy_bonus")
     if alg.gae is not None:

@@ -51,6 +51,9 @@ _UNITS = ("budget.prompts_per_update", "algorithm.group_size", "budget.mini_batc
           "resources.nodes")
 # Token limits some engines read as one sum (a prompt and its response).
 _SUMMANDS = ("data.max_prompt_tokens", "data.max_response_tokens")
+# The budget a prompt and its response share, which binds only below their sum and above the
+# prompt limit: it moves with them.
+_SHARED_TOTAL = "data.max_total_tokens"
 
 
 def bare(key: str) -> str:
@@ -244,11 +247,19 @@ class Solver:
             for item in _converted(raw, kinds, numbers, summands):
                 if fresh(item):
                     yield item
+            # a limit an engine counts with one token more (NeMo RL's max_input_seq_length is
+            # the prompt limit plus one) or one fewer
+            if path in (*_SUMMANDS, _SHARED_TOTAL) and type(raw) is int:
+                for item in (raw - 1, raw + 1):
+                    if fresh(item):
+                        yield item
 
     def _touched(self, spec: ExperimentSpec, path: str) -> list[Any]:
         """The values the engine reads at the keys this leaf's rule sets."""
-        for probe in [spec, *filter(None, (_with(spec, path, v)
-                                           for v in _neutral(annotation_at(path))))]:
+        starts = _neutral(annotation_at(path))
+        if path == _SHARED_TOTAL:  # the one value that surely binds
+            starts = [spec.data.max_prompt_tokens + 1]
+        for probe in [spec, *filter(None, (_with(spec, path, v) for v in starts))]:
             rows = self.rows(probe)
             row = next((r for r in rows or [] if r.path == path), None)
             if row is not None and row.native:  # a refused value sets nothing: probe others
@@ -275,8 +286,8 @@ def _governed(path: str, old: Any, new: Any) -> tuple[str, ...]:
         return ("algorithm.",)
     if old is None and isinstance(new, dict):  # its own leaves, and its siblings' meaning
         return (path.rsplit(".", 1)[0] + "." if "." in path else path + ".",)
-    if path in _SUMMANDS:
-        return tuple(p for p in _SUMMANDS if p != path)
+    if path in (*_SUMMANDS, _SHARED_TOTAL):
+        return tuple(p for p in (*_SUMMANDS, _SHARED_TOTAL) if p != path)
     if path in _UNITS:  # the others are counted in this one's units
         return tuple(p for p in _UNITS if p != path)
     return ()

@@ -348,7 +348,14 @@ class Data(_Section):
     test: DataSplit | None = None
     max_prompt_tokens: PositiveInt = 512
     max_response_tokens: PositiveInt = Field(512, description="the total limit is "
-                                             "max_prompt_tokens + max_response_tokens")
+                                             "max_prompt_tokens + max_response_tokens, "
+                                             "unless max_total_tokens is lower")
+    max_total_tokens: PositiveInt | None = Field(
+        None, description="a budget a prompt and its response share: a response also stops "
+                          "when prompt + response tokens reach it, so a longer prompt leaves "
+                          "a shorter response (vLLM's max_model_len); null = none. A value of "
+                          "at least max_prompt_tokens + max_response_tokens never binds and is "
+                          "read as null")
     chat_template: bool = Field(True, description="render prompts with the model's chat "
                                 "template (a text prompt is one user message)")
     prompt_overflow: PromptOverflow = Field(
@@ -356,6 +363,19 @@ class Data(_Section):
                             "before training, truncated from the left or right, or an error")
     shuffle: bool = Field(True, description="each pass over the train split is shuffled "
                                             "(seeded)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unbinding_total_is_none(cls, data: Any) -> Any:
+        """A shared budget no prompt and response can reach changes nothing: it is the same
+        experiment as none, so it must have the same digest."""
+        if not isinstance(data, dict) or data.get("max_total_tokens") is None:
+            return data
+        total, prompt, response = (data.get(k, 512) for k in (
+            "max_total_tokens", "max_prompt_tokens", "max_response_tokens"))
+        if all(type(v) is int for v in (total, prompt, response)) and total >= prompt + response:
+            return {**data, "max_total_tokens": None}
+        return data
 
 
 _ENTRYPOINT = re.compile(r"^[^:]+\.py:[A-Za-z_][A-Za-z0-9_]*$")
@@ -588,6 +608,18 @@ class ExperimentSpec(_Section):
             raise ValueError("multi_turn and tool_use environments give the reward "
                              "(reward.kind 'environment'); a single_turn spec needs a reward "
                              "function")
+        total = self.data.max_total_tokens
+        if total is not None:
+            if conversation:
+                raise ValueError("data.max_total_tokens is a single-turn budget: a conversation "
+                                 "shares environment.max_total_tokens")
+            if self.algorithm.objective == SUPERVISED:
+                raise ValueError("data.max_total_tokens caps sampled responses, and sft samples "
+                                 "none: limit answers with data.max_response_tokens")
+            if total <= self.data.max_prompt_tokens:
+                raise ValueError(f"data.max_total_tokens ({total}) must exceed "
+                                 f"data.max_prompt_tokens ({self.data.max_prompt_tokens}): a "
+                                 "prompt of that length would leave no room for a response")
         if self.budget.mini_batches > self.budget.prompts_per_update:
             raise ValueError("budget.mini_batches cannot exceed budget.prompts_per_update")
         if self.algorithm.objective == SUPERVISED:
@@ -605,4 +637,5 @@ NON_IDENTITY_FIELDS: frozenset[str] = frozenset({"version", "name", "labels", "e
 
 # Sections added after v2 was published, left out of the experiment digest while null, so an
 # experiment written before they existed keeps its digest (and its stored runs stay resumable).
-ABSENT_WHEN_NULL: tuple[tuple[str, str], ...] = (("algorithm", "sft"), ("model", "from_run"))
+ABSENT_WHEN_NULL: tuple[tuple[str, str], ...] = (("algorithm", "sft"), ("model", "from_run"),
+                                                  ("data", "max_total_tokens"))

@@ -157,6 +157,13 @@ CORE_HANDLED: dict[str, str] = {
 }
 
 
+# Leaves added to the spec after plugins were written against it, each inert at its default:
+# an adapter with no rule for one refuses a spec that sets it, rather than failing.
+NEWER_LEAVES: dict[str, str] = {
+    "data.max_total_tokens": "a budget a prompt and its response share",
+}
+
+
 def inert_reason(spec: ExperimentSpec, path: str) -> str | None:
     """Why a leaf cannot change this experiment on any engine, or None when it can."""
     supervised = spec.algorithm.objective == SUPERVISED
@@ -176,6 +183,8 @@ def inert_reason(spec: ExperimentSpec, path: str) -> str | None:
     if path in ("algorithm.advantage.std", "algorithm.advantage.epsilon") and \
             not spec.algorithm.advantage.std_normalize:
         return "advantages are not divided by a std (std_normalize is false)"
+    if path == "data.max_total_tokens" and spec.data.max_total_tokens is None:
+        return "no shared budget: a response is limited by data.max_response_tokens alone"
     if path == "evaluation.select_by" and spec.evaluation.select_by is None:
         return "no checkpoint is selected by a metric"
     if path.startswith("environment.") and path not in ("environment.kind",
@@ -243,6 +252,11 @@ def explain_rows(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect,
             rows.append(FieldRow(path, value, "inert", reason=inert))
             continue
         rule = rule_for(rules, path)
+        if rule is None and path in NEWER_LEAVES:
+            rows.append(FieldRow(path, value, "refused", reason=(
+                f"the {engine} adapter predates {path} ({NEWER_LEAVES[path]}) and says nothing "
+                "of it")))
+            continue
         if rule is None:
             raise AdapterBug(f"the {engine} adapter has no rule for {path}")
         rows.append(_resolve(path, value, rule(value, spec), spec, dialect, engine))

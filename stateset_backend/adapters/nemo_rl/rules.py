@@ -158,6 +158,8 @@ def rule_set(dialect: Dialect, k: NemoRLKeys) -> RuleSet:
         "data.max_prompt_tokens": lambda v, s: Pinned({
             **lengths(s), "data.max_input_seq_length": v + 1}),
         "data.max_response_tokens": lambda v, s: Pinned(lengths(s)),
+        # vLLM stops a sequence at max_model_len, which NeMo RL sets from this limit
+        "data.max_total_tokens": lambda v, s: Pinned(lengths(s)),
         "data.chat_template": only(lambda v: v is True, "the NeMo RL launch renders every "
                                    "prompt with the model's chat template",
                                    to("policy.tokenizer.chat_template_kwargs",

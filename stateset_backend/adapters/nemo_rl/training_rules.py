@@ -45,7 +45,8 @@ def lengths(spec: ExperimentSpec) -> dict[str, Any]:
         return {"policy.max_total_sequence_length": total_limit(spec),
                 "policy.generation.max_new_tokens": turn_limit(spec)}
     data = spec.data
-    return {"policy.max_total_sequence_length": data.max_prompt_tokens + data.max_response_tokens,
+    total = data.max_total_tokens or data.max_prompt_tokens + data.max_response_tokens
+    return {"policy.max_total_sequence_length": total,
             "policy.generation.max_new_tokens": data.max_response_tokens}
 
 

@@ -38,6 +38,7 @@ from stateset_backend.plugin import (
     hardcoded,
     only,
     pinned_model_path,
+    refuse,
     to,
     total_limit,
     turn_limit,
@@ -79,6 +80,12 @@ def rule_set(f: OpenRLHFKeys) -> RuleSet:
                                 lambda v, s: Hardcoded("vllm with min_tokens=1",
                                                        "min_one_response_token",
                                                        {f.vllm_engines: 1})),
+        # --max_len is shared only with --max_new_tokens unset, when nothing else caps a
+        # response and no prompt is cut at max_prompt_tokens: not the spec's two limits
+        "data.max_total_tokens": refuse(
+            "OpenRLHF shares --max_len between a prompt and its response only when "
+            "--max_new_tokens is unset, and then no response limit applies and no prompt is "
+            "cut at data.max_prompt_tokens"),
         "rollout.temperature": to(f.temperature),
         "rollout.top_p": to(f.top_p),
         "rollout.top_k": lambda v, s: Pinned({}, "OpenRLHF never passes top_k to vLLM "

@@ -76,6 +76,7 @@ from stateset_backend.plugin import (
     gpu_workers,
     hardcoded,
     only,
+    refuse,
     rl_objective,
     to,
     total_limit,
@@ -145,6 +146,9 @@ def rule_set(dialect: Dialect, keys: VerlKeys) -> RuleSet:
                                                 "reward_model.ground_truth"),
         "data.max_prompt_tokens": to("data.max_prompt_length"),
         "data.max_response_tokens": to("data.max_response_length"),
+        "data.max_total_tokens": refuse("verl's rollout gives every response "
+                                        "data.max_response_length tokens whatever its "
+                                        "prompt's length; it has no budget they share"),
         "data.chat_template": hardcoded(True, "chat_template"),
         "data.prompt_overflow": prompt_overflow(k),
         "data.shuffle": to("data.shuffle"),

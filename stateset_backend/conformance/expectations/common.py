@@ -26,7 +26,8 @@ def sequence_tokens(spec: ExperimentSpec) -> int:
     """A whole sequence's tokens, as the spec limits it: prompt and response, or a whole
     conversation (docs/environments.md)."""
     if single_turn(spec):
-        return spec.data.max_prompt_tokens + spec.data.max_response_tokens
+        return spec.data.max_total_tokens or \
+            spec.data.max_prompt_tokens + spec.data.max_response_tokens
     return total_limit(spec)
 
 

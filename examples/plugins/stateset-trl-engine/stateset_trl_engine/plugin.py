@@ -514,6 +514,9 @@ def _data_rules(f: TRLKeys) -> dict[str, Any]:
         "data.max_response_tokens": by_trainer(to(f.max_completion_length), lambda v, s: Pinned(
             {LAUNCH + "max_response_tokens": v}, "the launch cuts each answer, ended by EOS, at "
             "max_response_tokens tokens (SFTConfig's max_length stays off)")),
+        "data.max_total_tokens": refuse("TRL's GRPOTrainer gives every completion "
+                                        "max_completion_length tokens whatever its prompt's "
+                                        "length; it has no budget they share"),
         "data.chat_template": chat_template,
         "data.prompt_overflow": overflow,
         "data.shuffle": by_trainer(to(f.shuffle_dataset), lambda v, s: Pinned(
