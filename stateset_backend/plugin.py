@@ -75,6 +75,7 @@ from stateset_backend.spec.model import LOWER_IS_BETTER, ExperimentSpec
 from stateset_backend.spec.modeltree import all_leaf_paths, leaves
 from stateset_backend.spec.schedule import NEXT_LR
 from stateset_backend.translate import overrides
+from stateset_backend.translate.execution import ExecutionDefault, execution_defaults
 from stateset_backend.translate.hub import pinned_model_path, revision_outcome
 from stateset_backend.translate.rules import (
     CORE_HANDLED,
@@ -140,6 +141,7 @@ __all__ = [
     "Dialect",
     "DialectKeys",
     "EngineAdapter",
+    "ExecutionDefault",
     "ExperimentSpec",
     "Hardcoded",
     "InvalidInput",
@@ -175,6 +177,7 @@ __all__ = [
     "distribution_version",
     "environment_file",
     "even_split",
+    "execution_defaults",
     "external_rules",
     "gpu_workers",
     "hardcoded",

@@ -27,6 +27,7 @@ from stateset_backend.spec.digest import binding_digest, experiment_digest, plan
 from stateset_backend.spec.files import SAFE_INTEGER, parse_spec
 from stateset_backend.spec.inputs import check_budget_fits, check_chat_template
 from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.translate.execution import ExecutionDefault, execution_defaults, reached
 from stateset_backend.translate.rules import Translation, option_conflict, translate
 
 PLAN_SCHEMA_ID = "stateset-backend/plan/v2"
@@ -128,15 +129,16 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     _refuse_inexact_integers(adapter.name, {"native": native, **launch.to_json()})
     options = spec.engine_options.get(adapter.name, {})
     if options:
-        # What the launch sets on its own (identity, outputs, fixed switches, memory knobs) is
-        # what it sets without the options: rendered once more without them, to guard it.
+        # What the launch sets on its own (identity, outputs, fixed switches, execution
+        # defaults) is what it sets without the options: rendered once more without them.
         own = Translation({k: v for k, v in translation.native.items()
                            if translation.sources.get(k) != f"engine_options.{adapter.name}"},
                           translation.sources, translation.rows)
         with entry.guard("rendering the launch"):
             bare = adapter.render(own, spec, ctx)
         guard_engine_options(adapter.name, options,
-                             bare.native if bare.native is not None else own.native)
+                             bare.native if bare.native is not None else own.native,
+                             execution_defaults(dialect))
     settings, provider_files = _provider_files(provider, provider_settings or {}, adapter,
                                                run_id, spec, Path(base))
     launched = launch.to_json()
@@ -237,17 +239,24 @@ def check_engine_options(entry: AdapterEntry, engine_version: str,
     check_options(entry.adapter.name, engine_version, options, plugin_surface)
 
 
-def guard_engine_options(engine: str, options: dict[str, Any], native: dict[str, Any]) -> None:
-    """``engine_options`` may add what the spec does not describe; it may never reach a key
-    the launch sets by itself (``native``: rendered without the options) for identity,
-    outputs, a spec setting or a fixed switch, in any spelling."""
+def guard_engine_options(engine: str, options: dict[str, Any], native: dict[str, Any],
+                         execution: dict[str, ExecutionDefault] | None = None) -> None:
+    """``engine_options`` may add what the spec does not describe and change the launch's
+    declared execution defaults (``execution``: keys set only for memory, speed or
+    placement); it may never reach any other key the launch sets by itself (``native``:
+    rendered without the options) for identity, outputs, a spec setting or a fixed switch,
+    in any spelling."""
     owned = list(native)
-    for key in options:
-        taken = option_conflict(key, owned)
+    for key, value in options.items():
+        try:
+            taken = reached(key, value, owned, execution or {}, option_conflict)
+        except InvalidInput as exc:
+            raise InvalidInput(f"engine_options.{engine}.{exc.message}") from None
         if taken is not None:
             raise InvalidInput(f"engine_options.{engine}.{key}: would change {taken}, which "
-                               "stateset-backend sets for this run's identity, outputs or a "
-                               "spec setting")
+                               "stateset-backend sets for this run's identity, outputs, a spec "
+                               "setting or the math (it is not one of this release's "
+                               "execution defaults)")
 
 
 def write_plan(plan: LaunchPlan, path: str | os.PathLike[str]) -> None:

@@ -357,7 +357,10 @@ class Translation:
 
 def translate(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect, engine: str,
               version: str) -> Translation:
-    """Resolve every leaf; refuse on any refusal or engine_options override."""
+    """Resolve every leaf; refuse on any refusal or an engine_options entry that reaches a
+    key a rule pins (other than a declared execution default)."""
+    from stateset_backend.translate.execution import execution_defaults, merged, reached
+
     native: dict[str, Any] = {}
     sources: dict[str, str] = {}
     refused: list[str] = []
@@ -374,13 +377,17 @@ def translate(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect, engine: st
     if refused:
         raise Unsupported(f"{engine} {version} cannot honour: " + problems_text(refused),
                           details={"refused": refused})
+    execution = execution_defaults(dialect)
     for key, value in spec.engine_options.get(engine, {}).items():
-        taken = option_conflict(key, native)
+        try:
+            taken = reached(key, value, native, execution, option_conflict)
+        except InvalidInput as exc:
+            raise InvalidInput(f"engine_options.{engine}.{exc.message}") from None
         if taken is not None:
             raise InvalidInput(f"engine_options.{engine}.{key}: overrides the key that "
                                f"{sources[taken]} pins ({taken}); change {sources[taken]} "
                                "instead")
-        native[key] = value
+        native[key] = merged(native.get(key), value)
         sources[key] = f"engine_options.{engine}"
     return Translation(native, sources, tuple(rows))
 

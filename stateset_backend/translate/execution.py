@@ -1,0 +1,105 @@
+"""Execution defaults: the keys a launch sets only for memory, speed or placement, which
+``engine_options`` may change.
+
+Everything else a launch sets (identity, outputs, a spec setting, a fixed switch that changes
+the math) is guarded: no ``engine_options`` entry may reach it. An execution default is
+declared, for each release, in the contract's dialect under ``keys.execution``, each with the
+reason its value cannot change the experiment's math, so the reader of the contract sees the
+whole list and its argument in one place. A key whose value changes the math on some values
+names the values that do not (``{"reason": ..., "values": [...]}``). The binding digest
+records ``engine_options``, so two runs that differ only in an execution default are one
+experiment, launched two ways.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stateset_backend.common.errors import AdapterBug, InvalidInput
+
+EXECUTION = "execution"  # the dialect slot that declares them
+
+
+@dataclass(frozen=True)
+class ExecutionDefault:
+    reason: str
+    values: tuple[Any, ...] | None = None  # None: every value the engine's parser takes
+
+
+def execution_defaults(dialect: Any) -> dict[str, ExecutionDefault]:
+    """The execution defaults a dialect declares (none where it declares none)."""
+    raw = dialect.keys.get(EXECUTION) or {}
+    if not isinstance(raw, dict):
+        raise AdapterBug(f"dialect {dialect.name!r}: keys.{EXECUTION} maps native keys to the "
+                         "reason each cannot change the math")
+    out: dict[str, ExecutionDefault] = {}
+    for key, entry in raw.items():
+        if isinstance(entry, dict):
+            reason, values = entry.get("reason"), entry.get("values")
+        else:
+            reason, values = entry, None
+        if not isinstance(reason, str) or not reason.strip() or \
+                not (values is None or (isinstance(values, list) and values)):
+            raise AdapterBug(f"dialect {dialect.name!r}: keys.{EXECUTION}.{key}: a reason (a "
+                             "non-empty string) and, optionally, a non-empty list of values")
+        out[key] = ExecutionDefault(reason, None if values is None else tuple(values))
+    return out
+
+
+def _bare(key: str) -> str:
+    return key.lstrip("~+").split("=", 1)[0]
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + ".")
+
+
+def _covered(path: str, value: Any, execution: dict[str, ExecutionDefault]) -> bool:
+    """Every leaf a Hydra-style mapping value sets at ``path`` lies inside a declared
+    execution default."""
+    if any(_within(path, e) for e in execution):
+        return True
+    if isinstance(value, dict) and value and any(e.startswith(path + ".") for e in execution):
+        return all(_covered(f"{path}.{k}", v, execution) for k, v in value.items())
+    return False
+
+
+def reached(key: str, value: Any, taken: Any, execution: dict[str, ExecutionDefault],
+            conflict: Callable[[str, Any], str | None]) -> str | None:
+    """The guarded key in ``taken`` an ``engine_options`` entry would delete, add over,
+    override or shadow, or None where it reaches only declared execution defaults.
+
+    An entry may name an execution default exactly (an abbreviated flag never passes), a key
+    inside one, or a mapping the launch sets whole (or a key inside it) where every leaf it
+    sets lies inside a declared default: Hydra merges a mapping into a mapping, and the launch
+    merges its own value under the user's (``merged``). A value outside the declared values
+    is refused here, naming them. ``conflict`` is the rule kit's ``option_conflict``: every
+    spelling that reaches a key."""
+    bare = _bare(key)
+    hydra = not bare.startswith("-") and not key.startswith("~")
+    for other in taken:
+        if conflict(key, [other]) is None:
+            continue
+        theirs = _bare(str(other))
+        declared = execution.get(theirs)
+        if declared is not None and (bare == theirs or (hydra and _within(bare, theirs))):
+            if declared.values is not None and bare == theirs and value not in declared.values:
+                raise InvalidInput(f"{key}: {value!r} is not one of the values that leave the "
+                                   f"math unchanged ({', '.join(map(repr, declared.values))})")
+            continue
+        if hydra and _within(bare, theirs) and _covered(bare, value, execution):
+            continue  # inside a mapping the launch sets whole, only where it is declared
+        return str(other)
+    return None
+
+
+def merged(own: Any, option: Any) -> Any:
+    """What the engine reads where an option's mapping merges into the launch's own."""
+    if isinstance(own, dict) and isinstance(option, dict):
+        out = dict(own)
+        for k, v in option.items():
+            out[k] = merged(own.get(k), v)
+        return out
+    return option
