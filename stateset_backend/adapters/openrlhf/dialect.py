@@ -32,6 +32,8 @@ class OpenRLHFKeys(DialectKeys):
     nodes: str
     gpus_per_node: str
     vllm_engines: str
+    vllm_tensor_parallel_size: str  # GPUs per vLLM engine (engine_options may set it)
+    colocate_all: str  # every model and the vLLM engines on the same GPUs (engine_options)
     micro_rollout_batch_size: str
     micro_train_batch_size: str
     # algorithm
@@ -92,4 +94,7 @@ class OpenRLHFKeys(DialectKeys):
     fixed_min_lr_ratio: float | None  # the cosine floor when the release has no flag for it
     token_mean_over: str  # "micro_batch" (before 0.11.1) or "optimizer_step"
     fixed: dict[str, Any]  # switches every launch sets to the same value
+    # keys set only for memory, speed or placement, each with why it cannot change the math:
+    # engine_options may change them (translate.execution)
+    execution: dict[str, Any] = {}
     agent_func_path: str | None = None  # the agent executor file (multi-turn)

@@ -82,19 +82,12 @@ def launch(translation: Translation, spec: ExperimentSpec, ctx: LaunchContext,
              f.save_path: f"{RUN_DIR}/final"}
     episodes, rows = passes(spec, train_rows(spec, ctx.base_dir))
     budget = {f.num_episodes: episodes, f.max_samples: rows}
-    # Micro-batch sizes trade memory for speed (and, before 0.11.1, weigh the token mean,
-    # which the contract declares); OpenRLHF needs at least one micro-batch per actor
-    # process, so take the largest size (<= 8) that gives that. DeepSpeed also needs a
-    # training micro-batch that divides each rank's share of an optimizer step (its
-    # train_batch = micro x accumulation x ranks): 9 prompts x 4 samples on one rank is 36,
-    # which a micro-batch of 8 would stop at start-up.
-    processes = max(1, spec.resources.nodes * max(spec.resources.gpus_per_node, 1))
-    samples = spec.budget.prompts_per_update * spec.algorithm.group_size
-    micro = max(1, min(8, samples // processes))
-    share = max(1, samples // spec.budget.mini_batches // processes)
-    train_micro = max(d for d in range(1, min(8, share) + 1) if share % d == 0)
-    memory = {f.micro_rollout_batch_size: micro, f.micro_train_batch_size: train_micro}
-    native = with_owned_keys("openrlhf", {**f.fixed, **memory, **translation.native},
+    # The contract's execution defaults (keys.execution): engine_options may change them, so
+    # an option the user gave wins over the value chosen here.
+    chosen = {k for k, src in translation.sources.items() if src.startswith("engine_options.")}
+    execution = {k: v for k, v in _execution(spec, translation.native, f).items()
+                 if k not in chosen}
+    native = with_owned_keys("openrlhf", {**f.fixed, **translation.native, **execution},
                              {**owned, **budget})
     # the engine runs in the run folder: local splits are named by absolute path
     for key in (f.prompt_data, f.eval_data):
@@ -111,6 +104,33 @@ def launch(translation: Translation, spec: ExperimentSpec, ctx: LaunchContext,
         files={REWARD_SHIM_FILE: reward_shim(spec, ctx.base_dir, "OpenRLHF", REWARD_CALL)},
         env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "WANDB_API_KEY"],
         native=native)
+
+
+def _execution(spec: ExperimentSpec, native: dict[str, Any],
+               f: OpenRLHFKeys) -> dict[str, Any]:
+    """Micro-batch sizes and the vLLM engine count, chosen from the spec's resources.
+
+    Micro-batch sizes trade memory for speed (and, before 0.11.1, weigh the token mean, which
+    the contract declares); OpenRLHF needs at least one micro-batch per actor process, so take
+    the largest size (<= 8) that gives that. DeepSpeed also needs a training micro-batch that
+    divides each rank's share of an optimizer step (its train_batch = micro x accumulation x
+    ranks): 9 prompts x 4 samples on one rank is 36, which a micro-batch of 8 would stop at
+    start-up. vLLM engines that share the training GPUs (engine_options colocating every
+    model) fill them, one engine per tensor-parallel group; otherwise each engine takes GPUs
+    of its own beyond the spec's, so one, the fewest."""
+    processes = max(1, spec.resources.nodes * max(spec.resources.gpus_per_node, 1))
+    samples = spec.budget.prompts_per_update * spec.algorithm.group_size
+    micro = max(1, min(8, samples // processes))
+    share = max(1, samples // spec.budget.mini_batches // processes)
+    train_micro = max(d for d in range(1, min(8, share) + 1) if share % d == 0)
+    tensor_parallel = native.get(f.vllm_tensor_parallel_size)
+    if not isinstance(tensor_parallel, int) or isinstance(tensor_parallel, bool) or \
+            tensor_parallel < 1:
+        tensor_parallel = 1
+    engines = max(1, processes // tensor_parallel) if native.get(f.colocate_all) is True \
+        else 1
+    return {f.micro_rollout_batch_size: micro, f.micro_train_batch_size: train_micro,
+            f.vllm_engines: engines}
 
 
 def _conversation_files(spec: ExperimentSpec, ctx: LaunchContext) -> dict[str, str]:
