@@ -42,6 +42,8 @@ CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 CHECKPOINT_DIR = "checkpointing.checkpoint_dir"
 RUN_NAME_KEY = "logger.wandb.name"  # NeMo RL records its whole config as hparams
+VAL_BATCH = "grpo.val_batch_size"
+V2_WORKER = "policy.dtensor_cfg._v2"
 
 
 def launch(translation: Translation, spec: ExperimentSpec, ctx: LaunchContext,
@@ -50,11 +52,17 @@ def launch(translation: Translation, spec: ExperimentSpec, ctx: LaunchContext,
              RUN_NAME_KEY: ctx.run_name,
              CHECKPOINT_DIR: f"{RUN_DIR}/{CHECKPOINTS}"}
     base = Path(ctx.base_dir or ".")
-    # validation reads max_val_samples // val_batch_size batches: every row, in one batch
+    # validation reads max_val_samples // val_batch_size batches (a last partial batch only
+    # within that count): every row, in one batch unless engine_options sizes the batches
     rows = 1 if spec.data.validation is None else \
         _row_count(spec.data.validation.uri, base, "data.validation.uri")
-    owned.update({"grpo.max_val_samples": rows, "grpo.val_batch_size": rows})
-    native = with_owned_keys("nemo-rl", translation.native, owned)
+    batch = translation.native.get(VAL_BATCH, rows)
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise InvalidInput(f"engine_options.nemo-rl.{VAL_BATCH}: a positive whole number")
+    owned["grpo.max_val_samples"] = -(-rows // batch) * batch
+    # the contract's execution defaults (keys.execution), where engine_options leaves them
+    execution = {VAL_BATCH: rows, V2_WORKER: True}
+    native = with_owned_keys("nemo-rl", {**execution, **translation.native}, owned)
     config = f"{ENGINE_HOME}/{keys.config}"
     splits = local_splits(spec, base, "NeMo RL", "prompt_field", "answer_field")
     ds = spec.algorithm.dynamic_sampling
