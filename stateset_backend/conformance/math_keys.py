@@ -116,13 +116,19 @@ def unset_math_keys(keys: tuple[MathKey, ...], launch: dict[str, Any],
 
 def check_math_pinned(where: str, keys: tuple[MathKey, ...], options: dict[str, Any],
                       samples: Iterable[tuple[Any, Any]]) -> None:
-    """Every claimed sample's launch sets each math key that matters to it (CheckFailed
-    naming the keys, their defaults and the samples otherwise)."""
+    """Every claimed sample's launch sets each math key that matters to it, and its release
+    declares none of them an execution default (CheckFailed naming the keys, their defaults
+    and the samples otherwise)."""
     from stateset_backend.common.jsonio import flatten
     from stateset_backend.conformance.checks import CheckFailed
+    from stateset_backend.translate.execution import execution_defaults
 
     left: dict[str, list[str]] = {}
     for sample, plan in samples:
+        declared = math_execution_defaults(keys, execution_defaults(plan.resolved_dialect()))
+        if declared:
+            raise CheckFailed(f"{', '.join(declared)}: declared execution defaults of {where} "
+                              "that change the math; engine_options would reach them")
         launch = {k.lstrip("+"): v for k, v in flatten(plan.native).items()}
         unread = {k.lstrip("+") for k in plan.unread_defaults}
         for key in unset_math_keys(keys, launch, options, unread):
@@ -134,3 +140,19 @@ def check_math_pinned(where: str, keys: tuple[MathKey, ...], options: dict[str, 
         raise CheckFailed(f"{len(left)} engine keys that change the math are left at "
                           f"{where}'s default by the launches that read them: {shown}; set "
                           "each in the launch and record the release's default in the dialect")
+
+
+# Math keys that matter only through a count the launch derives from them: NeMo RL validates
+# max_val_samples // val_batch_size batches (algorithms/grpo.py validate), so a launch that
+# sets max_val_samples from the batch size it runs reads every row whatever that size is.
+RESIZED_BY: dict[str, str] = {"grpo.val_batch_size": "grpo.max_val_samples"}
+
+
+def math_execution_defaults(keys: tuple[MathKey, ...], execution: Iterable[str]) -> list[str]:
+    """The declared execution defaults (keys ``engine_options`` may change) that are math
+    keys, or keys inside or around one: a key whose default changes the math can never be a
+    setting of memory, speed or placement, whatever reason the contract gives (but a key
+    RESIZED_BY another, which the launch keeps owning)."""
+    named = [entry if isinstance(entry, str) else entry[0] for entry in keys]
+    return sorted({e for e in execution for k in named if e not in RESIZED_BY and
+                   (e == k or k.startswith(e + ".") or e.startswith(k + "."))})

@@ -20,6 +20,7 @@ from stateset_backend.conformance.checks.planning import CheckFailed, describe, 
 from stateset_backend.conformance.samples import SampleFiles
 from stateset_backend.engines.adapter import EngineAdapter
 from stateset_backend.plan.launch_plan import LaunchPlan
+from stateset_backend.translate.execution import ExecutionDefault, execution_defaults
 
 # -- user strings are data -------------------------------------------------------------------------
 HOSTILE = ("${oc.env:STATESET_PROBE}", "a'b", "--help", "x,y", "k=v", "a b", "\\", "[1]",
@@ -161,10 +162,15 @@ def spellings(key: str) -> list[tuple[str, Any]]:
 def check_option_keys(adapter: EngineAdapter, version: str, base: dict[str, Any],
                       plan: LaunchPlan, files: SampleFiles, option_key: str) -> int:
     """Every key the launch sets, in every spelling, as an ``engine_options`` entry: each
-    must be refused with exit 2 at plan time. Returns how many entries were refused."""
-    tried = 0
+    must be refused with exit 2 at plan time, but the release's declared execution defaults,
+    which must each be taken and read back (``check_execution_defaults``). Returns how many
+    entries were tried."""
+    tried = check_execution_defaults(adapter, version, base, plan, files)
+    execution = execution_defaults(plan.resolved_dialect())
     refused: set[str] = set()  # keys of several spellings ("+k", "k") share entries
     for key in owned_keys(plan, option_key):
+        if key.lstrip("+~") in execution:
+            continue  # an execution default: check_execution_defaults holds it
         for spelled, value in spellings(key):
             entry = repr((spelled, value))
             if entry in refused:
@@ -183,6 +189,62 @@ def check_option_keys(adapter: EngineAdapter, version: str, base: dict[str, Any]
                                   f"exit 2, got {describe(exc)}") from None
             raise CheckFailed(f"engine_options {spelled!r} reaches {key}, which the launch "
                               "sets, and the plan was made")
+    return tried
+
+
+def _other_value(current: Any, declared: ExecutionDefault) -> Any:
+    """A value of an execution default other than the launch's own, or None where the kit
+    cannot make one up (a string the engine reads as a name)."""
+    if declared.values is not None:
+        return next((v for v in declared.values if v != current), None)
+    if isinstance(current, bool):
+        return not current
+    if isinstance(current, int):
+        return current + 1
+    return None
+
+
+def check_execution_defaults(adapter: EngineAdapter, version: str, base: dict[str, Any],
+                             plan: LaunchPlan, files: SampleFiles) -> int:
+    """Each execution default the release declares (none a math key: ``math_keys`` checks
+    that with the other math keys) is taken from ``engine_options``: another value plans,
+    and the engine's own parser reads the user's value back; a value outside its declared
+    values is refused with exit 2. Returns how many entries were tried."""
+    from stateset_backend.conformance.readers import reader_for
+
+    execution = execution_defaults(plan.resolved_dialect())
+    support = adapter.kit_support()
+    reader = reader_for(adapter.name, support.parse_launch)
+    tried = 0
+    for key, declared in execution.items():
+        value = _other_value(plan.native.get(key), declared)
+        if value is None:
+            continue
+        doc = copy.deepcopy(base)
+        doc["engine_options"] = {adapter.name: {key: value}}
+        try:
+            taken = plan_doc(adapter, version, doc, files)
+        except Exception as exc:
+            raise CheckFailed(f"engine_options {key!r}: {value!r} (an execution default): "
+                              f"expected a plan, got {describe(exc)}") from None
+        read = flatten(reader(taken)) if reader is not None else dict(taken.native)
+        if read.get(key) != value:
+            raise CheckFailed(f"engine_options {key!r}: {value!r} (an execution default) "
+                              f"planned, but the engine reads {read.get(key)!r}")
+        tried += 1
+        if declared.values is not None:
+            outside = next(v for v in (0, -1, 10**6) if v not in declared.values)
+            doc["engine_options"] = {adapter.name: {key: outside}}
+            try:
+                plan_doc(adapter, version, doc, files)
+            except InvalidInput:
+                tried += 1
+                continue
+            except Exception as exc:
+                raise CheckFailed(f"engine_options {key!r}: {outside!r}: expected exit 2, got "
+                                  f"{describe(exc)}") from None
+            raise CheckFailed(f"engine_options {key!r}: {outside!r}, outside the values "
+                              "declared to leave the math unchanged, and the plan was made")
     return tried
 
 
