@@ -192,10 +192,16 @@ class Solver:
 
     def _sharing(self, spec: ExperimentSpec, path: str) -> list[str]:
         """The other leaves an engine reads from the same key as this one (verl's one
-        ``data.prompt_key`` for every split): they can only move together."""
+        ``data.prompt_key`` for every split; OpenRLHF's, which the validation split's rule
+        sets nothing for but must agree with): they can only move together."""
         rows = self.rows(spec) or []
         mine = next((set(r.native) for r in rows if r.path == path), set())
-        return [r.path for r in rows if r.path != path and mine & set(r.native)]
+        shared = [r.path for r in rows if r.path != path and mine & set(r.native)]
+        if path.startswith("data.train.") and path.endswith("_field"):
+            twin = "data.validation." + path.removeprefix("data.train.")
+            if twin not in shared and any(r.path == twin for r in rows):
+                shared.append(twin)
+        return shared
 
     def _trials(self, spec: ExperimentSpec, path: str,
                 value: Any) -> Iterator[tuple[Any, ExperimentSpec]]:
