@@ -86,8 +86,10 @@ def test_a_script_with_its_own_flags(tmp_path, cli_in_process):
     assert spec["budget"]["total_updates"] == 2  # one pass over 64 rows, 32 per update
     fates = {s["key"]: s for s in doc["settings"]}
     assert fates["--rollout.n_samples_per_prompt"]["spec_field"] == "algorithm.group_size"
-    # DeepSpeed's ZeRO stage is the hub's to set: named, with the guard's reason
-    assert fates["--ds.zero_stage"]["fate"] == "not_expressible"
+    # DeepSpeed's ZeRO stage is an execution default: kept in engine_options, read back
+    assert fates["--ds.zero_stage"]["fate"] == "engine_option"
+    assert fates["--ds.zero_stage"]["reproduced"] is True
+    assert options["--ds.zero_stage"] == fates["--ds.zero_stage"]["value"]
     assert "$WANDB_KEY" in "\n".join(doc["notes"])
     assert doc["round_trip"]["settings"] == len(doc["settings"]) + len(doc["refused"])
 

@@ -1,0 +1,150 @@
+"""Execution defaults: what a launch sets only for memory, speed or placement, which
+``engine_options`` may change, read back by the engine's own parser; every other key the
+launch sets (identity, outputs, a spec setting, a fixed switch that changes the math) stays
+out of the options' reach, and no declared execution default is a key that changes the math.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stateset_backend.common.errors import InvalidInput
+from stateset_backend.conformance.math_keys import (
+    RESIZED_BY,
+    math_execution_defaults,
+    math_keys_of,
+)
+from stateset_backend.conformance.readers import reader_for
+from stateset_backend.contracts.loader import parse_version
+from stateset_backend.contracts.surfaces import surface
+from stateset_backend.engines.registry import build_registry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.translate.execution import execution_defaults, reached
+from stateset_backend.translate.rules import option_conflict
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "external"
+RELEASES = {"openrlhf": ["0.9.8", "0.10.1", "0.10.2", "0.11.1", "0.11.2"],
+            "nemo-rl": ["0.5.0", "0.6.0", "0.7.0"]}
+
+
+@pytest.fixture
+def grpo(tmp_path: Path) -> dict[str, Any]:
+    shutil.copytree(EXAMPLES / "data", tmp_path / "data")
+    return json.loads((EXAMPLES / "grpo.json").read_text())
+
+
+def _plan(doc: dict[str, Any], engine: str, version: str, base: Path,
+          options: dict[str, Any] | None = None) -> Any:
+    doc = {**doc, "engine_options": {engine: options} if options else {}}
+    return make_plan(ExperimentSpec.model_validate(doc), build_registry().get(engine),
+                     version, base_dir=base)
+
+
+def _read(plan: Any) -> dict[str, Any]:
+    reader = reader_for(plan.engine, None)
+    assert reader is not None
+    return reader(plan)
+
+
+def _dialect(engine: str, version: str) -> Any:
+    return build_registry().get(engine).adapter.contract.dialect(parse_version(version))
+
+
+@pytest.mark.parametrize(("engine", "version"),
+                         [(e, v) for e, vs in RELEASES.items() for v in vs])
+def test_no_execution_default_changes_the_math(engine, version):
+    """Each declared key has its reason, is a key the release reads and is no math key of the
+    kit's independent list (a key the list counts only through a count the launch derives
+    from it stays owned: NeMo RL's max_val_samples)."""
+    dialect = _dialect(engine, version)
+    declared = execution_defaults(dialect)
+    assert declared, f"{engine} {version} declares no execution default"
+    options = surface(engine, version)["options"]
+    assert not math_execution_defaults(math_keys_of(engine, options, ()), declared)
+    for key, entry in declared.items():
+        assert len(entry.reason) > 40, key
+        assert key in options, key
+    assert all(v not in declared for v in RESIZED_BY.values())
+
+
+def test_a_math_key_declared_as_an_execution_default_is_caught():
+    keys = math_keys_of("openrlhf", {}, ())
+    assert math_execution_defaults(keys, ["--actor.adam.lr", "--ds.zero_stage"]) == \
+        ["--actor.adam.lr"]
+    assert math_execution_defaults(keys, ["--actor.adam"]) == ["--actor.adam"]
+
+
+@pytest.mark.parametrize("option", [
+    {"--reward.normalize_enable": True}, {"--algo.kl.target": 0.1},
+    {"--ds.load_in_4bit": True}, {"--train.enable_ema": True},
+    {"--algo.advantage.is_correction_enable": True}, {"--train.async_enable": True},
+    {"--actor.adam.lr": 1e-5}, {"--logger.wandb.run_name": "mine"}])
+def test_engine_options_never_reach_a_switch_that_changes_the_math(grpo, tmp_path, option):
+    with pytest.raises(InvalidInput, match=r"engine_options\.openrlhf\.--"):
+        _plan(grpo, "openrlhf", "0.11.1", tmp_path, option)
+
+
+def test_openrlhf_execution_defaults_are_taken_and_read_back(grpo, tmp_path):
+    options = {"--ds.zero_stage": 3, "--train.micro_batch_size": 1,
+               "--rollout.micro_batch_size": 16, "--ds.ring_attn_size": 2,
+               "--vllm.num_engines": 2, "--train.dynamic_batch_enable": True}
+    read = _read(_plan(grpo, "openrlhf", "0.11.1", tmp_path, options))
+    assert {k: read[k] for k in options} == options
+
+
+def test_a_value_outside_the_declared_ones_is_refused(grpo, tmp_path):
+    with pytest.raises(InvalidInput, match=r"--ds\.zero_stage: 0 is not one of"):
+        _plan(grpo, "openrlhf", "0.10.2", tmp_path, {"--ds.zero_stage": 0})
+
+
+def test_dynamic_batching_is_math_before_0_11_1(grpo, tmp_path):
+    """Before 0.11.1 dynamic batching weighs each micro-batch's token mean by its share of the
+    samples, which the declared deviation does not describe: it stays the hub's."""
+    with pytest.raises(InvalidInput, match="dynamic_batch_enable"):
+        _plan(grpo, "openrlhf", "0.10.2", tmp_path, {"--train.dynamic_batch_enable": True})
+    assert "--train.dynamic_batch_enable" in execution_defaults(_dialect("openrlhf", "0.11.1"))
+
+
+def test_vllm_engines_fill_colocated_gpus(grpo, tmp_path):
+    assert _read(_plan(grpo, "openrlhf", "0.11.2", tmp_path))["--vllm.num_engines"] == 1
+    colocated = {"--train.colocate_all": True, "--vllm.tensor_parallel_size": 2}
+    assert _read(_plan(grpo, "openrlhf", "0.11.2", tmp_path, colocated))[
+        "--vllm.num_engines"] == 4
+    mine = {**colocated, "--vllm.num_engines": 2}
+    assert _read(_plan(grpo, "openrlhf", "0.11.2", tmp_path, mine))["--vllm.num_engines"] == 2
+
+
+def test_nemo_rl_validation_batches_still_cover_every_row(grpo, tmp_path):
+    plain = _read(_plan(grpo, "nemo-rl", "0.7.0", tmp_path))
+    rows = plain["grpo.val_batch_size"]
+    assert plain["grpo.max_val_samples"] == rows and plain["policy.dtensor_cfg._v2"] is True
+    read = _read(_plan(grpo, "nemo-rl", "0.7.0", tmp_path,
+                       {"grpo.val_batch_size": 3, "policy.dtensor_cfg._v2": False}))
+    assert read["grpo.val_batch_size"] == 3 and read["policy.dtensor_cfg._v2"] is False
+    assert read["grpo.max_val_samples"] % 3 == 0
+    assert rows <= read["grpo.max_val_samples"] < rows + 3
+
+
+@pytest.mark.parametrize("option", [{"grpo.batch_multiplier": 3},
+                                    {"grpo.reward_scaling.enabled": True},
+                                    {"grpo.max_val_samples": 4}])
+def test_nemo_rl_math_and_owned_keys_stay_guarded(grpo, tmp_path, option):
+    with pytest.raises(InvalidInput, match=r"engine_options\.nemo-rl\."):
+        _plan(grpo, "nemo-rl", "0.7.0", tmp_path, option)
+
+
+def test_a_mapping_set_whole_opens_only_its_declared_part():
+    execution = execution_defaults(type("D", (), {"name": "d", "keys": {"execution": {
+        "a.k.c": "compiler options only change how the same model runs"}}})())
+    taken = {"a.k": {}, "a.other": 1}
+    assert reached("a.k", {"c": {"x": 1}}, taken, execution, option_conflict) is None
+    assert reached("a.k.c.x", 1, taken, execution, option_conflict) is None
+    assert reached("a.k", {"c": 1, "d": 2}, taken, execution, option_conflict) == "a.k"
+    assert reached("a", {"k": {"c": 1}}, taken, execution, option_conflict) == "a.k"
+    assert reached("~a.k.c", None, taken, execution, option_conflict) == "a.k"
