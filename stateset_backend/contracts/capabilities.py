@@ -19,6 +19,7 @@ from stateset_backend.spec.model import (
     RatioLevel,
     RewardKind,
     RolloutBackend,
+    RolloutCorrectionMode,
     StdKind,
 )
 
@@ -59,6 +60,7 @@ VOCABULARY: frozenset[str] = frozenset(
     | _family("rollout", RolloutBackend)
     | _family("reward", RewardKind)
     | _family("dtype", DType)
+    | _family("rollout_correction", RolloutCorrectionMode)
 )
 
 
@@ -121,4 +123,6 @@ def _rl_capabilities(spec: ExperimentSpec) -> set[str]:
         need.add("entropy_bonus")
     if alg.gae is not None:
         need.add("critic")
+    if alg.rollout_correction is not None:
+        need.add(f"rollout_correction:{alg.rollout_correction.mode}")
     return need

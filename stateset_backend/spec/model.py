@@ -53,6 +53,7 @@ Equivalence = Literal["declared", "strict"]
 RewardPlacement = Literal["final", "per_turn"]
 CriticModel = Literal["separate", "value_head"]
 SFTLayout = Literal["padded", "packed"]
+RolloutCorrectionMode = Literal["truncate", "mask", "sequence_mask"]
 
 OBJECTIVES: tuple[str, ...] = Objective.__args__  # type: ignore[attr-defined]
 GROUP_OBJECTIVES = frozenset({"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"})
@@ -61,7 +62,8 @@ SUPERVISED = "sft"
 # no advantage, no reference. In an sft spec these algorithm keys hold the sft recipe's fixed
 # values (any other value is refused), which translate.rules reports as inert on every engine.
 RL_ONLY_ALGORITHM_KEYS = ("group_size", "clip", "ratio_level", "kl", "advantage",
-                          "dynamic_sampling", "overlong", "entropy_coef", "gae")
+                          "dynamic_sampling", "overlong", "entropy_coef", "gae",
+                          "rollout_correction")
 
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$",
                                  description="lower-case hex SHA-256 of the content")]
@@ -144,6 +146,34 @@ class Overlong(_Section):
     penalty: float = Field(1.0, gt=0.0, description="reward penalty at the hard limit")
 
 
+class RolloutCorrection(_Section):
+    """Importance weights for the gap between the sampler's token probabilities and the
+    learner's: a fast sampler (vLLM) and the trainer compute slightly different log-probs for
+    the same weights, so the samples are slightly off-policy even on the first step.
+
+    With w_t = exp(logp_old_t - logp_rollout_t), detached (logp_old: the learner's log-prob
+    under the weights that sampled, before this update's optimizer steps; logp_rollout: the
+    sampler's), the per-token policy-gradient term loss_t (the clipped surrogate, before
+    aggregation; the KL and entropy terms are not weighted) becomes the mode's."""
+
+    mode: RolloutCorrectionMode = Field(
+        description="truncate (TIS): loss_t *= clamp(w_t, low, high); mask (IcePop): "
+                    "loss_t *= w_t if low <= w_t <= high else 0; sequence_mask "
+                    "(seq-mask-tis): loss_t *= w_t if low <= exp(mean over the sequence's "
+                    "response tokens of log w) <= high else 0")
+    low: float = Field(0.5, ge=0.0, description="lower bound on the weight (or, for "
+                                                "sequence_mask, on the sequence's geometric "
+                                                "mean weight)")
+    high: float = Field(5.0, gt=0.0, description="upper bound, >= low")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RolloutCorrection:
+        if self.low > self.high:
+            raise ValueError(f"rollout_correction.low ({self.low:g}) must not exceed "
+                             f"rollout_correction.high ({self.high:g})")
+        return self
+
+
 class Critic(_Section):
     """The learned value function V(s) that GAE bootstraps from (PPO's recipe values)."""
 
@@ -198,6 +228,9 @@ class Algorithm(_Section):
     entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus in the loss")
     gae: GAE | None = Field(description="PPO only: critic-based advantages")
     sft: SFT | None = Field(None, description="sft only: how answer rows are laid out")
+    rollout_correction: RolloutCorrection | None = Field(
+        None, description="weights the policy-gradient term by the learner/sampler "
+                          "probability ratio; null = unweighted")
 
     @model_validator(mode="before")
     @classmethod
@@ -233,7 +266,7 @@ class Algorithm(_Section):
             raise ValueError(f"algorithm.sft applies to sft only, not {obj}")
         if obj == SUPERVISED:
             for key in RL_ONLY_ALGORITHM_KEYS:  # the recipe's own value reads back unchanged
-                value, fixed = getattr(self, key), OBJECTIVE_DEFAULTS[obj][key]
+                value, fixed = getattr(self, key), OBJECTIVE_DEFAULTS[obj].get(key)
                 if isinstance(value, BaseModel) and isinstance(fixed, dict):
                     fixed = type(value).model_validate(fixed)
                 if value != fixed:
@@ -638,4 +671,5 @@ NON_IDENTITY_FIELDS: frozenset[str] = frozenset({"version", "name", "labels", "e
 # Sections added after v2 was published, left out of the experiment digest while null, so an
 # experiment written before they existed keeps its digest (and its stored runs stay resumable).
 ABSENT_WHEN_NULL: tuple[tuple[str, str], ...] = (("algorithm", "sft"), ("model", "from_run"),
-                                                  ("data", "max_total_tokens"))
+                                                  ("data", "max_total_tokens"),
+                                                  ("algorithm", "rollout_correction"))

@@ -158,10 +158,17 @@ CORE_HANDLED: dict[str, str] = {
 
 
 # Leaves added to the spec after plugins were written against it, each inert at its default:
-# an adapter with no rule for one refuses a spec that sets it, rather than failing.
+# an adapter with no rule for one refuses a spec that sets it, rather than failing. A section
+# stands for every leaf below it.
 NEWER_LEAVES: dict[str, str] = {
     "data.max_total_tokens": "a budget a prompt and its response share",
+    "algorithm.rollout_correction": "importance weights for the sampler/learner mismatch",
 }
+
+
+def newer_leaf(path: str) -> str | None:
+    """The NEWER_LEAVES entry that covers a leaf (itself or a section above it), if any."""
+    return next((p for p in NEWER_LEAVES if path == p or path.startswith(p + ".")), None)
 
 
 def inert_reason(spec: ExperimentSpec, path: str) -> str | None:
@@ -185,6 +192,8 @@ def inert_reason(spec: ExperimentSpec, path: str) -> str | None:
         return "advantages are not divided by a std (std_normalize is false)"
     if path == "data.max_total_tokens" and spec.data.max_total_tokens is None:
         return "no shared budget: a response is limited by data.max_response_tokens alone"
+    if path == "algorithm.rollout_correction" and spec.algorithm.rollout_correction is None:
+        return "no rollout correction: the policy-gradient term is not reweighted"
     if path == "evaluation.select_by" and spec.evaluation.select_by is None:
         return "no checkpoint is selected by a metric"
     if path.startswith("environment.") and path not in ("environment.kind",
@@ -252,10 +261,11 @@ def explain_rows(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect,
             rows.append(FieldRow(path, value, "inert", reason=inert))
             continue
         rule = rule_for(rules, path)
-        if rule is None and path in NEWER_LEAVES:
+        newer = newer_leaf(path) if rule is None else None
+        if newer is not None:
             rows.append(FieldRow(path, value, "refused", reason=(
-                f"the {engine} adapter predates {path} ({NEWER_LEAVES[path]}) and says nothing "
-                "of it")))
+                f"the {engine} adapter predates {newer} ({NEWER_LEAVES[newer]}) and says "
+                "nothing of it")))
             continue
         if rule is None:
             raise AdapterBug(f"the {engine} adapter has no rule for {path}")
