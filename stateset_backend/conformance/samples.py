@@ -331,6 +331,9 @@ def _candidates(capability: str) -> list[tuple[Change, frozenset[str]]]:
     if family == "reward":
         extra = frozenset({"multi_turn"} if value == "environment" else set())
         return [(_reward(value), keep | extra)]
+    if family == "rollout_correction":  # bounds off the engines' usual 0.5 / 5.0
+        return [(_set("algorithm.rollout_correction",
+                      {"mode": value, "low": 0.25, "high": 4.0}), keep)]
     dynamic = _both(_set("algorithm.advantage.zero_variance_groups", "exclude"),
                     _set("algorithm.dynamic_sampling", {"max_rounds": 2}))
     standalone: dict[str, list[tuple[Change, set[str]]]] = {
@@ -422,6 +425,8 @@ def _repair(doc: dict[str, Any], cap: str, claimed: frozenset[str],
         alg["entropy_coef"] = 0.0
     elif cap == "shared_token_budget":
         doc["data"].pop("max_total_tokens", None)
+    elif family == "rollout_correction":
+        alg.pop("rollout_correction", None)
     elif family == "ratio" and alg.get("objective") != "gspo":
         alg["ratio_level"] = "token" if value == "sequence" else "sequence"
     elif family == "rollout":

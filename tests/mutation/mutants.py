@@ -143,6 +143,8 @@ MUTANTS: list[Mutant] = [
       (ORL_ALGORITHM,
        'Pinned({f.eps_clip_low_high: [spec.algorithm.clip.low, spec.algorithm.clip.high]})',
        'Pinned({f.eps_clip_low_high: [spec.algorithm.clip.high, spec.algorithm.clip.low]})')),
+    m("openrlhf: rollout correction mask taken for the sequence mask", "openrlhf", "0.10.2",
+      (ORL_ALGORITHM, '"mask": "icepop"', '"mask": "seq-mask-tis"')),
     m("openrlhf: train batch counted in prompts", "openrlhf", "0.11.2",
       (ORL_TRAINING, 'Pinned({f.train_batch_size: samples // value})',
        'Pinned({f.train_batch_size: spec.budget.prompts_per_update // value})')),

@@ -29,6 +29,11 @@ KL_CLAMP = 10.0  # compute_approx_kl clamps every estimator's value to [-10, 10]
 GROUP_STD_EPSILON = 1e-9  # group_norm: (r - mean) / (std + 1e-9)
 BATCH_WHITENED = frozenset({"gae", "reinforce_baseline"})  # estimators OpenRLHF whitens
 NO_VALUE_CLIP = 1e9  # a value clip range no value moves by in one update: no clip
+# the spec's rollout correction modes as loss.PolicyLoss names them: a type before 0.11.2,
+# a (level, mode) pair from it (mask keeps each surviving token's own unclamped weight)
+IS_TYPES = {"truncate": "tis", "mask": "icepop", "sequence_mask": "seq-mask-tis"}
+IS_LEVEL_MODE = {"truncate": ("token", "clip"), "mask": ("token", "mask"),
+                 "sequence_mask": ("seq", "mask")}
 
 
 # -- what the spec's objective becomes ------------------------------------------------------
@@ -145,6 +150,24 @@ def algorithm_rules(f: OpenRLHFKeys) -> dict[str, Any]:
         # an omitted flag means OpenRLHF's 0.5, so 'unclipped' is a range no value reaches
         return Pinned({f.value_clip: NO_VALUE_CLIP if value is None else value})
 
+    def rollout_correction(value: Any, spec: ExperimentSpec) -> Outcome:
+        rc = spec.algorithm.rollout_correction
+        assert rc is not None  # a leaf below the section exists only when it is set
+        if spec.algorithm.objective == "gspo":
+            return Refused("OpenRLHF's GSPO does not weight its loss: with the correction on it "
+                           "divides its sequence ratio by the sampler's probabilities instead")
+        bounds = [rc.low, rc.high]
+        if f.is_correction_level and f.is_correction_mode and f.is_correction_gating and \
+                f.is_correction_threshold:
+            level, mode = IS_LEVEL_MODE[rc.mode]
+            return Pinned({f.is_correction_level: level, f.is_correction_mode: mode,
+                           f.is_correction_gating: "ratio", f.is_correction_threshold: bounds})
+        if f.is_correction_enable and f.is_correction_type and f.is_correction_threshold:
+            return Pinned({f.is_correction_enable: True,
+                           f.is_correction_type: IS_TYPES[rc.mode],
+                           f.is_correction_threshold: bounds})
+        return Refused("this OpenRLHF release has no rollout correction")
+
     return {
         "algorithm.objective": rl_objective("OpenRLHF", objective),
         "algorithm.group_size": to(f.group_size),
@@ -170,6 +193,7 @@ def algorithm_rules(f: OpenRLHFKeys) -> dict[str, Any]:
         "algorithm.overlong.buffer_tokens": to(f.overlong_buffer_len),
         "algorithm.overlong.penalty": to(f.overlong_penalty_factor),
         "algorithm.entropy_coef": to(f.entropy_coef),
+        "algorithm.rollout_correction": rollout_correction,  # its leaves: one setting
         "algorithm.gae": gae_off,
         "algorithm.gae.gamma": to(f.gamma),
         "algorithm.gae.lam": to(f.lambd),

@@ -98,3 +98,11 @@ class OpenRLHFKeys(DialectKeys):
     # engine_options may change them (translate.execution)
     execution: dict[str, Any] = {}
     agent_func_path: str | None = None  # the agent executor file (multi-turn)
+    # the sampler/learner log-prob correction: a switch, a type and a threshold pair before
+    # 0.11.2; a level, a mode, a gating statistic and the pair from it (None: no such flag)
+    is_correction_enable: str | None = None
+    is_correction_type: str | None = None
+    is_correction_level: str | None = None
+    is_correction_mode: str | None = None
+    is_correction_gating: str | None = None
+    is_correction_threshold: str | None = None

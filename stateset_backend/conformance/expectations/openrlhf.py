@@ -166,6 +166,15 @@ def _evaluating(expect: Expect) -> Expect:
     return lambda s: expect(s) if s.evaluation.every is not None else None
 
 
+def _correction(spec: ExperimentSpec, of: dict[str, str] | str | None = None) -> Any:
+    """The rollout correction's value for one option: None while the spec has none (nothing
+    reads the option), the [low, high] pair, or the mode's name in the option's choices."""
+    rc = spec.algorithm.rollout_correction
+    if rc is None or of is None:
+        return rc
+    return [rc.low, rc.high] if of == "bounds" else of[rc.mode]  # type: ignore[index]
+
+
 DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 LOSS_AGG = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean"}
 
@@ -209,9 +218,27 @@ OPENRLHF: list[tuple[tuple[str, ...], Expect]] = [
     (("--kl_target", "--algo.kl.target"), lambda s: OFF),
     # 0.11.x: on, the gradient is the true reverse KL's, not the estimator's
     (("--algo.kl.unbiased_gradient",), lambda s: OFF),
-    # the train/rollout log-prob mismatch correction changes the loss; the spec has none
-    (("--enable_vllm_is_correction", "--algo.advantage.is_correction_enable"), lambda s: OFF),
-    (("--algo.advantage.is_correction_level",), lambda s: "off"),
+    # loss.PolicyLoss (ppo loss type only): the weight exp(old - rollout log-prob), detached,
+    # multiplies the clipped surrogate per token before aggregation. Up to 0.11.1 a switch, a
+    # type (tis: clamp(w, lo, hi); icepop: w inside [lo, hi] else 0; seq-mask-tis: w where the
+    # sequence's exp(masked mean log w) is inside [lo, hi] else 0) and the pair [lo, hi]
+    (("--enable_vllm_is_correction", "--algo.advantage.is_correction_enable"),
+     lambda s: OFF if _correction(s) is None else True),
+    (("--vllm_is_correction_type", "--algo.advantage.is_correction_type"),
+     lambda s: _correction(s, {"truncate": "tis", "mask": "icepop",
+                               "sequence_mask": "seq-mask-tis"})),
+    (("--vllm_is_truncated_threshold",), lambda s: _correction(s, "bounds")),
+    # 0.11.2: the statistic is gated per token or per sequence (its geometric mean), clip
+    # clamps the token weight into [lo, hi] (token level only), mask zeroes a unit out of band
+    # and keeps each surviving token's own weight; ratio gating reads the weight itself
+    (("--algo.advantage.is_correction_level",),
+     lambda s: _correction(s, {"truncate": "token", "mask": "token", "sequence_mask": "seq"})
+     or "off"),
+    (("--algo.advantage.is_correction_mode",),
+     lambda s: _correction(s, {"truncate": "clip", "mask": "mask", "sequence_mask": "mask"})),
+    (("--algo.advantage.is_correction_gating",), lambda s: _correction(s, {
+        "truncate": "ratio", "mask": "ratio", "sequence_mask": "ratio"})),
+    (("--algo.advantage.is_correction_threshold",), lambda s: _correction(s, "bounds")),
     # dynamic filtering keeps a group only if lo < mean score < hi and draws a new prompt for
     # each one dropped (experience_maker._generate_vllm)
     (("--dynamic_filtering", "--algo.dynamic_filtering_enable"),
