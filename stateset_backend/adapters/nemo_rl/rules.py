@@ -136,6 +136,9 @@ def rule_set(dialect: Dialect, k: NemoRLKeys) -> RuleSet:
         "algorithm.overlong.buffer_tokens": lambda v, s: Pinned(overlong(s)),
         "algorithm.overlong.penalty": lambda v, s: Pinned(overlong(s)),
         "algorithm.entropy_coef": hardcoded(0.0, "entropy_bonus"),
+        "algorithm.rollout_correction": refuse(
+            "NeMo RL's importance-sampling correction also weights the KL term of the loss, "
+            "and is not mapped onto the spec's modes"),
         "algorithm.gae": carried("no critic: group-relative advantages"),
         "algorithm.gae.gamma": refuse("NeMo RL's GRPO has no critic"),
         "algorithm.gae.lam": refuse("NeMo RL's GRPO has no critic"),

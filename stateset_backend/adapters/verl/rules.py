@@ -117,6 +117,9 @@ def rule_set(dialect: Dialect, keys: VerlKeys) -> RuleSet:
         "algorithm.overlong.penalty": to(
             f"{keys.reward_kwargs}.overlong_buffer_cfg.penalty_factor"),
         "algorithm.entropy_coef": to(f"{ACTOR}.entropy_coeff"),
+        "algorithm.rollout_correction": refuse(
+            "verl's algorithm.rollout_correction has modes of its own (weights truncated from "
+            "above only, rejection by separate thresholds), none of them the spec's"),
         "algorithm.gae": gae_off(k),
         "algorithm.gae.gamma": to("algorithm.gamma"),
         "algorithm.gae.lam": to("algorithm.lam"),
