@@ -75,6 +75,7 @@ FULL_PPO["algorithm"]["advantage"]["zero_variance_groups"] = "keep"
 # PPO scores single responses with a reward function, so the two together cover every leaf.
 FULL_PPO["reward"] = {"kind": "python", "entrypoint": "reward.py:score", "sha256": SHA_B}
 FULL_PPO["environment"] = {"kind": "single_turn"}
+FULL_PPO["data"]["max_total_tokens"] = 300  # binds: below 256 + 128, a single-turn budget
 
 # SFT from a stored run's checkpoint, packed: the leaves only sft and a warm start have.
 FULL_SFT: dict[str, Any] = copy.deepcopy(FULL_PPO)
@@ -83,6 +84,7 @@ FULL_SFT["algorithm"] = {"objective": "sft", "loss_aggregation": "seq_mean_token
 FULL_SFT["model"]["from_run"] = {"run_id": "20260101T000000Z-00000000",
                                  "checkpoint": "update-000010", "sha256": "e" * 64}
 FULL_SFT["budget"].update({"ppo_epochs": 1, "mini_batches": 1})
+del FULL_SFT["data"]["max_total_tokens"]  # a budget for sampled responses: sft samples none
 
 SAMPLES: dict[str, dict[str, Any]] = {"minimal": MINIMAL, "full_dapo": FULL_DAPO,
                                       "full_ppo": FULL_PPO, "full_sft": FULL_SFT}

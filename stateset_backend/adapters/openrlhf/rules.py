@@ -79,7 +79,7 @@ def rule_set(f: OpenRLHFKeys) -> RuleSet:
         "rollout.backend": only(lambda v: v == "vllm", "OpenRLHF rolls out with vLLM",
                                 lambda v, s: Hardcoded("vllm with min_tokens=1",
                                                        "min_one_response_token",
-                                                       {f.vllm_engines: 1})),
+                                                       {})),
         # --max_len is shared only with --max_new_tokens unset, when nothing else caps a
         # response and no prompt is cut at max_prompt_tokens: not the spec's two limits
         "data.max_total_tokens": refuse(
