@@ -192,8 +192,6 @@ def inert_reason(spec: ExperimentSpec, path: str) -> str | None:
         return "advantages are not divided by a std (std_normalize is false)"
     if path == "data.max_total_tokens" and spec.data.max_total_tokens is None:
         return "no shared budget: a response is limited by data.max_response_tokens alone"
-    if path == "algorithm.rollout_correction" and spec.algorithm.rollout_correction is None:
-        return "no rollout correction: the policy-gradient term is not reweighted"
     if path == "evaluation.select_by" and spec.evaluation.select_by is None:
         return "no checkpoint is selected by a metric"
     if path.startswith("environment.") and path not in ("environment.kind",
@@ -262,6 +260,9 @@ def explain_rows(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect,
             continue
         rule = rule_for(rules, path)
         newer = newer_leaf(path) if rule is None else None
+        if newer is not None and value is None:  # an unset section: nothing to translate
+            rows.append(FieldRow(path, value, "inert", reason=f"{newer} is not set"))
+            continue
         if newer is not None:
             rows.append(FieldRow(path, value, "refused", reason=(
                 f"the {engine} adapter predates {newer} ({NEWER_LEAVES[newer]}) and says "

@@ -136,7 +136,9 @@ def rule_set(dialect: Dialect, k: NemoRLKeys) -> RuleSet:
         "algorithm.overlong.buffer_tokens": lambda v, s: Pinned(overlong(s)),
         "algorithm.overlong.penalty": lambda v, s: Pinned(overlong(s)),
         "algorithm.entropy_coef": hardcoded(0.0, "entropy_bonus"),
-        "algorithm.rollout_correction": refuse(
+        "algorithm.rollout_correction": lambda v, s: Pinned(
+            {}, "no correction: every launch pins loss_fn.use_importance_sampling_correction "
+            "off") if v is None else Refused(
             "NeMo RL's importance-sampling correction also weights the KL term of the loss, "
             "and is not mapped onto the spec's modes"),
         "algorithm.gae": carried("no critic: group-relative advantages"),

@@ -152,7 +152,9 @@ def algorithm_rules(f: OpenRLHFKeys) -> dict[str, Any]:
 
     def rollout_correction(value: Any, spec: ExperimentSpec) -> Outcome:
         rc = spec.algorithm.rollout_correction
-        assert rc is not None  # a leaf below the section exists only when it is set
+        if rc is None:  # off, explicitly: a launch (or an imported one) says so
+            return Pinned({f.is_correction_level: "off"} if f.is_correction_level else
+                          {f.is_correction_enable: False} if f.is_correction_enable else {})
         if spec.algorithm.objective == "gspo":
             return Refused("OpenRLHF's GSPO does not weight its loss: with the correction on it "
                            "divides its sequence ratio by the sampler's probabilities instead")

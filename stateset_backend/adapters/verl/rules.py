@@ -117,7 +117,10 @@ def rule_set(dialect: Dialect, keys: VerlKeys) -> RuleSet:
         "algorithm.overlong.penalty": to(
             f"{keys.reward_kwargs}.overlong_buffer_cfg.penalty_factor"),
         "algorithm.entropy_coef": to(f"{ACTOR}.entropy_coeff"),
-        "algorithm.rollout_correction": refuse(
+        "algorithm.rollout_correction": lambda v, s: Pinned(
+            {}, "no correction: every launch pins verl's own correction off where the release "
+            "has one")
+        if v is None else Refused(
             "verl's algorithm.rollout_correction has modes of its own (weights truncated from "
             "above only, rejection by separate thresholds), none of them the spec's"),
         "algorithm.gae": gae_off(k),

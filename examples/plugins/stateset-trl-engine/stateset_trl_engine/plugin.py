@@ -364,9 +364,10 @@ def _algorithm_rules(f: TRLKeys) -> dict[str, Any]:
         "algorithm.overlong.buffer_tokens": refuse("TRL has no soft overlong penalty"),
         "algorithm.overlong.penalty": refuse("TRL has no soft overlong penalty"),
         "algorithm.entropy_coef": to(f.entropy_coef),
-        "algorithm.rollout_correction": refuse(
-            "the TRL launch samples with transformers' generate and keeps no sampler "
-            "log-probs to weight by"),
+        "algorithm.rollout_correction": lambda v, s: Pinned(
+            {}, "transformers' generate samples: nothing to correct") if v is None else
+        Refused("the TRL launch samples with transformers' generate and keeps no sampler "
+                "log-probs to weight by"),
         "algorithm.gae": lambda v, s: Pinned({}, "no critic") if v is None else
         Refused(NO_CRITIC),
         "algorithm.gae.gamma": refuse(NO_CRITIC),
