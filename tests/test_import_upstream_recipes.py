@@ -29,12 +29,12 @@ CASES = [
     ("verl", "0.7.0", VERL / "grpo_trainer" / "run_qwen2_5-3b_gsm8k_grpo_lora.sh", 97.6),
     ("verl", "0.7.0", VERL / "ppo_trainer" / "run_gemma.sh", 97.2),
     ("verl", "0.7.0", VERL / "ppo_trainer" / "run_deepseek7b_llm.sh", 97.4),
-    ("openrlhf", "0.10.2", OPENRLHF / "train_ppo_ray_hybrid_engine.sh", 89.7),
-    ("openrlhf", "0.10.2", OPENRLHF / "train_dapo_ray_hybrid_engine.sh", 92.7),
-    ("openrlhf", "0.10.2", OPENRLHF / "train_ppo_with_reward_fn.sh", 87.5),
-    ("openrlhf", "0.10.2", OPENRLHF / "train_reinforce_baseline_hybrid_engine.sh", 96.2),
-    ("openrlhf", "0.10.2", OPENRLHF / "train_prorlv2_math_hybrid_engine.sh", 89.8),
-    ("openrlhf", "0.10.2", OPENRLHF / "train_reinforce_baseline_ray_agent_async.sh", 92.6),
+    ("openrlhf", "0.10.2", OPENRLHF / "train_ppo_ray_hybrid_engine.sh", 92.3),
+    ("openrlhf", "0.10.2", OPENRLHF / "train_dapo_ray_hybrid_engine.sh", 95.1),
+    ("openrlhf", "0.10.2", OPENRLHF / "train_ppo_with_reward_fn.sh", 90.6),
+    ("openrlhf", "0.10.2", OPENRLHF / "train_reinforce_baseline_hybrid_engine.sh", 98.1),
+    ("openrlhf", "0.10.2", OPENRLHF / "train_prorlv2_math_hybrid_engine.sh", 91.8),
+    ("openrlhf", "0.10.2", OPENRLHF / "train_reinforce_baseline_ray_agent_async.sh", 94.4),
     ("openrlhf", "0.10.2", OPENRLHF / "train_vlm_math_hybrid_engine.sh", 92.9),
 ]
 

@@ -75,6 +75,7 @@ FULL_PPO["algorithm"]["advantage"]["zero_variance_groups"] = "keep"
 # PPO scores single responses with a reward function, so the two together cover every leaf.
 FULL_PPO["reward"] = {"kind": "python", "entrypoint": "reward.py:score", "sha256": SHA_B}
 FULL_PPO["environment"] = {"kind": "single_turn"}
+FULL_PPO["algorithm"]["rollout_correction"] = {"mode": "mask", "low": 0.25, "high": 4.0}
 FULL_PPO["data"]["max_total_tokens"] = 300  # binds: below 256 + 128, a single-turn budget
 
 # SFT from a stored run's checkpoint, packed: the leaves only sft and a warm start have.
