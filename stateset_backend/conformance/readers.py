@@ -178,7 +178,59 @@ def native(plan: LaunchPlan) -> dict[str, Any]:
     return settings
 
 
-BUILTIN: dict[str, Reader] = {"verl": verl, "nemo-rl": nemo_rl, "openrlhf": openrlhf,
+def _new_keys(node: Any, value: dict[str, Any], at: str) -> list[str]:
+    """The keys ``value`` would bring into the config's mapping ``node`` (nested too)."""
+    if not isinstance(node, dict):
+        return []
+    out = []
+    for key, item in value.items():
+        if key not in node:
+            out.append(f"{at}.{key}")
+        elif isinstance(item, dict):
+            out += _new_keys(node[key], item, f"{at}.{key}")
+    return out
+
+
+def _children(options: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """The release's config node at ``key`` as a mapping (its own default, or the tree of the
+    options under it), or None where the key holds no mapping."""
+    if isinstance(options.get(key, {}).get("default"), dict):
+        return dict(options[key]["default"])
+    tree: dict[str, Any] = {}
+    for name, option in options.items():
+        if name.startswith(key + "."):
+            default = option.get("default")
+            _update(tree, name[len(key) + 1:].split("."),
+                    dict(default) if isinstance(default, dict) else None)
+    return tree or None
+
+
+def struct_mode(engine: str, read: Reader) -> Reader:
+    """The engine applies a launch's overrides in struct mode (verl composes its config so,
+    NeMo RL's ``parse_hydra_overrides`` sets it): a plain ``key={...}`` merges into the
+    config's mapping and is refused when it brings a key the mapping lacks; only ``+`` and
+    ``++`` add one. The engine would refuse such a launch at start-up, so the kit does now."""
+
+    def reader(plan: LaunchPlan) -> dict[str, Any]:
+        options = (surface(engine, plan.engine_version) or {}).get("options", {})
+        for element in _overrides(plan) if options else []:
+            parsed = _parsed(element)
+            if element.startswith(("+", "~")) or isinstance(parsed, str) or \
+                    not isinstance(parsed[2], dict):
+                continue
+            node = _children(options, parsed[0])
+            new = [] if node is None else _new_keys(node, parsed[2], parsed[0])
+            if new:
+                raise LaunchUnreadable(
+                    f"{engine} {plan.engine_version} applies overrides in struct mode and "
+                    f"refuses {element[:80]!r}: {new[0]} is not in its config (only ++ adds it)")
+        return read(plan)
+
+    return reader
+
+
+BUILTIN: dict[str, Reader] = {"verl": struct_mode("verl", verl),
+                              "nemo-rl": struct_mode("nemo-rl", nemo_rl), "openrlhf": openrlhf,
                               "native": native}
 
 

@@ -95,6 +95,19 @@ def refuse_interpolations(native: dict[str, Any], sources: dict[str, str], engin
                                    "literally, so remove it")
 
 
+def force_add_mappings(native: dict[str, Any], sources: dict[str, str],
+                       engine: str) -> dict[str, Any]:
+    """An ``engine_options`` mapping (verl's ``override_config``, NeMo RL's
+    ``automodel_kwargs``) is given whole, as the option check asks, and merged into the
+    engine's mapping. Both engines apply overrides in struct mode (verl's composed config, NeMo
+    RL's ``parse_hydra_overrides``), where a plain override may not bring a mapping a key it
+    lacks and only Hydra's force-add (``++``) may: the launch plans, and the engine refuses it
+    at start-up, unless it is written so."""
+    return {(f"++{key}" if isinstance(value, dict) and
+             sources.get(key) == f"engine_options.{engine}" else key): value
+            for key, value in native.items()}
+
+
 def slug(text: str, fallback: str) -> str:
     """A user's name as one safe path component for an engine that builds folder names from
     it (letters, digits, '.', '_', '-'; never '.' or '..'; at most 64 characters)."""

@@ -33,6 +33,7 @@ NEMO_TRAINING = f"{NEMO}/training_rules.py"
 NEMO_COLLECT = f"{NEMO}/collect.py"
 NEMO_CONTRACT = "stateset_backend/contracts/nemo-rl.json"
 NEMO_LAUNCHER = f"{NEMO}/launcher.py"
+NEMO_RENDER = f"{NEMO}/render.py"
 TRL = "stateset_trl_engine/plugin.py"
 TRL_LAUNCHER = "stateset_trl_engine/launch_script.py"
 TRL_CONTRACT = "stateset_trl_engine/contract.json"
@@ -200,6 +201,10 @@ MUTANTS: list[Mutant] = [
     m("nemo-rl: a shared budget left at the two limits' sum", "nemo-rl", "0.7.0",
       (NEMO_TRAINING, "total = data.max_total_tokens or data.max_prompt_tokens",
        "total = data.max_prompt_tokens")),
+    m("nemo-rl: a mapping option written as a plain override", "nemo-rl", "0.7.0",
+      (NEMO_RENDER, "*overrides.render(overrides.force_add_mappings(\n"
+                    "                  native, translation.sources, \"nemo-rl\"))],",
+       "*overrides.render(native)],")),
     m("nemo-rl: learning rate pinned to a constant", "nemo-rl", "0.7.0",
       (NEMO_TRAINING, '"optim.lr": to("policy.optimizer.kwargs.lr")',
        '"optim.lr": lambda v, s: Pinned({"policy.optimizer.kwargs.lr": 5e-06})')),

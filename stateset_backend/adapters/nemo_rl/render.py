@@ -88,7 +88,8 @@ def launch(translation: Translation, spec: ExperimentSpec, ctx: LaunchContext,
     return NativeLaunch(
         argv=["uv", "run", "--project", ENGINE_HOME, "python", f"{RUN_DIR}/{LAUNCHER_FILE}",
               f"{ENGINE_HOME}/examples/run_grpo.py", "--config", config,
-              *overrides.render(native)],
+              *overrides.render(overrides.force_add_mappings(
+                  native, translation.sources, "nemo-rl"))],
         files=files, env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "WANDB_API_KEY"],
         native=native)
 

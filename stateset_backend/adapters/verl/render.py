@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from stateset_backend.adapters.agent_shims import CONFIG_FILE as CONVERSATION_FILE
 from stateset_backend.adapters.agent_shims import VERL_AGENT_NAME, VERL_AGENT_TARGET, shim_files
@@ -76,7 +75,7 @@ def launch(translation: Translation, spec: ExperimentSpec, ctx: LaunchContext,
     }
     native = with_owned_keys("verl", native, owned)
     overrides.refuse_interpolations(native, translation.sources, "verl", READ_PATH)
-    native = _open_mappings(native, translation)
+    native = overrides.force_add_mappings(native, translation.sources, "verl")
     if is_conversation(spec):
         return NativeLaunch(
             argv=[PYTHON, f"{RUN_DIR}/{AGENT_LAUNCHER}", *overrides.render(native)],
@@ -101,15 +100,6 @@ def _check_layout(field: str, path: Path, spec: ExperimentSpec) -> None:
     if problems:
         raise Unsupported(f"{field.removesuffix('.uri')}: {path.name} is not in verl's row "
                           f"layout ({'; '.join(problems)}): {LAYOUT}; convert the split first")
-
-
-def _open_mappings(native: dict[str, Any], translation: Translation) -> dict[str, Any]:
-    """An ``engine_options`` mapping (``override_config``, ``engine_kwargs.vllm``) is given
-    whole, as the option check asks, and merged into verl's mapping: verl composes its config
-    in struct mode, where only Hydra's force-add (``++``) may bring a mapping new keys."""
-    return {(f"++{key}" if isinstance(value, dict) and
-             translation.sources.get(key) == "engine_options.verl" else key): value
-            for key, value in native.items()}
 
 
 def _logger_env(keys: VerlKeys, ctx: LaunchContext) -> dict[str, str]:

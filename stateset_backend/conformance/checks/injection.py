@@ -166,6 +166,7 @@ def check_option_keys(adapter: EngineAdapter, version: str, base: dict[str, Any]
     which must each be taken and read back (``check_execution_defaults``). Returns how many
     entries were tried."""
     tried = check_execution_defaults(adapter, version, base, plan, files)
+    tried += check_free_mappings(adapter, version, base, plan, files)
     execution = execution_defaults(plan.resolved_dialect())
     refused: set[str] = set()  # keys of several spellings ("+k", "k") share entries
     for key in owned_keys(plan, option_key):
@@ -245,6 +246,50 @@ def check_execution_defaults(adapter: EngineAdapter, version: str, base: dict[st
                                   f"{describe(exc)}") from None
             raise CheckFailed(f"engine_options {key!r}: {outside!r}, outside the values "
                               "declared to leave the math unchanged, and the plan was made")
+    return tried
+
+
+PROBE_KEY = "stateset_kit_probe"
+
+
+def check_free_mappings(adapter: EngineAdapter, version: str, base: dict[str, Any],
+                        plan: LaunchPlan, files: SampleFiles) -> int:
+    """Each free mapping of the release (a model's config overrides, a library's kwargs: a
+    surface option whose default is a mapping) that the launch leaves to the user takes a new
+    key from ``engine_options``, and the engine's own parser reads it back: an engine that
+    applies overrides in struct mode refuses a plain override that adds a key, so a launch
+    that does not force-add it plans here and dies at start-up there. Returns how many were
+    tried."""
+    from stateset_backend.conformance.readers import LaunchUnreadable, reader_for
+    from stateset_backend.contracts.surfaces import surface
+
+    known = surface(adapter.name, version) or adapter.kit_support().surface or {}
+    reader = reader_for(adapter.name, adapter.kit_support().parse_launch)
+    if reader is None:
+        return 0
+    owned = {k.lstrip("+~") for k in plan.native}
+    tried = 0
+    for key, option in sorted(known.get("options", {}).items()):
+        if not isinstance(option.get("default"), dict) or key.startswith("-") or key in owned:
+            continue
+        doc = copy.deepcopy(base)
+        doc["engine_options"] = {adapter.name: {key: {PROBE_KEY: 1}}}
+        try:
+            taken = plan_doc(adapter, version, doc, files)
+        except InvalidInput:
+            continue  # held by a rule of this spec: check_option_keys holds it to that
+        except Exception as exc:
+            raise CheckFailed(f"engine_options {key!r}: {{{PROBE_KEY}: 1}}: expected a plan "
+                              f"or exit 2, got {describe(exc)}") from None
+        try:
+            read = flatten(reader(taken))
+        except LaunchUnreadable as exc:
+            raise CheckFailed(f"engine_options {key!r} adds a key to the release's mapping "
+                              f"and plans, but the engine refuses the launch: {exc}") from None
+        if read.get(f"{key}.{PROBE_KEY}") != 1:
+            raise CheckFailed(f"engine_options {key!r}: {{{PROBE_KEY}: 1}} planned, but the "
+                              f"engine reads {read.get(f'{key}.{PROBE_KEY}')!r}")
+        tried += 1
     return tried
 
 

@@ -1,0 +1,60 @@
+"""verl and NeMo RL apply a launch's overrides in struct mode: a plain ``key={...}`` merges
+into the config's mapping and may not bring it a key it lacks. A mapping given in
+``engine_options`` (a model's config overrides, a library's kwargs) reaches the engine force-
+added, as the release's own recipe takes it, and the kit's readers refuse what the engine
+would refuse."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from optional_installs import NEMO_RL_CONFIGS, NEMO_RL_CONFIGS_MISSING
+
+from stateset_backend.conformance.readers import BUILTIN, LaunchUnreadable
+from stateset_backend.engines.registry import build_registry
+from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.spec.model import ExperimentSpec
+
+RECIPES = Path(__file__).resolve().parents[2] / "examples" / "recipes"
+OPTIONS = {"policy.dtensor_cfg.automodel_kwargs": {"use_liger_kernel": True},
+           "logger.tensorboard": {"flush_secs": 5}}
+
+
+def _plan(options: dict) -> object:
+    doc = json.loads((RECIPES / "nemo-rl-grpo_math_1B.json").read_text(encoding="utf-8"))
+    doc["engine_options"] = {"nemo-rl": copy.deepcopy(options)}
+    return make_plan(ExperimentSpec.model_validate(doc), build_registry().get("nemo-rl"),
+                     "0.7.0", base_dir=RECIPES)
+
+
+@pytest.mark.skipif(not NEMO_RL_CONFIGS.is_dir(), reason=NEMO_RL_CONFIGS_MISSING)
+def test_a_mapping_option_applies_to_the_release_recipe_as_run_grpo_applies_it():
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    plan = _plan(OPTIONS)
+    at = plan.argv.index("--config")
+    overrides = [a.replace("{run_dir}", "/run") for a in plan.argv[at + 2:]]
+    cfg = OmegaConf.load(NEMO_RL_CONFIGS / "v0.7.0" / "examples" / "configs" /
+                         "grpo_math_1B.yaml")
+    OmegaConf.set_struct(cfg, True)  # nemo_rl.utils.config.parse_hydra_overrides
+    ConfigLoaderImpl._apply_overrides_to_config(
+        overrides=OverridesParser.create().parse_overrides(overrides=overrides), cfg=cfg)
+    for key, value in OPTIONS.items():
+        assert OmegaConf.to_container(OmegaConf.select(cfg, key)) == value, key
+
+
+def test_the_kit_reads_a_plain_mapping_override_as_the_engine_refuses_it():
+    """The same launch with the mappings written plainly is one NeMo RL refuses at start-up;
+    the kit's reader says so, naming the key the mapping lacks."""
+    plan = _plan(OPTIONS)
+    plain = [a.lstrip("+") if a.startswith("++") else a for a in plan.argv]
+    with pytest.raises(LaunchUnreadable, match=r"struct mode.*only \+\+ adds it"):
+        BUILTIN["nemo-rl"](SimpleNamespace(argv=plain, engine_version="0.7.0", files={}))
+    read = BUILTIN["nemo-rl"](plan)
+    assert read["policy.dtensor_cfg.automodel_kwargs.use_liger_kernel"] is True
