@@ -125,16 +125,41 @@ def policy_logprobs(model: Any, batch: Batch, idx: Tensor, temperature: float,
 
 
 @torch.no_grad()
+def frozen_logprobs(model: Any, batch: Batch, temperature: float, group_size: int) -> Tensor:
+    """Log-prob of each token of the whole batch under ``model`` as it stands, no gradients."""
+    if isinstance(batch, ConversationBatch):
+        logp, _ = policy_logprobs(model, batch, torch.arange(batch.size), temperature,
+                                  group_size)
+        return logp
+    return response_token_logprobs(model, batch.prompt_ids, batch.prompt_mask,
+                                   batch.response_ids, batch.response_mask, temperature,
+                                   group_size)
+
+
+@torch.no_grad()
 def reference_logprobs(model: Any, reference: Any, batch: Batch, temperature: float,
                        group_size: int) -> Tensor:
     with _reference_mode(model, reference) as ref:
-        if isinstance(batch, ConversationBatch):
-            logp, _ = policy_logprobs(ref, batch, torch.arange(batch.size), temperature,
-                                      group_size)
-            return logp
-        return response_token_logprobs(ref, batch.prompt_ids, batch.prompt_mask,
-                                       batch.response_ids, batch.response_mask, temperature,
-                                       group_size)
+        return frozen_logprobs(ref, batch, temperature, group_size)
+
+
+def corrected_old_logprobs(model: Any, batch: Batch, cfg: LearnerConfig) -> tuple[Tensor,
+                                                                                  Tensor]:
+    """(old log-probs, rollout-correction weights) under algorithm.rollout_correction.
+
+    The learner's own log-probs under the weights that sampled, taken before any optimizer
+    step of the update, become the ratios' denominator, and the sampler's recorded ones enter
+    only through the weights: with the sampler's as denominator the mismatch would be counted
+    twice, once in the ratio and once in the weight."""
+    rc = cfg.algorithm.rollout_correction
+    assert rc is not None
+    with cfg.compute():
+        old = frozen_logprobs(model, batch, cfg.temperature, cfg.algorithm.group_size)
+    old = old.to(batch.sample_logprobs.dtype)
+    rollout = torch.nan_to_num(batch.sample_logprobs, nan=0.0)
+    weights = objectives.rollout_weights(old, rollout, batch.response_mask, mode=rc.mode,
+                                         low=rc.low, high=rc.high)
+    return torch.where(batch.response_mask > 0, old, rollout), weights
 
 
 def split_groups(batch: Batch, group_size: int, parts: int, generator: torch.Generator, *,
@@ -169,6 +194,18 @@ def _times(value: Tensor, share: float) -> Tensor:
     return value if share == 1.0 else value * share
 
 
+def _correction_metrics(weights: Tensor, mask: Tensor, world: World) -> dict[str, float]:
+    """How far the sampler strayed, over every rank's response tokens: the mean weight, and
+    the share of tokens the mode dropped (weight 0) and so learned nothing from."""
+    sums = torch.stack([(weights * mask).sum(), ((weights == 0) & (mask > 0)).sum(),
+                        mask.sum()]).double()
+    if world.parallel:
+        world.all_reduce(sums)
+    tokens = max(float(sums[2]), 1.0)
+    return {"rollout_correction/weight_mean": float(sums[0]) / tokens,
+            "rollout_correction/filtered_share": float(sums[1]) / tokens}
+
+
 def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: Batch,
            advantages: Tensor, ref_logp: Tensor | None, cfg: LearnerConfig,
            generator: torch.Generator, *, world: World | None = None,
@@ -188,6 +225,9 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
     old_logp = torch.nan_to_num(batch.sample_logprobs, nan=0.0)
     if not model.training:  # the engine sets the whole model's mode; setting it walks it all
         model.train()
+    weights = None
+    if alg.rollout_correction is not None:
+        old_logp, weights = corrected_old_logprobs(model, batch, cfg)
     totals = {"loss/policy": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0,
               "grad_norm": 0.0}
     steps = 0
@@ -212,7 +252,8 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
                                                     group_size)
                 pl = loss_fn(logp, old_logp[idx], advantages[idx], mask,
                              clip_low=alg.clip.low, clip_high=alg.clip.high, **loss_knobs)
-                policy_loss = _times(objectives.aggregate(pl.loss, mask, agg,
+                pg_tokens = pl.loss if weights is None else pl.loss * weights[idx]
+                policy_loss = _times(objectives.aggregate(pg_tokens, mask, agg,
                                                           cfg.max_response_tokens), share)
                 loss = policy_loss
                 kl_value = torch.zeros(())
@@ -250,6 +291,8 @@ def update(model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, batch: 
             totals["grad_norm"] += float(grad_norm)
     metrics = {k: v / max(steps, 1) for k, v in totals.items()}
     metrics["lr"] = float(scheduler.get_last_lr()[0])
+    if weights is not None:
+        metrics.update(_correction_metrics(weights, batch.response_mask, world))
     scheduler.step()  # once per update, not per optimizer step
     assert all(math.isfinite(v) for v in metrics.values())
     return metrics

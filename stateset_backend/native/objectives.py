@@ -322,6 +322,27 @@ def cispo_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, *, cli
     return PolicyLoss(-weight.detach() * _per_token(adv) * logp, (ratio != weight).float())
 
 
+def rollout_weights(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, mode: str,
+                    low: float, high: float) -> Tensor:
+    """[B, T] factors on each token's policy-gradient term (algorithm.rollout_correction;
+    OpenRLHF's tis, icepop and seq-mask-tis): a sampler whose log-probs differ from the
+    learner's draws slightly off-policy samples, and w = exp(old - rollout) reweights them.
+    Detached, since it corrects the data rather than being learned through; 0 off the mask,
+    so an unsampled position cannot turn a product into NaN."""
+    log_w = torch.where(mask > 0, old_logp - rollout_logp, 0.0).detach()
+    w = torch.exp(log_w)
+    if mode == "truncate":
+        w = w.clamp(low, high)
+    elif mode == "mask":
+        w = torch.where((w >= low) & (w <= high), w, 0.0)
+    elif mode == "sequence_mask":
+        seq = torch.exp((log_w * mask).sum(-1) / mask.sum(-1).clamp(min=1.0))
+        w = torch.where(((seq >= low) & (seq <= high))[:, None], w, 0.0)
+    else:
+        raise ValueError(f"no rollout correction mode {mode!r}")
+    return torch.where(mask > 0, w, 0.0)
+
+
 # -- reward shaping ------------------------------------------------------------------------
 def overlong_penalty(lengths: Tensor, max_tokens: int, buffer_tokens: int,
                      penalty: float) -> Tensor:

@@ -2,7 +2,8 @@
 
 The learner's importance ratios are taken against exactly these log-probs; they are never
 recomputed afterwards, so a mismatch between the sampler and the learner shows up as a ratio
-away from 1 instead of being hidden.
+away from 1 instead of being hidden. Only algorithm.rollout_correction takes the learner's own
+log-probs as the ratios' denominator, and then the mismatch is its explicit weight instead.
 """
 
 from __future__ import annotations
