@@ -49,25 +49,23 @@ def test_a_shipped_recipe_reads_through_its_parents():
     trip = doc["round_trip"]
     assert trip["settings"] == len(doc["settings"]) + len(doc["refused"])
     fates = {s["key"]: s for s in doc["settings"]}
-    # what the spec cannot carry is named: NeMo RL's own dataset registry and vLLM's compiler
-    # options under the generation kwargs the hub pins; the older DTensor worker and the
-    # validation batch are execution defaults, kept in engine_options and read back
+    # what the spec cannot carry is named: NeMo RL's own dataset registry; the older DTensor
+    # worker, the validation batch and vLLM's compiler options (inside the generation kwargs
+    # the hub pins) are execution defaults, kept in engine_options and read back
     missed = {k for k, s in fates.items() if s["reproduced"] is False and not
               s.get("hub_owned")}
     assert missed == {"data.train.dataset_name", "data.validation.dataset_name",
-                      "data.validation.repeat",
-                      "policy.generation.vllm_kwargs.compilation_config.backend",
-                      "policy.generation.vllm_kwargs.compilation_config.custom_ops"}
+                      "data.validation.repeat"}
     options = doc["spec"]["engine_options"]["nemo-rl"]
     assert options["policy.dtensor_cfg._v2"] is False and options["grpo.val_batch_size"] == 32
-    assert fates["grpo.val_batch_size"]["reproduced"] is True
+    assert set(options["policy.generation.vllm_kwargs"]) == {"compilation_config"}
+    for key in ("grpo.val_batch_size", "policy.generation.vllm_kwargs.compilation_config.backend",
+                "policy.generation.vllm_kwargs.compilation_config.custom_ops"):
+        assert fates[key]["reproduced"] is True, key
     assert all(fates[k]["reason"] for k in missed)
     # a registry dataset leaves the spec's split a placeholder, and says which file to make
     assert "registry" in fates["data.train.dataset_name"]["reason"]
     assert any("'DeepScaler'" in line and "data.train.uri" in line for line in doc["inputs"])
-    # the vLLM options reach the guard as the mapping whole, whose reason is the pin's
-    assert "policy.generation.vllm_kwargs at {}" in \
-        fates["policy.generation.vllm_kwargs.compilation_config.backend"]["reason"]
     # only the run's names and folders are the hub's own
     assert all(isinstance(s["planned"], str) for s in doc["settings"] if s.get("hub_owned"))
     # the 16K recipe extends the 8K one, which extends the release's own recipe

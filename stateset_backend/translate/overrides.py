@@ -97,8 +97,8 @@ def refuse_interpolations(native: dict[str, Any], sources: dict[str, str], engin
 
 def force_add_mappings(native: dict[str, Any], sources: dict[str, str],
                        engine: str) -> dict[str, Any]:
-    """An ``engine_options`` mapping (verl's ``override_config``, NeMo RL's
-    ``automodel_kwargs``) is given whole, as the option check asks, and merged into the
+    """An ``engine_options`` mapping (verl's ``override_config``, NeMo RL's vLLM compilation
+    settings) is given whole, as the option check asks, and merged into the
     engine's mapping. Both engines apply overrides in struct mode (verl's composed config, NeMo
     RL's ``parse_hydra_overrides``), where a plain override may not bring a mapping a key it
     lacks and only Hydra's force-add (``++``) may: the launch plans, and the engine refuses it

@@ -20,8 +20,7 @@ from stateset_backend.plan.launch_plan import make_plan
 from stateset_backend.spec.model import ExperimentSpec
 
 RECIPES = Path(__file__).resolve().parents[2] / "examples" / "recipes"
-OPTIONS = {"policy.dtensor_cfg.automodel_kwargs": {"use_liger_kernel": True},
-           "logger.tensorboard": {"flush_secs": 5}}
+OPTIONS = {"logger.tensorboard": {"flush_secs": 5}}
 
 
 def _plan(options: dict) -> object:
@@ -57,4 +56,38 @@ def test_the_kit_reads_a_plain_mapping_override_as_the_engine_refuses_it():
     with pytest.raises(LaunchUnreadable, match=r"struct mode.*only \+\+ adds it"):
         BUILTIN["nemo-rl"](SimpleNamespace(argv=plain, engine_version="0.7.0", files={}))
     read = BUILTIN["nemo-rl"](plan)
-    assert read["policy.dtensor_cfg.automodel_kwargs.use_liger_kernel"] is True
+    assert read["logger.tensorboard.flush_secs"] == 5
+
+
+def test_the_model_loads_kwargs_are_held_like_its_config_overrides():
+    """NeMo RL hands ``automodel_kwargs`` to the trainer's ``from_pretrained``: a config key
+    there changes the trained model (and not the one vLLM samples with), so the launch holds
+    it empty, as it holds ``hf_config_overrides``."""
+    from stateset_backend.common.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="automodel_kwargs"):
+        _plan({"policy.dtensor_cfg.automodel_kwargs": {"num_hidden_layers": 2}})
+
+
+@pytest.mark.skipif(not NEMO_RL_CONFIGS.is_dir(), reason=NEMO_RL_CONFIGS_MISSING)
+def test_vllm_compilation_options_are_the_only_vllm_kwargs_a_user_may_set():
+    """The launch pins vLLM's kwargs empty; only their declared part, vLLM's compilation of
+    the same model, may be given, as the mapping whole, and it reaches NeMo RL force-added."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from stateset_backend.common.errors import InvalidInput
+
+    compile_ = {"compilation_config": {"backend": "eager", "custom_ops": ["+rms_norm"]}}
+    plan = _plan({"policy.generation.vllm_kwargs": compile_})
+    at = plan.argv.index("--config")
+    cfg = OmegaConf.load(NEMO_RL_CONFIGS / "v0.7.0" / "examples" / "configs" /
+                         "grpo_math_1B.yaml")
+    OmegaConf.set_struct(cfg, True)
+    ConfigLoaderImpl._apply_overrides_to_config(overrides=OverridesParser.create().parse_overrides(
+        overrides=[a.replace("{run_dir}", "/run") for a in plan.argv[at + 2:]]), cfg=cfg)
+    assert OmegaConf.to_container(OmegaConf.select(cfg, "policy.generation.vllm_kwargs")) == \
+        compile_
+    with pytest.raises(InvalidInput, match=r"algorithm\.objective pins"):
+        _plan({"policy.generation.vllm_kwargs": {"enforce_eager": True}})

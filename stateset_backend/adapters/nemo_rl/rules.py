@@ -78,6 +78,9 @@ SWITCHED_OFF: dict[str, Any] = {
     "loss_fn.disable_ppo_ratio": False,
     "loss_fn.positive_example_nll_weight": 0.0,
     "policy.hf_config_overrides": {},
+    # passed to the trainer's model load (from_pretrained's kwargs): a config key in it changes
+    # the trained model, as hf_config_overrides would
+    "policy.dtensor_cfg.automodel_kwargs": {},
     "policy.dtensor_cfg._v2": True,  # the DTensor v2 worker: scheduler steps once per update
     "policy.dtensor_cfg.enabled": True,
     "policy.megatron_cfg.enabled": False,

@@ -268,6 +268,8 @@ NEMO_RL: list[tuple[tuple[str, ...], Expect]] = [
     (("policy.draft.enabled",), lambda s: False),
     # the model's own config and chat template, unchanged
     (("policy.hf_config_overrides",), lambda s: {}),
+    # models/automodel/setup.py hands these to from_pretrained: nothing changes the model
+    (("policy.dtensor_cfg.automodel_kwargs",), lambda s: {}),
     (("policy.tokenizer.chat_template_kwargs",), lambda s: OFF),
     (("policy.dtensor_cfg.lora_cfg.enabled",),
      lambda s: s.model.lora is not None),
