@@ -59,9 +59,9 @@ def _dialect(engine: str, version: str) -> Any:
 @pytest.mark.parametrize(("engine", "version"),
                          [(e, v) for e, vs in RELEASES.items() for v in vs])
 def test_no_execution_default_changes_the_math(engine, version):
-    """Each declared key has its reason, is a key the release reads and is no math key of the
-    kit's independent list (a key the list counts only through a count the launch derives
-    from it stays owned: NeMo RL's max_val_samples)."""
+    """Each declared key has its reason, is a key the release reads (or part of a mapping it
+    reads) and is no math key of the kit's independent list (a key the list counts only
+    through a count the launch derives from it stays owned: NeMo RL's max_val_samples)."""
     dialect = _dialect(engine, version)
     declared = execution_defaults(dialect)
     assert declared, f"{engine} {version} declares no execution default"
@@ -69,7 +69,9 @@ def test_no_execution_default_changes_the_math(engine, version):
     assert not math_execution_defaults(math_keys_of(engine, options, ()), declared)
     for key, entry in declared.items():
         assert len(entry.reason) > 40, key
-        assert key in options, key
+        # a key the release reads, or a part of one of its free mappings (given whole)
+        assert key in options or any(key.startswith(o + ".") and isinstance(
+            options[o].get("default"), dict) for o in options), key
     assert all(v not in declared for v in RESIZED_BY.values())
 
 
@@ -148,3 +150,26 @@ def test_a_mapping_set_whole_opens_only_its_declared_part():
     assert reached("a.k", {"c": 1, "d": 2}, taken, execution, option_conflict) == "a.k"
     assert reached("a", {"k": {"c": 1}}, taken, execution, option_conflict) == "a.k"
     assert reached("~a.k.c", None, taken, execution, option_conflict) == "a.k"
+
+
+def test_a_default_limited_to_values_holds_them_through_a_mapping():
+    """A value-limited default reached inside a mapping the launch sets whole, or a key
+    under it, is held to its values as the key itself is."""
+    execution = execution_defaults(type("D", (), {"name": "d", "keys": {"execution": {
+        "cfg.stage": {"reason": "stages only partition state across ranks",
+                      "values": [1, 2, 3]}}}})())
+    taken = {"cfg": {"stage": 2, "math": 0.5}}
+    assert reached("cfg", {"stage": 3}, taken, execution, option_conflict) is None
+    assert reached("cfg", {"stage": 0}, taken, execution, option_conflict) == "cfg"
+    assert reached("cfg.stage.x", 1, taken, execution, option_conflict) == "cfg"
+
+
+@pytest.mark.parametrize(("engine", "version", "option", "words"), [
+    ("openrlhf", "0.10.2", {"--train.micro_batch_size": 0}, "a whole number of at least 1"),
+    ("openrlhf", "0.10.2", {"--rollout.micro_batch_size": True}, "takes one int"),
+    ("nemo-rl", "0.7.0", {"policy.dtensor_cfg._v2": {"x": 1}}, "a switch"),
+])
+def test_an_execution_default_keeps_its_kind(grpo, tmp_path, engine, version, option, words):
+    """A size of 0 or a mapping where a switch belongs plans nothing the engine can start."""
+    with pytest.raises(InvalidInput, match=words):
+        _plan(grpo, engine, version, tmp_path, option)

@@ -147,3 +147,28 @@ def test_bad_values_are_one_line_exit_2(grpo, tmp_path, cli_in_process, bad, mes
     assert result.returncode == 2
     assert message in result.stderr + result.stdout
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("version", "flags", "mode"), [
+    ("0.10.2", ["--algo.advantage.is_correction_enable",
+                "--algo.advantage.is_correction_type", "icepop"], "mask"),
+    ("0.11.2", ["--algo.advantage.is_correction_level", "token",
+                "--algo.advantage.is_correction_mode", "clip"], "truncate"),
+])
+def test_an_imported_threshold_pair_keeps_both_bounds(tmp_path, version, flags, mode):
+    """The engine reads ``low high`` as one pair, so neither bound alone reproduces it: the
+    import moves both at once, whichever differs from the defaults."""
+    from stateset_backend.importing.launch import import_file
+
+    script = tmp_path / "run.sh"
+    script.write_text(" ".join([
+        "python3 -m openrlhf.cli.train_ppo_ray --actor.model_name_or_path Qwen/Qwen2.5-7B",
+        "--data.prompt_dataset d.jsonl --rollout.batch_size 32",
+        "--rollout.n_samples_per_prompt 4 --train.batch_size 64",
+        "--algo.advantage.estimator group_norm", *flags,
+        "--algo.advantage.is_correction_threshold 0.3 3"]) + "\n")
+    doc = import_file(build_registry(), "openrlhf", script, version).to_json()
+    assert doc["spec"]["algorithm"]["rollout_correction"] == {"mode": mode, "low": 0.3,
+                                                              "high": 3.0}
+    fates = {s["key"]: s for s in doc["settings"]}
+    assert fates["--algo.advantage.is_correction_threshold"]["reproduced"] is True

@@ -39,6 +39,9 @@ def test_a_budget_that_cannot_bind_is_the_experiment_without_one():
         spec = ExperimentSpec.model_validate(_doc(max_total_tokens=total))
         assert spec.data.max_total_tokens is None
         assert experiment_digest(spec) == none
+    # whole numbers written as floats are the same numbers
+    floats = ExperimentSpec.model_validate(_doc(max_total_tokens=150.0, max_prompt_tokens=48.0))
+    assert floats.data.max_total_tokens is None and experiment_digest(floats) == none
     binding = ExperimentSpec.model_validate(_doc(max_total_tokens=49))
     assert binding.data.max_total_tokens == 49
     assert experiment_digest(binding) != none

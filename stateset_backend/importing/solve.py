@@ -206,6 +206,7 @@ class Solver:
     def _trials(self, spec: ExperimentSpec, path: str,
                 value: Any) -> Iterator[tuple[Any, ExperimentSpec]]:
         sharing = self._sharing(spec, path)
+        yield from self._pairs(spec, path, sharing)
         for candidate in self.candidates(spec, path, value):
             if sharing:
                 together = _with(spec, path, candidate, *((p, candidate) for p in sharing))
@@ -222,6 +223,23 @@ class Solver:
             for partner in _partners(spec, path, candidate):
                 yield candidate, partner
 
+
+    def _pairs(self, spec: ExperimentSpec, path: str,
+               sharing: list[str]) -> Iterator[tuple[Any, ExperimentSpec]]:
+        """Two leaves an engine reads as one pair (OpenRLHF's importance-sampling threshold,
+        ``low high``): the launch's pair, each way round, moves both at once, since neither
+        alone makes the engine read it."""
+        numeric = [p for p in sharing if isinstance(v := _leaf(spec, p), int | float) and
+                    not isinstance(v, bool)]
+        if len(numeric) != 1:
+            return
+        for raw in self._touched(spec, path):
+            if isinstance(raw, list) and len(raw) == 2 and all(
+                    isinstance(v, int | float) and not isinstance(v, bool) for v in raw):
+                for mine, theirs in (raw, raw[::-1]):
+                    trial = _with(spec, path, mine, (numeric[0], theirs))
+                    if trial is not None:
+                        yield mine, trial
 
     def candidates(self, spec: ExperimentSpec, path: str, value: Any) -> Iterator[Any]:
         annotation = annotation_at(path)

@@ -131,9 +131,11 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
     if options:
         # What the launch sets on its own (identity, outputs, fixed switches, execution
         # defaults) is what it sets without the options: rendered once more without them.
+        mine = f"engine_options.{adapter.name}"
         own = Translation({k: v for k, v in translation.native.items()
-                           if translation.sources.get(k) != f"engine_options.{adapter.name}"},
-                          translation.sources, translation.rows)
+                           if translation.sources.get(k) != mine},
+                          {k: v for k, v in translation.sources.items() if v != mine},
+                          translation.rows)
         with entry.guard("rendering the launch"):
             bare = adapter.render(own, spec, ctx)
         guard_engine_options(adapter.name, options,
@@ -246,10 +248,9 @@ def guard_engine_options(engine: str, options: dict[str, Any], native: dict[str,
     placement); it may never reach any other key the launch sets by itself (``native``:
     rendered without the options) for identity, outputs, a spec setting or a fixed switch,
     in any spelling."""
-    owned = list(native)
     for key, value in options.items():
         try:
-            taken = reached(key, value, owned, execution or {}, option_conflict)
+            taken = reached(key, value, native, execution or {}, option_conflict)
         except InvalidInput as exc:
             raise InvalidInput(f"engine_options.{engine}.{exc.message}") from None
         if taken is not None:

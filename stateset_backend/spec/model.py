@@ -406,7 +406,9 @@ class Data(_Section):
             return data
         total, prompt, response = (data.get(k, 512) for k in (
             "max_total_tokens", "max_prompt_tokens", "max_response_tokens"))
-        if all(type(v) is int for v in (total, prompt, response)) and total >= prompt + response:
+        # whole numbers as pydantic reads them (150.0 is 150): the same spec, the same digest
+        if all(isinstance(v, int | float) and not isinstance(v, bool) and float(v).is_integer()
+               for v in (total, prompt, response)) and total >= prompt + response:
             return {**data, "max_total_tokens": None}
         return data
 

@@ -58,9 +58,13 @@ def _within(path: str, root: str) -> bool:
 
 def _covered(path: str, value: Any, execution: dict[str, ExecutionDefault]) -> bool:
     """Every leaf a Hydra-style mapping value sets at ``path`` lies inside a declared
-    execution default."""
-    if any(_within(path, e) for e in execution):
-        return True
+    execution default, at one of its declared values where it names them (a key inside a
+    default limited to values is none of them)."""
+    for name, declared in execution.items():
+        if path == name:
+            return declared.values is None or value in declared.values
+        if _within(path, name):
+            return declared.values is None
     if isinstance(value, dict) and value and any(e.startswith(path + ".") for e in execution):
         return all(_covered(f"{path}.{k}", v, execution) for k, v in value.items())
     return False
@@ -85,14 +89,28 @@ def reached(key: str, value: Any, taken: Any, execution: dict[str, ExecutionDefa
         theirs = _bare(str(other))
         declared = execution.get(theirs)
         if declared is not None and (bare == theirs or (hydra and _within(bare, theirs))):
-            if declared.values is not None and bare == theirs and value not in declared.values:
+            if declared.values is not None and (bare != theirs or value not in declared.values):
                 raise InvalidInput(f"{key}: {value!r} is not one of the values that leave the "
                                    f"math unchanged ({', '.join(map(repr, declared.values))})")
+            if bare == theirs and isinstance(taken, dict):
+                _same_kind(key, value, taken[other])
             continue
         if hydra and _within(bare, theirs) and _covered(bare, value, execution):
             continue  # inside a mapping the launch sets whole, only where it is declared
         return str(other)
     return None
+
+
+def _same_kind(key: str, value: Any, own: Any) -> None:
+    """An execution default is a knob of one kind: a switch stays a switch, and a count or
+    size the launch sets to at least one stays a whole number of at least one (a micro-batch
+    of 0 plans here and stops the engine at start-up)."""
+    if isinstance(own, bool):
+        if not isinstance(value, bool):
+            raise InvalidInput(f"{key}: {value!r}: a switch (true or false)")
+    elif isinstance(own, int) and own >= 1 and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise InvalidInput(f"{key}: {value!r}: a whole number of at least 1")
 
 
 def merged(own: Any, option: Any) -> Any:

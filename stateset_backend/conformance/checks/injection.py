@@ -170,9 +170,9 @@ def check_option_keys(adapter: EngineAdapter, version: str, base: dict[str, Any]
     execution = execution_defaults(plan.resolved_dialect())
     refused: set[str] = set()  # keys of several spellings ("+k", "k") share entries
     for key in owned_keys(plan, option_key):
-        if key.lstrip("+~") in execution:
-            continue  # an execution default: check_execution_defaults holds it
         for spelled, value in spellings(key):
+            if key.lstrip("+~") in execution and spelled == key.lstrip("+~"):
+                continue  # the exact key of an execution default: check_execution_defaults
             entry = repr((spelled, value))
             if entry in refused:
                 tried += 1
@@ -228,7 +228,9 @@ def check_execution_defaults(adapter: EngineAdapter, version: str, base: dict[st
         except Exception as exc:
             raise CheckFailed(f"engine_options {key!r}: {value!r} (an execution default): "
                               f"expected a plan, got {describe(exc)}") from None
-        read = flatten(reader(taken)) if reader is not None else dict(taken.native)
+        if reader is None:  # only the engine's own parser can say what it reads
+            continue
+        read = flatten(reader(taken))
         if read.get(key) != value:
             raise CheckFailed(f"engine_options {key!r}: {value!r} (an execution default) "
                               f"planned, but the engine reads {read.get(key)!r}")
