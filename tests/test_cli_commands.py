@@ -99,7 +99,8 @@ def test_explain_all_engines_side_by_side(cli, write_json, minimal):
     for name in ("native", "verl 0.9.1", "openrlhf", "nemo-rl"):
         assert name in narrow.stdout
     assert "REFUSED" in narrow.stdout and "explain --engine ENGINE" in narrow.stdout
-    assert len(narrow.stdout.splitlines()) < 250
+    # about two lines a field whatever the engines installed, never a block per engine
+    assert len(narrow.stdout.splitlines()) < 3 * len(fields[0])
 
 
 def test_explain_needs_one_engine_or_all(cli, write_json, minimal):
