@@ -98,6 +98,28 @@ def minimal_with_files(minimal, tmp_path: Path) -> dict[str, Any]:
 
 
 @pytest.fixture
+def grpo(tmp_path: Path) -> dict[str, Any]:
+    """The external GRPO example (examples/external/grpo.json) beside a copy of its data in
+    ``tmp_path``, so its relative paths resolve when a test plans it there."""
+    external = EXAMPLES.parent / "external"
+    shutil.copytree(external / "data", tmp_path / "data")
+    return json.loads((external / "grpo.json").read_text())
+
+
+@pytest.fixture
+def engine_reads() -> Any:
+    """What a built-in engine reads from a plan, through the kit's own reader of it."""
+    from stateset_backend.conformance.readers import reader_for
+
+    def read(plan: Any) -> dict[str, Any]:
+        reader = reader_for(plan.engine, None)
+        assert reader is not None
+        return reader(plan)
+
+    return read
+
+
+@pytest.fixture
 def write_json(tmp_path: Path):
     def write(doc: Any, name: str = "spec.json") -> Path:
         path = tmp_path / name

@@ -27,12 +27,6 @@ from stateset_backend.conformance.samples import parquet_row
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-@pytest.fixture
-def grpo(tmp_path: Path) -> dict[str, Any]:
-    shutil.copytree(EXAMPLES / "external" / "data", tmp_path / "data")
-    return json.loads((EXAMPLES / "external" / "grpo.json").read_text())
-
-
 def _plan(capsys, tmp_path: Path, doc: dict[str, Any]) -> tuple[int, str]:
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(doc), encoding="utf-8")

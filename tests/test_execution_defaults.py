@@ -6,8 +6,6 @@ out of the options' reach, and no declared execution default is a key that chang
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,6 @@ from stateset_backend.conformance.math_keys import (
     math_execution_defaults,
     math_keys_of,
 )
-from stateset_backend.conformance.readers import reader_for
 from stateset_backend.contracts.loader import parse_version
 from stateset_backend.contracts.surfaces import surface
 from stateset_backend.engines.registry import build_registry
@@ -28,15 +25,8 @@ from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.translate.execution import execution_defaults, reached
 from stateset_backend.translate.rules import option_conflict
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "external"
 RELEASES = {"openrlhf": ["0.9.8", "0.10.1", "0.10.2", "0.11.1", "0.11.2"],
             "nemo-rl": ["0.5.0", "0.6.0", "0.7.0"]}
-
-
-@pytest.fixture
-def grpo(tmp_path: Path) -> dict[str, Any]:
-    shutil.copytree(EXAMPLES / "data", tmp_path / "data")
-    return json.loads((EXAMPLES / "grpo.json").read_text())
 
 
 def _plan(doc: dict[str, Any], engine: str, version: str, base: Path,
@@ -44,12 +34,6 @@ def _plan(doc: dict[str, Any], engine: str, version: str, base: Path,
     doc = {**doc, "engine_options": {engine: options} if options else {}}
     return make_plan(ExperimentSpec.model_validate(doc), build_registry().get(engine),
                      version, base_dir=base)
-
-
-def _read(plan: Any) -> dict[str, Any]:
-    reader = reader_for(plan.engine, None)
-    assert reader is not None
-    return reader(plan)
 
 
 def _dialect(engine: str, version: str) -> Any:
@@ -92,11 +76,11 @@ def test_engine_options_never_reach_a_switch_that_changes_the_math(grpo, tmp_pat
         _plan(grpo, "openrlhf", "0.11.1", tmp_path, option)
 
 
-def test_openrlhf_execution_defaults_are_taken_and_read_back(grpo, tmp_path):
+def test_openrlhf_execution_defaults_are_taken_and_read_back(engine_reads, grpo, tmp_path):
     options = {"--ds.zero_stage": 3, "--train.micro_batch_size": 1,
                "--rollout.micro_batch_size": 16, "--ds.ring_attn_size": 2,
                "--vllm.num_engines": 2, "--train.dynamic_batch_enable": True}
-    read = _read(_plan(grpo, "openrlhf", "0.11.1", tmp_path, options))
+    read = engine_reads(_plan(grpo, "openrlhf", "0.11.1", tmp_path, options))
     assert {k: read[k] for k in options} == options
 
 
@@ -113,20 +97,21 @@ def test_dynamic_batching_is_math_before_0_11_1(grpo, tmp_path):
     assert "--train.dynamic_batch_enable" in execution_defaults(_dialect("openrlhf", "0.11.1"))
 
 
-def test_vllm_engines_fill_colocated_gpus(grpo, tmp_path):
-    assert _read(_plan(grpo, "openrlhf", "0.11.2", tmp_path))["--vllm.num_engines"] == 1
+def test_vllm_engines_fill_colocated_gpus(engine_reads, grpo, tmp_path):
+    assert engine_reads(_plan(grpo, "openrlhf", "0.11.2", tmp_path))["--vllm.num_engines"] == 1
     colocated = {"--train.colocate_all": True, "--vllm.tensor_parallel_size": 2}
-    assert _read(_plan(grpo, "openrlhf", "0.11.2", tmp_path, colocated))[
+    assert engine_reads(_plan(grpo, "openrlhf", "0.11.2", tmp_path, colocated))[
         "--vllm.num_engines"] == 4
     mine = {**colocated, "--vllm.num_engines": 2}
-    assert _read(_plan(grpo, "openrlhf", "0.11.2", tmp_path, mine))["--vllm.num_engines"] == 2
+    assert engine_reads(_plan(grpo, "openrlhf", "0.11.2", tmp_path, mine))[
+        "--vllm.num_engines"] == 2
 
 
-def test_nemo_rl_validation_batches_still_cover_every_row(grpo, tmp_path):
-    plain = _read(_plan(grpo, "nemo-rl", "0.7.0", tmp_path))
+def test_nemo_rl_validation_batches_still_cover_every_row(engine_reads, grpo, tmp_path):
+    plain = engine_reads(_plan(grpo, "nemo-rl", "0.7.0", tmp_path))
     rows = plain["grpo.val_batch_size"]
     assert plain["grpo.max_val_samples"] == rows and plain["policy.dtensor_cfg._v2"] is True
-    read = _read(_plan(grpo, "nemo-rl", "0.7.0", tmp_path,
+    read = engine_reads(_plan(grpo, "nemo-rl", "0.7.0", tmp_path,
                        {"grpo.val_batch_size": 3, "policy.dtensor_cfg._v2": False}))
     assert read["grpo.val_batch_size"] == 3 and read["policy.dtensor_cfg._v2"] is False
     assert read["grpo.max_val_samples"] % 3 == 0

@@ -6,7 +6,6 @@ a refusal naming the setting, never an adapter bug; every error is one line."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +17,6 @@ from stateset_backend.translate import overrides
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "external"
 ENGINES = (("verl", "0.9.1"), ("openrlhf", "0.11.2"), ("nemo-rl", "0.7.0"))
 SECRET = "${oc.env:AWS_SECRET_ACCESS_KEY}"
-
-
-@pytest.fixture
-def grpo(tmp_path: Path) -> dict[str, Any]:
-    """The external GRPO example beside a copy of its data, so relative paths resolve."""
-    shutil.copytree(EXAMPLES / "data", tmp_path / "data")
-    return json.loads((EXAMPLES / "grpo.json").read_text())
 
 
 def _cli(capsys, *args: Any) -> tuple[int, str, str]:

@@ -4,14 +4,12 @@ carried only where an engine's own code computes the same weight."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stateset_backend.common.errors import Unsupported
-from stateset_backend.conformance.readers import reader_for
 from stateset_backend.contracts.capabilities import required_capabilities
 from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.registry import build_registry
@@ -20,14 +18,7 @@ from stateset_backend.spec.digest import experiment_digest, identity_document
 from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.translate.rules import explain_rows
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "external"
 MASK = {"mode": "mask", "low": 0.25, "high": 4.0}
-
-
-@pytest.fixture
-def grpo(tmp_path: Path) -> dict[str, Any]:
-    shutil.copytree(EXAMPLES / "data", tmp_path / "data")
-    return json.loads((EXAMPLES / "grpo.json").read_text())
 
 
 def _with(doc: dict[str, Any], correction: Any, **alg: Any) -> dict[str, Any]:
@@ -37,12 +28,6 @@ def _with(doc: dict[str, Any], correction: Any, **alg: Any) -> dict[str, Any]:
 def _plan(doc: dict[str, Any], engine: str, version: str, base: Path) -> Any:
     return make_plan(ExperimentSpec.model_validate(doc), build_registry().get(engine),
                      version, base_dir=base)
-
-
-def _read(plan: Any) -> dict[str, Any]:
-    reader = reader_for(plan.engine, None)
-    assert reader is not None
-    return reader(plan)
 
 
 def test_null_leaves_the_digest_and_the_identity_as_they_were(grpo):
@@ -84,18 +69,18 @@ def test_sft_refuses_it(grpo):
                 "--algo.advantage.is_correction_gating": "ratio",
                 "--algo.advantage.is_correction_threshold": [0.25, 4.0]}),
 ])
-def test_openrlhf_reads_the_correction_back(grpo, tmp_path, version, expected):
-    read = _read(_plan(_with(grpo, MASK), "openrlhf", version, tmp_path))
+def test_openrlhf_reads_the_correction_back(engine_reads, grpo, tmp_path, version, expected):
+    read = engine_reads(_plan(_with(grpo, MASK), "openrlhf", version, tmp_path))
     assert {k: read[k] for k in expected} == expected
-    off = _read(_plan(grpo, "openrlhf", version, tmp_path))
+    off = engine_reads(_plan(grpo, "openrlhf", version, tmp_path))
     switch = next(iter(expected))
     assert off.get(switch) in (None, False, "off")  # a store_true flag left out is off
 
 
 @pytest.mark.parametrize(("mode", "level", "kind"), [
     ("truncate", "token", "clip"), ("sequence_mask", "seq", "mask")])
-def test_openrlhf_0_11_2_levels_and_modes(grpo, tmp_path, mode, level, kind):
-    read = _read(_plan(_with(grpo, {"mode": mode}), "openrlhf", "0.11.2", tmp_path))
+def test_openrlhf_0_11_2_levels_and_modes(engine_reads, grpo, tmp_path, mode, level, kind):
+    read = engine_reads(_plan(_with(grpo, {"mode": mode}), "openrlhf", "0.11.2", tmp_path))
     assert read["--algo.advantage.is_correction_level"] == level
     assert read["--algo.advantage.is_correction_mode"] == kind
 

@@ -16,7 +16,7 @@ from stateset_backend.importing.roundtrip import PLACEHOLDER_SHA256
 from stateset_backend.translate.rules import _same
 
 # The spec's token limits, which engines read as one sequence limit and one response limit.
-_LIMITS = ("data.max_prompt_tokens", "data.max_response_tokens")
+_LIMITS = ("data.max_prompt_tokens", "data.max_response_tokens", "data.max_total_tokens")
 # The hub's guard refusing an engine option on a key the adapter holds for the run itself.
 OWNED = "set by stateset-backend to keep the run's identity and outputs"
 # The hub's guard refusing an engine option under a key the objective's rule holds.
@@ -136,10 +136,10 @@ def why_not(key: str, value: Any, got: Any, src: str | None, rows: Any, engine: 
         return (f"the launch reads {len(value)} files as one split, a spec split is one file: "
                 f"{src} names the first (join the others into it; see inputs)")
     if src in _LIMITS:
-        return (f"{src} translates to {key}={got!r}: a spec's prompt and response limits are "
-                f"separate (the sequence limit is their sum), while the launch's {value!r} "
-                "shares one budget between a prompt and its response; no pair of limits gives "
-                "that")
+        return (f"{src} translates to {key}={got!r}, where the launch gives {value!r}: no "
+                "choice of the spec's prompt, response and shared limits (data.max_prompt_tokens, "
+                f"max_response_tokens, max_total_tokens) reads back on {engine} {version} as the "
+                "launch's limits")
     if src == "algorithm.objective":
         return (f"the hub's launch holds {key} at {got!r} for every spec, a setting the spec "
                 "has no name for, kept where the run is the spec's experiment; no spec value "

@@ -84,10 +84,8 @@ def launch(translation: Translation, spec: ExperimentSpec, ctx: LaunchContext,
     budget = {f.num_episodes: episodes, f.max_samples: rows}
     # The contract's execution defaults (keys.execution): engine_options may change them, so
     # an option the user gave wins over the value chosen here.
-    chosen = {k for k, src in translation.sources.items() if src.startswith("engine_options.")}
-    execution = {k: v for k, v in _execution(spec, translation.native, f).items()
-                 if k not in chosen}
-    native = with_owned_keys("openrlhf", {**f.fixed, **translation.native, **execution},
+    execution = _execution(spec, translation.native, f)
+    native = with_owned_keys("openrlhf", {**f.fixed, **execution, **translation.native},
                              {**owned, **budget})
     # the engine runs in the run folder: local splits are named by absolute path
     for key in (f.prompt_data, f.eval_data):

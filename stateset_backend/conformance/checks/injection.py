@@ -159,6 +159,21 @@ def spellings(key: str) -> list[tuple[str, Any]]:
     return out
 
 
+def _with_option(adapter: EngineAdapter, version: str, base: dict[str, Any],
+                 files: SampleFiles, key: str, value: Any) -> LaunchPlan | InvalidInput:
+    """The base spec planned with one ``engine_options`` entry: the plan, or its refusal
+    with exit 2. Any other outcome (a traceback, another exit code) fails the check."""
+    doc = copy.deepcopy(base)
+    doc["engine_options"] = {adapter.name: {key: value}}
+    try:
+        return plan_doc(adapter, version, doc, files)
+    except InvalidInput as exc:
+        return exc
+    except Exception as exc:
+        raise CheckFailed(f"engine_options {key!r}: {value!r}: expected a plan or exit 2, got "
+                          f"{describe(exc)}") from None
+
+
 def check_option_keys(adapter: EngineAdapter, version: str, base: dict[str, Any],
                       plan: LaunchPlan, files: SampleFiles, option_key: str) -> int:
     """Every key the launch sets, in every spelling, as an ``engine_options`` entry: each
@@ -177,17 +192,11 @@ def check_option_keys(adapter: EngineAdapter, version: str, base: dict[str, Any]
             if entry in refused:
                 tried += 1
                 continue
-            doc = copy.deepcopy(base)
-            doc["engine_options"] = {adapter.name: {spelled: value}}
-            try:
-                plan_doc(adapter, version, doc, files)
-            except InvalidInput:
+            if isinstance(_with_option(adapter, version, base, files, spelled, value),
+                          InvalidInput):
                 tried += 1
                 refused.add(entry)
                 continue
-            except Exception as exc:
-                raise CheckFailed(f"engine_options {spelled!r} (reaches {key}): expected "
-                                  f"exit 2, got {describe(exc)}") from None
             raise CheckFailed(f"engine_options {spelled!r} reaches {key}, which the launch "
                               "sets, and the plan was made")
     return tried
@@ -221,13 +230,10 @@ def check_execution_defaults(adapter: EngineAdapter, version: str, base: dict[st
         value = _other_value(plan.native.get(key), declared)
         if value is None:
             continue
-        doc = copy.deepcopy(base)
-        doc["engine_options"] = {adapter.name: {key: value}}
-        try:
-            taken = plan_doc(adapter, version, doc, files)
-        except Exception as exc:
+        taken = _with_option(adapter, version, base, files, key, value)
+        if isinstance(taken, InvalidInput):
             raise CheckFailed(f"engine_options {key!r}: {value!r} (an execution default): "
-                              f"expected a plan, got {describe(exc)}") from None
+                              f"expected a plan, got exit 2: {taken.message}")
         if reader is None:  # only the engine's own parser can say what it reads
             continue
         read = flatten(reader(taken))
@@ -237,15 +243,10 @@ def check_execution_defaults(adapter: EngineAdapter, version: str, base: dict[st
         tried += 1
         if declared.values is not None:
             outside = next(v for v in (0, -1, 10**6) if v not in declared.values)
-            doc["engine_options"] = {adapter.name: {key: outside}}
-            try:
-                plan_doc(adapter, version, doc, files)
-            except InvalidInput:
+            if isinstance(_with_option(adapter, version, base, files, key, outside),
+                          InvalidInput):
                 tried += 1
                 continue
-            except Exception as exc:
-                raise CheckFailed(f"engine_options {key!r}: {outside!r}: expected exit 2, got "
-                                  f"{describe(exc)}") from None
             raise CheckFailed(f"engine_options {key!r}: {outside!r}, outside the values "
                               "declared to leave the math unchanged, and the plan was made")
     return tried
@@ -274,15 +275,9 @@ def check_free_mappings(adapter: EngineAdapter, version: str, base: dict[str, An
     for key, option in sorted(known.get("options", {}).items()):
         if not isinstance(option.get("default"), dict) or key.startswith("-") or key in owned:
             continue
-        doc = copy.deepcopy(base)
-        doc["engine_options"] = {adapter.name: {key: {PROBE_KEY: 1}}}
-        try:
-            taken = plan_doc(adapter, version, doc, files)
-        except InvalidInput:
+        taken = _with_option(adapter, version, base, files, key, {PROBE_KEY: 1})
+        if isinstance(taken, InvalidInput):
             continue  # held by a rule of this spec: check_option_keys holds it to that
-        except Exception as exc:
-            raise CheckFailed(f"engine_options {key!r}: {{{PROBE_KEY}: 1}}: expected a plan "
-                              f"or exit 2, got {describe(exc)}") from None
         try:
             read = flatten(reader(taken))
         except LaunchUnreadable as exc:
@@ -332,18 +327,12 @@ def check_namespace_keys(adapter: EngineAdapter, version: str, base: dict[str, A
     shipped = surface(adapter.name, version)
     keys = namespace_keys(shipped or adapter.kit_support().surface, shipped is not None)
     for key in keys:
-        doc = copy.deepcopy(base)
-        doc["engine_options"] = {adapter.name: {key: "/tmp/stateset-kit"}}
-        try:
-            plan = plan_doc(adapter, version, doc, files)
-        except InvalidInput as exc:
-            if key not in exc.message:
+        plan = _with_option(adapter, version, base, files, key, "/tmp/stateset-kit")
+        if isinstance(plan, InvalidInput):
+            if key not in plan.message:
                 raise CheckFailed(f"engine_options {key!r}: refused without naming the key: "
-                                  f"{exc.message}") from None
+                                  f"{plan.message}")
             continue
-        except Exception as exc:
-            raise CheckFailed(f"engine_options {key!r}: expected exit 2, got "
-                              f"{describe(exc)}") from None
         raise CheckFailed(f"engine_options {key!r} is outside {adapter.name}'s own "
                           f"configuration, and the plan was made: {' '.join(plan.argv)[:300]}")
     return len(keys)
