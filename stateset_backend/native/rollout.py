@@ -196,11 +196,16 @@ def _drop_finished(buffers: list[tuple[Tensor, Tensor]], live: Tensor | None, al
 
 
 @torch.no_grad()
+# the sampling kernels an update may run (the engine's sampling.kernels execution option)
+KERNELS = ("exact", "fast")
+
+
 def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int,
            temperature: float, top_p: float, eos_id: int, pad_id: int,
            generator: torch.Generator | Sequence[torch.Generator] | None,
            greedy: bool = False, group_size: int = 1, top_k: int | None = None,
-           max_total_tokens: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+           max_total_tokens: int | None = None,
+           kernels: str = "exact") -> tuple[Tensor, Tensor, Tensor]:
     """(response_ids, response_mask, sample_logprobs), each [N, T]; NaN log-prob after EOS.
 
     Top-k, then top-p, filter the temperature-scaled distribution (vLLM's order); the recorded
@@ -208,7 +213,11 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
     ``generator`` is one generator for the whole batch, or one per group (group_generators).
     ``max_total_tokens`` shares one budget between a row's prompt and its response
     (``response_caps``); a row that reaches it ends as one that reaches ``max_new_tokens``.
+    ``kernels`` is the engine's ``sampling.kernels`` execution option: ``"exact"`` samples
+    bit for bit as every earlier run of this engine did.
     """
+    if kernels not in KERNELS:
+        raise ValueError(f"sampling kernels {kernels!r}: one of {', '.join(KERNELS)}")
     # the model's own forward samples in eval mode; the grouped forward has no mode to set
     # (it runs only for models without dropout), and setting one walks every module twice
     toggled = model.training and not grouped_llama.supports(model)
