@@ -195,11 +195,11 @@ def _drop_finished(buffers: list[tuple[Tensor, Tensor]], live: Tensor | None, al
     return dropped, held.index_select(0, rows)
 
 
-@torch.no_grad()
 # the sampling kernels an update may run (the engine's sampling.kernels execution option)
 KERNELS = ("exact", "fast")
 
 
+@torch.no_grad()
 def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int,
            temperature: float, top_p: float, eos_id: int, pad_id: int,
            generator: torch.Generator | Sequence[torch.Generator] | None,
