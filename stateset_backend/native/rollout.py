@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from stateset_backend.native import grouped_llama
+from stateset_backend.native.options import KERNELS
 
 
 def positions_from_mask(mask: Tensor) -> Tensor:
@@ -193,10 +194,6 @@ def _drop_finished(buffers: list[tuple[Tensor, Tensor]], live: Tensor | None, al
             new[:, :, :done] = old[:, :, :done].index_select(0, rows)
         dropped.append((smaller[0], smaller[1]))
     return dropped, held.index_select(0, rows)
-
-
-# the sampling kernels an update may run (the engine's sampling.kernels execution option)
-KERNELS = ("exact", "fast")
 
 
 @torch.no_grad()
