@@ -122,12 +122,14 @@ class KitFixtures:
 
         return read
 
-    def option_key(self, adapter: EngineAdapter, plan: LaunchPlan) -> str:
+    def option_key(self, adapter: EngineAdapter, plan: LaunchPlan) -> str | None:
         """A free-text ``engine_options`` key no spec field maps to, for the hostile-value
-        check: ``kit_support().option_key`` names one the engine's parser accepts."""
+        check: ``kit_support().option_key`` names one the engine's parser accepts, or gives
+        None for an engine whose every option takes only enumerated values."""
         named = adapter.kit_support().option_key
         if named is not None:
-            return str(named(plan))
+            key = named(plan)
+            return None if key is None else str(key)
         flags = any(key.startswith("-") for key in plan.native)
         return "--stateset-conformance-probe" if flags else "stateset_conformance_probe"
 

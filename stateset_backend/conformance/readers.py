@@ -170,12 +170,12 @@ def openrlhf(plan: LaunchPlan) -> dict[str, Any]:
 
 
 def native(plan: LaunchPlan) -> dict[str, Any]:
-    """The native engine reads its settings file, in the spec's own vocabulary."""
+    """The native engine reads its settings file: the spec's settings in its own vocabulary,
+    and the execution options beside them."""
     import json
 
     doc = json.loads(plan.files["native_config.json"])
-    settings: dict[str, Any] = doc["settings"]
-    return settings
+    return {**doc["settings"], **doc.get("execution", {})}
 
 
 def _new_keys(node: Any, value: dict[str, Any], at: str) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from stateset_backend.common.jsonio import atomic_write_json
-from stateset_backend.native import checkpoint, layout, objectives
+from stateset_backend.native import checkpoint, layout, objectives, options
 from stateset_backend.native.batch import (
     ConversationBatch,
     RolloutBatch,
@@ -107,6 +107,8 @@ class RunSettings:
     experiment_digest: str
     spec: ExperimentSpec
     base_dir: Path
+    # how updates are computed, outside the identity (options.py): the launch's choice
+    execution: dict[str, Any] = field(default_factory=lambda: dict(options.DEFAULTS))
 
 
 def load_settings(path: Path) -> RunSettings:
@@ -123,8 +125,12 @@ def load_settings(path: Path) -> RunSettings:
     if experiment_digest(spec) != doc["experiment_digest"]:
         raise SettingsError("the launch config's settings do not hash to the experiment "
                             "digest it carries: the translation lost part of the experiment")
+    execution = {**options.DEFAULTS, **doc.get("execution", {})}
+    problems = options.problems(execution)
+    if problems:
+        raise SettingsError(f"the launch config's execution options: {problems[0]}")
     return RunSettings(doc["run_id"], doc["experiment_digest"], spec,
-                       Path(doc.get("base_dir") or Path.cwd()))
+                       Path(doc.get("base_dir") or Path.cwd()), execution)
 
 
 @dataclass
@@ -310,7 +316,8 @@ class Trainer:
         write = functools.partial(atomic_write_json, self.out.root / layout.RUN_INFO_FILE, {
             "engine": "native", "run_id": self.settings.run_id,
             "experiment_digest": self.settings.experiment_digest,
-            "committed_updates": self.update_count, "resumed_from": self.resumed_from},
+            "committed_updates": self.update_count, "resumed_from": self.resumed_from,
+            "execution": self.settings.execution},
             durable=durable)
         if durable:
             self.out.records.flush()
@@ -389,7 +396,8 @@ class Trainer:
                 top_k=decoding.top_k, eos_id=self.tokenizer.eos_token_id,
                 pad_id=self.tokenizer.pad_token_id, generator=generator,
                 greedy=decoding.temperature == 0, group_size=group_size,
-                max_total_tokens=getattr(spec.data, "max_total_tokens", None))
+                max_total_tokens=getattr(spec.data, "max_total_tokens", None),
+                kernels=self.settings.execution["sampling.kernels"])
         texts = self.decode(response_ids, response_mask)
         rewards = torch.tensor([self.reward_fn(r.prompt, t, r.answer)
                                 for r, t in zip(rows, texts, strict=True)])

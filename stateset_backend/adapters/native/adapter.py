@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stateset_backend.native import layout
+from stateset_backend.native import layout, options
 from stateset_backend.native.multiturn.settings import conversation_refusals
 from stateset_backend.native.parallel.settings import data_parallel_refusals
 from stateset_backend.native.ppo.settings import ppo_refusals
@@ -41,6 +41,7 @@ from stateset_backend.plugin import (
     Translation,
     Unsupported,
     all_leaf_paths,
+    execution_defaults,
     builtin_dir,
     distribution_version,
     leaves,
@@ -208,6 +209,34 @@ def _refuse_one_machine(spec: ExperimentSpec, ctx: LaunchContext) -> None:
             + ", ".join(sorted(PROVIDERS_ACROSS_NODES)))
 
 
+def _execution(translation: Translation, spec: ExperimentSpec,
+               ctx: LaunchContext) -> dict[str, Any]:
+    """The launch's execution options: the engine's defaults, then ``engine_options.native``.
+
+    Every other key of ``engine_options.native`` names nothing the engine reads (a spec
+    setting is refused before this, in translation): the engine would start and ignore it,
+    so it is refused here, with what the engine does read."""
+    declared = execution_defaults(ctx.dialect)
+    given = spec.engine_options.get("native", {})
+    for key in given:
+        if key not in declared:
+            raise InvalidInput(
+                f"engine_options.native.{key}: the native engine reads its settings from the "
+                "spec; engine_options.native may set only its execution options ("
+                + ", ".join(f"{k}: {' | '.join(map(str, d.values or ()))}"
+                            for k, d in sorted(declared.items())) + ")")
+    execution = {**options.DEFAULTS,
+                 **{k: v for k, v in translation.native.items() if k in declared}}
+    problems = options.problems(execution)
+    if problems:
+        raise InvalidInput(f"engine_options.native.{problems[0]}")
+    if execution != options.DEFAULTS and spec.environment.kind != "single_turn":
+        raise InvalidInput("engine_options.native: a conversation samples each turn with the "
+                           "exact kernels only; its execution options keep their defaults "
+                           f"({json.dumps(options.DEFAULTS)})")
+    return execution
+
+
 def _update_of(path: Path, root: Path) -> int | None:
     """The update a checkpoint file belongs to, from its ``update-NNNNNN`` folder."""
     folder = path.relative_to(root).parts[0]
@@ -243,7 +272,7 @@ class NativeAdapter(EngineAdapter):
 
     def kit_support(self) -> KitSupport:
         # the kit writes the native engine's outputs from the engine's own layout
-        return KitSupport(unsupported={
+        return KitSupport(option_key=lambda plan: None, unsupported={
             "multi_node": "the kit plans for the local provider, which starts processes on "
                           "one machine; a native plan across nodes is made for a provider "
                           "that starts one torchrun agent per node ("
@@ -256,16 +285,18 @@ class NativeAdapter(EngineAdapter):
         except FileNotFoundError as exc:  # found now, not after a launch
             raise InvalidInput(f"model.path: {exc}") from None
         _refuse_one_machine(spec, ctx)
+        execution = _execution(translation, spec, ctx)
         # The engine speaks the spec's vocabulary: it gets every leaf, the inert ones too, so
         # it can prove the settings hash back to the experiment digest it carries.
         settings = {**{path: value for path, value in leaves(spec) if path not in CORE_HANDLED},
-                    **translation.native}
+                    **{k: v for k, v in translation.native.items() if k not in execution}}
         config = {"run_id": ctx.run_id, "experiment_digest": ctx.experiment_digest,
-                  "base_dir": ctx.base_dir, "settings": settings}
+                  "base_dir": ctx.base_dir, "settings": settings, "execution": execution}
         return NativeLaunch(
             argv=launcher_argv(spec),
             files={layout.CONFIG_FILE: json.dumps(config, indent=2, sort_keys=True) + "\n"},
             env=["CUDA_VISIBLE_DEVICES", "STATESET_BACKEND_PROGRESS"],
+            native={**settings, **execution},
         )
 
     def collect(self, attempt_dir: Path, ctx: LaunchContext) -> Collected:

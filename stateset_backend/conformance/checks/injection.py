@@ -30,7 +30,7 @@ BENIGN = {"name": "benign", "model": "/models/benign", "prompt": "prompt", "answ
           "lora": "q_proj", "label": "benign", "option": "benign"}
 
 
-def hostile_doc(base: dict[str, Any], values: Mapping[str, str], option_key: str,
+def hostile_doc(base: dict[str, Any], values: Mapping[str, str], option_key: str | None,
                 engine: str, lora: bool) -> dict[str, Any]:
     doc = copy.deepcopy(base)
     doc["name"] = values["name"]
@@ -43,7 +43,8 @@ def hostile_doc(base: dict[str, Any], values: Mapping[str, str], option_key: str
         if split in doc["data"]:
             doc["data"][split] = {**doc["data"][split], "prompt_field": values["prompt"],
                                   "answer_field": values["answer"]}
-    doc["engine_options"] = {engine: {option_key: values["option"]}}
+    if option_key is not None:  # None: the engine takes no free text through its options
+        doc["engine_options"] = {engine: {option_key: values["option"]}}
     return doc
 
 
@@ -134,13 +135,13 @@ def _safe_name(text: str) -> bool:
 
 
 # -- engine_options keys ---------------------------------------------------------------------------
-def owned_keys(plan: LaunchPlan, option_key: str) -> list[str]:
+def owned_keys(plan: LaunchPlan, option_key: str | None) -> list[str]:
     """Every key the launch sets: the plan's native keys and the keys of its ``key=value``
     argv elements (an adapter may set a key without listing it)."""
     keys = {k for k in plan.native if k != option_key}
     for element in plan.argv:
         key = _key_of(element)
-        if key is not None and key.lstrip("+~") != option_key.lstrip("+~"):
+        if key is not None and key.lstrip("+~") != (option_key or "").lstrip("+~"):
             keys.add(key)
     return sorted(keys)
 
@@ -175,7 +176,7 @@ def _with_option(adapter: EngineAdapter, version: str, base: dict[str, Any],
 
 
 def check_option_keys(adapter: EngineAdapter, version: str, base: dict[str, Any],
-                      plan: LaunchPlan, files: SampleFiles, option_key: str) -> int:
+                      plan: LaunchPlan, files: SampleFiles, option_key: str | None) -> int:
     """Every key the launch sets, in every spelling, as an ``engine_options`` entry: each
     must be refused with exit 2 at plan time, but the release's declared execution defaults,
     which must each be taken and read back (``check_execution_defaults``). Returns how many
