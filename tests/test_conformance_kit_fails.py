@@ -44,11 +44,16 @@ class WritesIntoTheSpecFolder(NativeAdapter):
 
 
 class LetsAnOptionThrough(NativeAdapter):
-    """Sets a flag in the argv without listing it among the launch's native keys."""
+    """Sets a flag in the argv without listing it among the launch's native keys, and passes
+    every ``engine_options`` entry on as a flag after it, the later one winning."""
 
     def render(self, translation: Translation, spec, ctx) -> NativeLaunch:
-        launch = super().render(translation, spec, ctx)
-        return NativeLaunch([*launch.argv, "--max-steps=3"], launch.files)
+        given = spec.engine_options.get(self.name, {})
+        own = Translation({k: v for k, v in translation.native.items() if k not in given},
+                          translation.sources, translation.rows)
+        launch = super().render(own, spec.model_copy(update={"engine_options": {}}), ctx)
+        return NativeLaunch([*launch.argv, "--max-steps=3",
+                             *(f"{k}={v}" for k, v in given.items())], launch.files)
 
 
 class PassesUserTextAsSyntax(NativeAdapter):
