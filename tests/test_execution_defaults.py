@@ -6,10 +6,12 @@ out of the options' reach, and no declared execution default is a key that chang
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+from optional_installs import OPENRLHF_WHEELS_MISSING
 
 from stateset_backend.common.errors import InvalidInput
 from stateset_backend.conformance.math_keys import (
@@ -17,6 +19,7 @@ from stateset_backend.conformance.math_keys import (
     math_execution_defaults,
     math_keys_of,
 )
+from stateset_backend.conformance.surface_gen import wheel_reader
 from stateset_backend.contracts.loader import parse_version
 from stateset_backend.contracts.surfaces import surface
 from stateset_backend.engines.registry import build_registry
@@ -89,12 +92,28 @@ def test_a_value_outside_the_declared_ones_is_refused(grpo, tmp_path):
         _plan(grpo, "openrlhf", "0.10.2", tmp_path, {"--ds.zero_stage": 0})
 
 
-def test_dynamic_batching_is_math_before_0_11_1(grpo, tmp_path):
-    """Before 0.11.1 dynamic batching weighs each micro-batch's token mean by its share of the
-    samples, which the declared deviation does not describe: it stays the hub's."""
-    with pytest.raises(InvalidInput, match="dynamic_batch_enable"):
-        _plan(grpo, "openrlhf", "0.10.2", tmp_path, {"--train.dynamic_batch_enable": True})
-    assert "--train.dynamic_batch_enable" in execution_defaults(_dialect("openrlhf", "0.11.1"))
+@pytest.mark.parametrize(("version", "flag"), [("0.9.8", "--use_dynamic_batch"),
+                                             ("0.10.1", "--use_dynamic_batch"),
+                                             ("0.10.2", "--train.dynamic_batch_enable")])
+def test_dynamic_batching_before_0_11_1_is_the_declared_micro_batch_mean(
+        engine_reads, grpo, tmp_path, version, flag):
+    """Before 0.11.1 dynamic batching scales each micro-batch's token mean by its share of the
+    step's samples, as gradient accumulation weighs micro-batches of one size: the
+    token_mean_per_micro_batch deviation every run of these releases declares, which says so.
+    The release's own code is read for the scale (the wheels' replay buffer and actor)."""
+    assert engine_reads(_plan(grpo, "openrlhf", version, tmp_path, {flag: True}))[flag] is True
+    deviation = _dialect("openrlhf", version).deviations["token_mean_per_micro_batch"]
+    assert flag in deviation.description and "share of the step's samples" in \
+        deviation.description
+    wheels = os.environ.get("STATESET_TEST_OPENRLHF_WHEELS")
+    if wheels is None:
+        pytest.skip(OPENRLHF_WHEELS_MISSING)
+    read = wheel_reader(next(Path(wheels).glob(f"openrlhf-{version}-*.whl")))
+    buffer, actor = read("openrlhf/trainer/ppo_utils/replay_buffer.py"), \
+        read("openrlhf/trainer/ray/ppo_actor.py")
+    assert buffer is not None and actor is not None
+    assert "loss_scale = [len(partition) / sample_num for partition in partitions]" in buffer
+    assert "loss = loss * self.replay_buffer.dynamic_loss_scale[step]" in actor
 
 
 def test_vllm_engines_fill_colocated_gpus(engine_reads, grpo, tmp_path):

@@ -19,8 +19,8 @@ OPENRLHF = RECIPES / "openrlhf-v0.10.2" / "examples" / "scripts"
 # run's names, output folders and loggers): what each round trip measured when it was shipped.
 # What stays below 100% is named on the import screen: the script's own arguments ("$@"),
 # two files joined into one split, and OpenRLHF's switches that change the math (importance
-# correction, reward normalisation, asynchronous training, and dynamic batching before 0.11.1);
-# its memory and placement settings are execution defaults, kept in engine_options.
+# correction, reward normalisation, asynchronous training); its memory, speed and placement settings
+# (dynamic batching included) are execution defaults, kept in engine_options.
 CASES = [
     ("verl", "0.7.0", VERL / "grpo_trainer" / "run_qwen2-7b.sh", 97.2),
     ("verl", "0.7.0", VERL / "grpo_trainer" / "run_qwen2-7b_math.sh", 91.7),
@@ -29,12 +29,12 @@ CASES = [
     ("verl", "0.7.0", VERL / "grpo_trainer" / "run_qwen2_5-3b_gsm8k_grpo_lora.sh", 97.6),
     ("verl", "0.7.0", VERL / "ppo_trainer" / "run_gemma.sh", 97.2),
     ("verl", "0.7.0", VERL / "ppo_trainer" / "run_deepseek7b_llm.sh", 97.4),
-    ("openrlhf", "0.10.2", OPENRLHF / "train_ppo_ray_hybrid_engine.sh", 92.3),
+    ("openrlhf", "0.10.2", OPENRLHF / "train_ppo_ray_hybrid_engine.sh", 94.9),
     ("openrlhf", "0.10.2", OPENRLHF / "train_dapo_ray_hybrid_engine.sh", 95.1),
     ("openrlhf", "0.10.2", OPENRLHF / "train_ppo_with_reward_fn.sh", 90.6),
-    ("openrlhf", "0.10.2", OPENRLHF / "train_reinforce_baseline_hybrid_engine.sh", 98.1),
-    ("openrlhf", "0.10.2", OPENRLHF / "train_prorlv2_math_hybrid_engine.sh", 91.8),
-    ("openrlhf", "0.10.2", OPENRLHF / "train_reinforce_baseline_ray_agent_async.sh", 94.4),
+    ("openrlhf", "0.10.2", OPENRLHF / "train_reinforce_baseline_hybrid_engine.sh", 100.0),
+    ("openrlhf", "0.10.2", OPENRLHF / "train_prorlv2_math_hybrid_engine.sh", 93.9),
+    ("openrlhf", "0.10.2", OPENRLHF / "train_reinforce_baseline_ray_agent_async.sh", 96.3),
     ("openrlhf", "0.10.2", OPENRLHF / "train_vlm_math_hybrid_engine.sh", 92.9),
 ]
 
