@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from stateset_backend.native import grouped_llama
+from stateset_backend.native import fast_decode, grouped_llama
 from stateset_backend.native.options import KERNELS
 
 
@@ -124,15 +124,21 @@ def _prefill(model: Any, prompt_ids: Tensor, prompt_mask: Tensor,
 
 
 def _decoder(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int,
-             steps: int) -> tuple[Tensor, Callable[[Tensor, Tensor], Tensor]]:
+             steps: int,
+             kernels: str = "exact") -> tuple[Tensor, Callable[[Tensor, Tensor], Tensor]]:
     """(the first token's logits, a step function: (last sampled tokens, the rows still
     generating) -> next logits, of no meaning for finished rows), for at most ``steps``
-    tokens."""
+    tokens. ``kernels="fast"`` decodes through fast_decode where the grouped forward runs
+    (elsewhere the model's own forward is the only one)."""
     n = prompt_ids.shape[0]
     if grouped_llama.supports(model):
         lean = grouped_llama.GroupedLlama.of(model)
         joined = lean.joined()
         prompt = _encode_prompts(lean, prompt_ids, prompt_mask, group_size, joined)
+        if kernels == "fast":
+            fast = fast_decode.FastDecoder(lean, prompt, prompt_mask, group_size, steps,
+                                           joined)
+            return fast.first, fast.step
         positions = prompt_mask.long().sum(-1)[:, None] + \
             torch.arange(max(steps - 1, 1), device=prompt_ids.device)
         buffers = lean.new_cache(n, max(steps - 1, 1), prompt.last_hidden)
@@ -222,7 +228,8 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
         model.eval()
     device = prompt_ids.device
     n = prompt_ids.shape[0]
-    logits, advance = _decoder(model, prompt_ids, prompt_mask, group_size, max_new_tokens)
+    logits, advance = _decoder(model, prompt_ids, prompt_mask, group_size, max_new_tokens,
+                               kernels)
     u = None if greedy else uniforms(generator, n, max_new_tokens, group_size)
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     caps = None if max_total_tokens is None else \
