@@ -18,7 +18,11 @@ measured by the same schedule and rule on the launch our TRL plugin renders for 
 (``--no-trl`` skips it): a share alone would reward an engine for doing more work in torch.
 
     python benchmarks/profile_native.py [--updates 200] [--threads 1] [--shapes ...]
-        [--no-trl] [--write-readme]
+        [--no-trl] [--native-kernels exact|fast] [--write-readme]
+
+``--native-kernels fast`` profiles every native run here with the engine's opt-in fast
+sampling kernels (its ``sampling.kernels`` execution option); the README's profile is of the
+default, so that one is written only under benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import anatomy
 import engine_run
 import harness
 from outside_torch import PHASE_MARK, Stretches
-from shapes import EXAMPLES, SPEC, add_shapes_option, larger_model_revision, shape_spec
+from shapes import EXAMPLES, KERNELS, SPEC, add_shapes_option, larger_model_revision, shape_spec
 
 ROOT = harness.ROOT
 MEASURED = ROOT / "benchmarks" / "measured" / "profile_native.json"
@@ -75,7 +79,13 @@ def main() -> None:
     parser.add_argument("--write-readme", action="store_true",
                         help=f"store the profile in {MEASURED.relative_to(ROOT)} and "
                              "regenerate the README's sentence from it")
+    parser.add_argument("--native-kernels", choices=KERNELS, default="exact",
+                        help="the native engine's sampling.kernels in every native run here "
+                             "(default exact; the README's profile is of exact)")
     args = parser.parse_args()
+    if args.write_readme and args.native_kernels != "exact":
+        parser.error("the README's profile is of the default sampling kernels: "
+                     "--native-kernels other than exact writes under benchmarks/results/")
     if not args.no_trl and importlib.util.find_spec("stateset_trl_engine") is None:
         parser.error("measuring TRL needs its plugin: pip install "
                      "examples/plugins/stateset-trl-engine (or pass --no-trl)")
@@ -88,6 +98,8 @@ def main() -> None:
     from stateset_backend.spec.digest import experiment_digest
     from stateset_backend.spec.files import parse_spec
 
+    if args.native_kernels != "exact":
+        trainer_module.sample = with_kernels(trainer_module.sample, args.native_kernels)
     revision = larger_model_revision([*args.shapes, *args.anatomy_shapes])
     anatomies = {name: anatomy.measure(parse_spec(shape_spec(name, 1, revision)), EXAMPLES,
                                        ANATOMY[name]) for name in args.anatomy_shapes}
@@ -189,6 +201,16 @@ def main() -> None:
     for name, share in trl.items():
         print(f"TRL, the same measure, {name}: {100 * share['share']:.1f}% "
               f"({share['update_ms_plain']:.1f} ms an update without the profiler)")
+
+
+def with_kernels(sample: Any, kernels: str) -> Any:
+    """The trainer's ``sample`` with ``kernels`` in place of the run's own sampling.kernels
+    (these runs build their trainers from a spec, without the launch config that carries the
+    engine's execution options)."""
+    @functools.wraps(sample)
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        return sample(*a, **{**kw, "kernels": kernels})
+    return wrapper
 
 
 def trl_outside_torch_share(shape: str, revision: str | None, updates: int,

@@ -7,7 +7,9 @@ checkpoints and evaluation off: ``readme`` (the job as it is: 16 prompts x 16 sa
 2-token completions, the built-in tiny Llama), ``completions-32``, ``completions-128`` and
 ``completions-512`` (max_response_tokens 32, 128 and 512), ``larger-model`` (a Llama 4x as
 wide and twice as deep, seeded weights written under benchmarks/results/, given as the
-spec's model path).
+spec's model path). ``shape_spec(..., kernels=...)`` gives the native engine an execution
+option on top (``engine_options.native["sampling.kernels"]``); the exact default adds none,
+so its spec is the one every earlier measurement ran.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import harness
+
+from stateset_backend.native.options import KERNELS  # the native engine's sampling.kernels
 
 EXAMPLES = harness.ROOT / "examples"
 SPEC = EXAMPLES / "support-routing.json"
@@ -56,8 +60,12 @@ def write_larger_model() -> str:
     return directory_digest(LARGER)
 
 
-def shape_spec(shape: str, updates: int, larger_revision: str | None) -> dict[str, Any]:
-    """The README's spec for one shape, with paths made absolute (it is written elsewhere)."""
+def shape_spec(shape: str, updates: int, larger_revision: str | None,
+               kernels: str = "exact") -> dict[str, Any]:
+    """The README's spec for one shape, with paths made absolute (it is written elsewhere),
+    sampling with ``kernels`` where the native engine runs it."""
+    if kernels not in KERNELS:
+        raise ValueError(f"sampling kernels {kernels!r}: one of {', '.join(KERNELS)}")
     s = SHAPES[shape]
     doc = json.loads(SPEC.read_text())
     doc["budget"]["total_updates"] = updates
@@ -71,6 +79,8 @@ def shape_spec(shape: str, updates: int, larger_revision: str | None) -> dict[st
     for split in ("train", "validation", "test"):
         doc["data"][split]["uri"] = str(EXAMPLES / doc["data"][split]["uri"])
     doc["reward"]["entrypoint"] = str(EXAMPLES / doc["reward"]["entrypoint"])
+    if kernels != "exact":
+        doc["engine_options"] = {"native": {"sampling.kernels": kernels}}
     return doc
 
 
