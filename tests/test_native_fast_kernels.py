@@ -163,3 +163,15 @@ def test_models_the_grouped_forward_does_not_cover_sample_as_with_exact(monkeypa
 def test_an_unknown_kernels_value_is_refused(kernels):
     with pytest.raises(ValueError, match="sampling kernels"):
         _sample(_model("llama"), kernels, 2)
+
+
+def test_a_half_precision_model_samples_through_the_fast_path():
+    """Scores and their softmax in float32, the products in the model's dtype, as the exact
+    path computes them: a bfloat16 model's tokens and log-probs come out whole (its rounding
+    is too coarse to compare the two paths token by token)."""
+    model = _model("qwen2").to(torch.bfloat16)
+    ids, mask, logps = _sample(model, "fast", 12)
+    on = mask.bool()
+    assert ids.shape == mask.shape == logps.shape == (GROUPS * SIZE, ids.shape[1])
+    assert torch.isfinite(logps[on]).all() and (logps[on] <= 0).all()
+    assert torch.isnan(logps[~on]).all()

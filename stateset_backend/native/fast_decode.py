@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from stateset_backend.native import grouped_llama
+from stateset_backend.native.grouped_llama import _as
 
 # the held rows are compacted once the finished ones are this share of them: a compaction
 # copies the used part of the cache (all layers at once), a held finished row costs its
@@ -48,14 +49,17 @@ class FastDecoder:
     def __init__(self, lean: grouped_llama.GroupedLlama, prompt: grouped_llama.PromptKeys,
                  prompt_mask: Tensor, group_size: int, steps: int,
                  joined: list[grouped_llama.Joined] | None) -> None:
-        self.lean, self.joined, self.prompt, self.s = lean, joined, prompt, group_size
+        self.lean, self.prompt, self.s = lean, prompt, group_size
+        self.joined = joined or [grouped_llama.Joined.of(layer) for layer in lean.layers]
+        self.qkv = [self._scaled_qkv(j) for j in self.joined]
         n = prompt_mask.shape[0]
         like = prompt.last_hidden
         layers, kv, d, t = len(lean.layers), lean.kv_heads, lean.head_dim, max(steps, 1)
-        # keys as [D, T] views of [T, D] buffers: the product reads them transposed, and a
-        # [D, T] buffer was slower (each step's write and each compaction strided)
-        self.keys = like.new_empty((layers, n, kv, t, d)).transpose(-1, -2)
-        self.values = like.new_empty((layers, n, kv, t, d))
+        # keys and values, each [layers, rows, kv, T, D], and a spare pair a compaction
+        # gathers into (made at the first one); the product reads the keys as a transposed
+        # view ([D, T] buffers were slower: each step's write and each compaction strided)
+        self.cache = (like.new_empty((layers, n, kv, t, d)), like.new_empty((layers, n, kv, t, d)))
+        self.spare: tuple[Tensor, Tensor] | None = None
         positions = prompt_mask.long().sum(-1)[:, None] + \
             torch.arange(max(steps, 1), device=prompt_mask.device)
         self.cos, self.sin = lean.rope_table(positions, like.dtype)  # [N, 1, steps, D]
@@ -72,9 +76,14 @@ class FastDecoder:
         if kept > (1 - DROP_SHARE) * self.rows or kept == 0:
             return
         rows = keep.nonzero().squeeze(-1)
-        done = self.done
-        self.keys[:, :kept, ..., :done] = self.keys[:, :self.rows, ..., :done].index_select(1, rows)
-        self.values[:, :kept, :, :done] = self.values[:, :self.rows, :, :done].index_select(1, rows)
+        if self.spare is None:
+            self.spare = (torch.empty_like(self.cache[0]), torch.empty_like(self.cache[1]))
+        for old, new in zip(self.cache, self.spare, strict=True):
+            # straight into the spare's used part: a gather and a copy back into the same
+            # buffer took six times as long
+            torch.index_select(old[:, :self.rows, :, :self.done], 1, rows,
+                               out=new[:, :kept, :, :self.done])
+        self.cache, self.spare = self.spare, self.cache
         self.cos[:kept] = self.cos[:self.rows].index_select(0, rows)
         self.sin[:kept] = self.sin[:self.rows].index_select(0, rows)
         self.held = self.held.index_select(0, rows)
@@ -87,24 +96,48 @@ class FastDecoder:
             self._compact(alive)
         lean, r, at = self.lean, self.rows, self.done
         n = tokens.shape[0]
-        x = lean._embed((tokens if r == n else tokens.index_select(0, self.held))[:, None])
-        cos, sin = self.cos[:r, :, at:at + 1], self.sin[:r, :, at:at + 1]
+        x = lean._embed(tokens if r == n else tokens.index_select(0, self.held))  # [R, hidden]
+        cos, sin = self.cos[:r, :, at], self.sin[:r, :, at]  # [R, 1, D]
         for i, layer in enumerate(lean.layers):
-            joined = self.joined[i] if self.joined else None
-            q, k, v = lean._qkv(layer, grouped_llama._rms(x, layer.norm_in), cos, sin, joined)
-            keys, values = self.keys[i, :r], self.values[i, :r]
-            keys[..., at] = k[:, :, 0]
-            values[:, :, at] = v[:, :, 0]
-            out = self._attend(i, q, keys[..., :at + 1], values[:, :, :at + 1], n)
+            q, k, v = self._project(i, grouped_llama._rms(x, layer.norm_in), cos, sin)
+            keys, values = self.cache[0][i, :r], self.cache[1][i, :r]
+            keys[:, :, at] = k
+            values[:, :, at] = v
+            out = self._attend(i, q, keys[:, :, :at + 1].transpose(-1, -2),
+                               values[:, :, :at + 1], n)
             x = x + F.linear(out, *layer.o)
-            x = x + lean._mlp(layer, grouped_llama._rms(x, layer.norm_post), joined)
+            x = x + lean._mlp(layer, grouped_llama._rms(x, layer.norm_post), self.joined[i])
         self.done += 1
-        logits = lean.logits(x[:, -1])
+        logits = lean.logits(x)
         self.logits = logits if r == n else self.logits.index_copy(0, self.held, logits)
         return self.logits
 
+    def _scaled_qkv(self, joined: grouped_llama.Joined) -> tuple[Tensor, Tensor | None]:
+        """A layer's joined query, key and value weight with the queries' rows multiplied by
+        the attention's scale (exact where the scale is a power of two, as 1/sqrt(head_dim)
+        is for head dims 16, 64 and 256): one operator fewer per layer and step."""
+        weight, bias = joined.qkv
+        q_rows = self.lean.kv_heads * self.lean.rep * self.lean.head_dim
+        scale = torch.ones(weight.shape[0], dtype=weight.dtype, device=weight.device)
+        scale[:q_rows] = self.lean.scaling
+        return weight * scale[:, None], None if bias is None else bias * scale
+
+    def _project(self, i: int, h: Tensor, cos: Tensor,
+                 sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The held rows' (scaled queries [R, kv, rep, D], keys [R, kv, D], values
+        [R, kv, D]) of their new token: one product for all three, and one rotation for the
+        queries and keys together (as grouped_llama rotates them, a roll against a signed
+        sine)."""
+        lean, r = self.lean, h.shape[0]
+        kv, rep, d = lean.kv_heads, lean.rep, lean.head_dim
+        heads = kv * rep
+        qkv = F.linear(h, *self.qkv[i]).view(r, heads + 2 * kv, d)
+        qk = qkv[:, :heads + kv]
+        qk = qk * cos + qk.roll(d // 2, -1) * sin
+        return qk[:, :heads].view(r, kv, rep, d), qk[:, heads:], qkv[:, heads + kv:]
+
     def _attend(self, i: int, q: Tensor, keys: Tensor, values: Tensor, n: int) -> Tensor:
-        """[R, 1, H*D]: the held rows' attention over [group prompt | own keys], one softmax.
+        """[R, H*D]: the held rows' attention over [group prompt | own keys], one softmax.
         ``keys``: [R, kv, D, T], a transposed view.
 
         The prompt's part stays one product per group and kv head (its keys are read in
@@ -117,15 +150,14 @@ class FastDecoder:
         g = n // s
         pk_t, pv = self.prompt.operands(i)
         p = pk_t.shape[-1]
-        q = (q * lean.scaling).reshape(r, kv, rep, d)
         every = q if r == n else q.new_zeros((n, kv, rep, d)).index_copy_(0, self.held, q)
         every = every.view(g, s, kv, rep, d).transpose(1, 2).reshape(g, kv, s * rep, d)
-        to_prompt = (every @ pk_t + self.prompt.bias).view(g, kv, s, rep * p)
+        to_prompt = (_as(every @ pk_t, torch.float32) + self.prompt.bias).view(g, kv, s, rep * p)
         to_prompt = to_prompt.transpose(1, 2).reshape(n, kv, rep, p)
         if r < n:
             to_prompt = to_prompt.index_select(0, self.held)
-        scores = torch.cat([to_prompt, q @ keys], dim=-1)
-        probs = torch.softmax(scores, dim=-1)
+        scores = torch.cat([to_prompt, _as(q @ keys, torch.float32)], dim=-1)
+        probs = _as(torch.softmax(scores, dim=-1), q.dtype)  # in float32, as the exact path
         from_prompt, from_own = probs.split_with_sizes([p, probs.shape[-1] - p], dim=-1)
         if r < n:
             from_prompt = from_prompt.new_zeros((n, kv, rep, p)).index_copy_(0, self.held,
@@ -137,4 +169,4 @@ class FastDecoder:
             from_prompt = from_prompt.index_select(0, self.held)
         out = torch.baddbmm(from_prompt.view(r * kv, rep, d),
                             from_own.reshape(r * kv, rep, -1), values.reshape(r * kv, -1, d))
-        return out.view(r, 1, kv * rep * d)
+        return out.view(r, kv * rep * d)
