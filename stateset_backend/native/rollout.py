@@ -217,7 +217,10 @@ def sample(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_token
     ``max_total_tokens`` shares one budget between a row's prompt and its response
     (``response_caps``); a row that reaches it ends as one that reaches ``max_new_tokens``.
     ``kernels`` is the engine's ``sampling.kernels`` execution option: ``"exact"`` samples
-    bit for bit as every earlier run of this engine did.
+    bit for bit as every earlier run of this engine did; ``"fast"`` decodes through
+    fast_decode (fewer operators, only the rows still generating), whose rounding differs in
+    the last bits (tests/test_native_fast_kernels.py bounds it and says where a seed's
+    trajectories may part from exact's).
     """
     if kernels not in KERNELS:
         raise ValueError(f"sampling kernels {kernels!r}: one of {', '.join(KERNELS)}")
