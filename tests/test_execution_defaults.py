@@ -101,7 +101,9 @@ def test_dynamic_batching_before_0_11_1_is_the_declared_micro_batch_mean(
     step's samples, as gradient accumulation weighs micro-batches of one size: the
     token_mean_per_micro_batch deviation every run of these releases declares, which says so.
     The release's own code is read for the scale (the wheels' replay buffer and actor)."""
-    assert engine_reads(_plan(grpo, "openrlhf", version, tmp_path, {flag: True}))[flag] is True
+    zero = "--zero_stage" if flag == "--use_dynamic_batch" else "--ds.zero_stage"
+    read = engine_reads(_plan(grpo, "openrlhf", version, tmp_path, {flag: True, zero: 3}))
+    assert (read[flag], read[zero]) == (True, 3)
     deviation = _dialect("openrlhf", version).deviations["token_mean_per_micro_batch"]
     assert flag in deviation.description and "share of the step's samples" in \
         deviation.description
@@ -114,6 +116,22 @@ def test_dynamic_batching_before_0_11_1_is_the_declared_micro_batch_mean(
     assert buffer is not None and actor is not None
     assert "loss_scale = [len(partition) / sample_num for partition in partitions]" in buffer
     assert "loss = loss * self.replay_buffer.dynamic_loss_scale[step]" in actor
+
+
+@pytest.mark.parametrize(("version", "flag", "zero"), [
+    ("0.9.8", "--use_dynamic_batch", "--zero_stage"),
+    ("0.10.2", "--train.dynamic_batch_enable", "--ds.zero_stage"),
+    ("0.11.2", "--train.dynamic_batch_enable", "--ds.zero_stage")])
+def test_dynamic_batching_needs_zero_3(grpo, tmp_path, version, flag, zero):
+    """With dynamic batching OpenRLHF leaves DeepSpeed one accumulation step and steps after
+    several backward passes: ZeRO-1/2 then keep only the last micro-batch's gradient. The
+    launch's own stage (2) refuses it, naming the stage; 3 plans; switching it off needs
+    nothing."""
+    with pytest.raises(InvalidInput, match=f"needs {zero} to be 3 \\(it is 2\\)"):
+        _plan(grpo, "openrlhf", version, tmp_path, {flag: True})
+    with pytest.raises(InvalidInput, match="it is 1"):
+        _plan(grpo, "openrlhf", version, tmp_path, {flag: True, zero: 1})
+    _plan(grpo, "openrlhf", version, tmp_path, {flag: False})
 
 
 def test_vllm_engines_fill_colocated_gpus(engine_reads, grpo, tmp_path):

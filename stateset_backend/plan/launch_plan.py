@@ -27,7 +27,12 @@ from stateset_backend.spec.digest import binding_digest, experiment_digest, plan
 from stateset_backend.spec.files import SAFE_INTEGER, parse_spec
 from stateset_backend.spec.inputs import check_budget_fits, check_chat_template
 from stateset_backend.spec.model import ExperimentSpec
-from stateset_backend.translate.execution import ExecutionDefault, execution_defaults, reached
+from stateset_backend.translate.execution import (
+    ExecutionDefault,
+    execution_defaults,
+    reached,
+    unmet,
+)
 from stateset_backend.translate.rules import Translation, option_conflict, translate
 
 PLAN_SCHEMA_ID = "stateset-backend/plan/v2"
@@ -258,6 +263,9 @@ def guard_engine_options(engine: str, options: dict[str, Any], native: dict[str,
                                "stateset-backend sets for this run's identity, outputs, a spec "
                                "setting or the math (it is not one of this release's "
                                "execution defaults)")
+    problem = unmet(options, native, execution or {})
+    if problem is not None:
+        raise InvalidInput(f"engine_options.{engine}.{problem}")
 
 
 def write_plan(plan: LaunchPlan, path: str | os.PathLike[str]) -> None:

@@ -26,6 +26,11 @@ EXECUTION = "execution"  # the dialect slot that declares them
 class ExecutionDefault:
     reason: str
     values: tuple[Any, ...] | None = None  # None: every value the engine's parser takes
+    # other keys that must hold one of their listed values wherever this one leaves the
+    # launch's own value, and why (OpenRLHF's dynamic batching sums its micro-batches' gradients
+    # only under ZeRO-3)
+    requires: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    requires_why: str = ""
 
 
 def execution_defaults(dialect: Any) -> dict[str, ExecutionDefault]:
@@ -36,16 +41,39 @@ def execution_defaults(dialect: Any) -> dict[str, ExecutionDefault]:
                          "reason each cannot change the math")
     out: dict[str, ExecutionDefault] = {}
     for key, entry in raw.items():
-        if isinstance(entry, dict):
-            reason, values = entry.get("reason"), entry.get("values")
-        else:
-            reason, values = entry, None
+        entry = entry if isinstance(entry, dict) else {"reason": entry}
+        reason, values = entry.get("reason"), entry.get("values")
+        requires, why = entry.get("requires") or {}, entry.get("requires_why", "")
         if not isinstance(reason, str) or not reason.strip() or \
-                not (values is None or (isinstance(values, list) and values)):
+                not (values is None or (isinstance(values, list) and values)) or \
+                not isinstance(requires, dict) or \
+                not all(isinstance(v, list) and v for v in requires.values()) or \
+                bool(requires) != (isinstance(why, str) and bool(why.strip())):
             raise AdapterBug(f"dialect {dialect.name!r}: keys.{EXECUTION}.{key}: a reason (a "
-                             "non-empty string) and, optionally, a non-empty list of values")
-        out[key] = ExecutionDefault(reason, None if values is None else tuple(values))
+                             "non-empty string) and, optionally, a non-empty list of values "
+                             "and the values other keys must hold (requires, each a non-empty "
+                             "list) with why (requires_why)")
+        out[key] = ExecutionDefault(reason, None if values is None else tuple(values),
+                                    tuple((k, tuple(v)) for k, v in requires.items()), why)
     return out
+
+
+def unmet(options: dict[str, Any], own: dict[str, Any],
+          execution: dict[str, ExecutionDefault]) -> str | None:
+    """The first requirement of an execution default that ``options`` move off the launch's
+    own value (``own``: the launch without the options) and that the options together with
+    the launch do not meet, as the line that refuses it; None when every one is met."""
+    for key, value in options.items():
+        declared = execution.get(_bare(key))
+        if declared is None or not declared.requires or value == own.get(_bare(key)):
+            continue
+        for need, allowed in declared.requires:
+            have = options.get(need, own.get(need))
+            if have not in allowed:
+                return (f"{key}: {value!r} needs {need} to be "
+                        f"{' or '.join(map(repr, allowed))} (it is {have!r}): "
+                        f"{declared.requires_why}")
+    return None
 
 
 def _bare(key: str) -> str:

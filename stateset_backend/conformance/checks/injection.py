@@ -161,11 +161,13 @@ def spellings(key: str) -> list[tuple[str, Any]]:
 
 
 def _with_option(adapter: EngineAdapter, version: str, base: dict[str, Any],
-                 files: SampleFiles, key: str, value: Any) -> LaunchPlan | InvalidInput:
-    """The base spec planned with one ``engine_options`` entry: the plan, or its refusal
-    with exit 2. Any other outcome (a traceback, another exit code) fails the check."""
+                 files: SampleFiles, key: str, value: Any,
+                 also: dict[str, Any] | None = None) -> LaunchPlan | InvalidInput:
+    """The base spec planned with one ``engine_options`` entry (and ``also``, the entries it
+    requires): the plan, or its refusal with exit 2. Any other outcome (a traceback, another
+    exit code) fails the check."""
     doc = copy.deepcopy(base)
-    doc["engine_options"] = {adapter.name: {key: value}}
+    doc["engine_options"] = {adapter.name: {key: value, **(also or {})}}
     try:
         return plan_doc(adapter, version, doc, files)
     except InvalidInput as exc:
@@ -231,10 +233,17 @@ def check_execution_defaults(adapter: EngineAdapter, version: str, base: dict[st
         value = _other_value(plan.native.get(key), declared)
         if value is None:
             continue
-        taken = _with_option(adapter, version, base, files, key, value)
+        also = {need: allowed[0] for need, allowed in declared.requires}
+        taken = _with_option(adapter, version, base, files, key, value, also)
         if isinstance(taken, InvalidInput):
             raise CheckFailed(f"engine_options {key!r}: {value!r} (an execution default): "
                               f"expected a plan, got exit 2: {taken.message}")
+        if any(plan.native.get(need) not in allowed for need, allowed in declared.requires):
+            alone = _with_option(adapter, version, base, files, key, value)
+            if not isinstance(alone, InvalidInput):
+                raise CheckFailed(f"engine_options {key!r}: {value!r} planned without what it "
+                                  f"requires ({declared.requires_why})")
+            tried += 1
         if reader is None:  # only the engine's own parser can say what it reads
             continue
         read = flatten(reader(taken))
