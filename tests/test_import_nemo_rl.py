@@ -125,16 +125,16 @@ def test_defaults_that_follow_another_key_are_kept_as_written():
 # states it.
 SHIPPED_FLOORS = {
     "grpo_smoke.yaml": 66.7,
-    "recipes/llm/dapo-qwen2.5-7b.v2.yaml": 86.0,
-    "recipes/llm/grpo-deepscaler-1.5b-16K.yaml": 74.1,
-    "recipes/llm/grpo-deepscaler-1.5b-8K.yaml": 70.8,
-    "recipes/llm/grpo-gemma3-1b-it-1n8g-fsdp2tp1.yaml": 92.3,
-    "recipes/llm/grpo-gspo-deepscaler-1.5b-8K.yaml": 77.8,
-    "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-fsdp2tp1-noncolocated.yaml": 88.0,
-    "recipes/llm/grpo-llama3.2-1b-instruct-1n4g-fsdp2tp1.v3.yaml": 92.3,
-    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-fsdp2tp1.v3.yaml": 92.3,
-    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-fsdp2tp2-temp0.8-topp0.9-topk50.yaml": 94.1,
-    "recipes/llm/grpo-qwen2.5-math-1.5b-instruct-1n8g-fsdp2tp1.v3.yaml": 92.3,
+    "recipes/llm/dapo-qwen2.5-7b.v2.yaml": 89.5,
+    "recipes/llm/grpo-deepscaler-1.5b-16K.yaml": 88.9,
+    "recipes/llm/grpo-deepscaler-1.5b-8K.yaml": 87.5,
+    "recipes/llm/grpo-gemma3-1b-it-1n8g-fsdp2tp1.yaml": 100.0,
+    "recipes/llm/grpo-gspo-deepscaler-1.5b-8K.yaml": 88.9,
+    "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-fsdp2tp1-noncolocated.yaml": 100.0,
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n4g-fsdp2tp1.v3.yaml": 100.0,
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-fsdp2tp1.v3.yaml": 100.0,
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-fsdp2tp2-temp0.8-topp0.9-topk50.yaml": 100.0,
+    "recipes/llm/grpo-qwen2.5-math-1.5b-instruct-1n8g-fsdp2tp1.v3.yaml": 100.0,
 }
 
 

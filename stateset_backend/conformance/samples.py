@@ -348,6 +348,8 @@ def _candidates(capability: str) -> list[tuple[Change, frozenset[str]]]:
             (_set("algorithm.overlong", {"buffer_tokens": 16, "penalty": 1.0}), set())],
         "entropy_bonus": [(_set("algorithm.entropy_coef", 0.001), set())],
         "shared_token_budget": [(_shared_budget, set())],
+        "warmup_start": [(_both(_set("optim.warmup_steps", 2),
+                                _set("optim.warmup_start_ratio", 0.1)), set())],
         "lora": [(_set("model.lora", {"rank": 8, "alpha": 16,
                                       "target_modules": ["q_proj", "v_proj"]}), set()),
                  (_set("model.lora", {"rank": 8, "alpha": 16}), set())],
@@ -425,6 +427,8 @@ def _repair(doc: dict[str, Any], cap: str, claimed: frozenset[str],
         alg["entropy_coef"] = 0.0
     elif cap == "shared_token_budget":
         doc["data"].pop("max_total_tokens", None)
+    elif cap == "warmup_start":
+        doc.get("optim", {}).pop("warmup_start_ratio", None)
     elif family == "rollout_correction":
         alg.pop("rollout_correction", None)
     elif family == "ratio" and alg.get("objective") != "gspo":

@@ -77,6 +77,7 @@ FULL_PPO["reward"] = {"kind": "python", "entrypoint": "reward.py:score", "sha256
 FULL_PPO["environment"] = {"kind": "single_turn"}
 FULL_PPO["algorithm"]["rollout_correction"] = {"mode": "mask", "low": 0.25, "high": 4.0}
 FULL_PPO["data"]["max_total_tokens"] = 300  # binds: below 256 + 128, a single-turn budget
+FULL_PPO["optim"]["warmup_start_ratio"] = 0.1
 
 # SFT from a stored run's checkpoint, packed: the leaves only sft and a warm start have.
 FULL_SFT: dict[str, Any] = copy.deepcopy(FULL_PPO)

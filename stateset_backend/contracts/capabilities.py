@@ -36,6 +36,7 @@ _STANDALONE = {
     "dynamic_sampling",
     "overlong_penalty",
     "shared_token_budget",
+    "warmup_start",
     "entropy_bonus",
     "lora",
     "multi_turn",
@@ -119,6 +120,8 @@ def _rl_capabilities(spec: ExperimentSpec) -> set[str]:
         need.add("overlong_penalty")
     if spec.data.max_total_tokens is not None:
         need.add("shared_token_budget")
+    if spec.optim.warmup_start_ratio is not None:
+        need.add("warmup_start")
     if alg.entropy_coef > 0:
         need.add("entropy_bonus")
     if alg.gae is not None:

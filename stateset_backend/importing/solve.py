@@ -123,8 +123,13 @@ class Solver:
         # deviation) is the experiment the launch ran
         total = -100.0 * sum(row.state == "refused" for row in rows) - \
             0.25 * sum(row.state == "declared" for row in rows)
+        needs = required_capabilities(spec)
         if self.provided is not None:  # a spec the release cannot run is no answer
-            total -= 100.0 * len(required_capabilities(spec) - self.provided)
+            total -= 100.0 * len(needs - self.provided)
+        # and between two it reads alike, the one more engines can run: a release's stand-in
+        # for a setting it cannot give (NeMo RL's warmup from 1e-8 * lr for one from 0) reads
+        # as that setting, with the release's declared deviation, not as a setting of its own
+        total -= 0.3 * len(needs)
         total += 0.01 * _as_published(spec)
         for key, value in native_of(rows).items():
             if key in self.effective and not _placeholder(value) and not self._inert(key):
@@ -169,7 +174,7 @@ class Solver:
             for candidate, trial in self._trials(spec, path, value):
                 got = self.score(trial)
                 governed = _governed(path, value, candidate) if deep else ()
-                if governed and self._explains(trial, path):
+                if governed and (path in _ENABLES or self._explains(trial, path)):
                     for scope in governed:
                         trial, got, _ = self._pass(trial, got, scope, deep=False)
                 if got > best:
@@ -314,7 +319,14 @@ def _governed(path: str, old: Any, new: Any) -> tuple[str, ...]:
         return tuple(p for p in (*_SUMMANDS, _SHARED_TOTAL) if p != path)
     if path in _UNITS:  # the others are counted in this one's units
         return tuple(p for p in _UNITS if p != path)
+    if path in _ENABLES and not old and new:
+        return _ENABLES[path]
     return ()
+
+
+# Leaves that mean something only once another is on, judged with it: a warmup's start (NeMo
+# RL's LinearLR start_factor) in the one scheduler list the engine reads for both
+_ENABLES = {"optim.warmup_steps": ("optim.warmup_start_ratio",)}
 
 
 @functools.cache

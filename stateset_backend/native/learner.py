@@ -58,7 +58,8 @@ def make_optimizer(model: Any, optim: Optim, total_updates: int) -> tuple[torch.
     optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, eps=optim.eps,
                                   weight_decay=optim.weight_decay, fused=fused or None)
     schedule = functools.partial(lr_factor, schedule=optim.schedule, warmup=optim.warmup_steps,
-                                 total=total_updates, min_lr_ratio=optim.min_lr_ratio)
+                                 total=total_updates, min_lr_ratio=optim.min_lr_ratio,
+                                 warmup_start=optim.warmup_start_ratio)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 

@@ -511,8 +511,24 @@ class Optim(_Section):
                                "cosine / linear decay to min_lr_ratio * lr at total_updates")
     warmup_steps: Count = Field(0, description="updates of linear warmup: update u < W "
                               "runs at lr * u / W; the schedule advances once per update")
+    warmup_start_ratio: Probability | None = Field(
+        None, description="where warmup starts, as a fraction of lr: update u < W runs at "
+                          "lr * (s + (1 - s) * u / W); null = 0")
     min_lr_ratio: Probability = Field(0.0, description="floor of the decay, as a fraction "
                                                        "of lr")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _inert_start_is_none(cls, data: Any) -> Any:
+        """A warmup that starts from 0, or no warmup at all, is the same experiment as no
+        start ratio: it must have the same digest."""
+        if not isinstance(data, dict) or data.get("warmup_start_ratio") is None:
+            return data
+        start, steps = data["warmup_start_ratio"], data.get("warmup_steps", 0)
+        if (start == 0 and not isinstance(start, bool)) or \
+                (steps == 0 and not isinstance(steps, bool)):
+            return {**data, "warmup_start_ratio": None}
+        return data
 
 
 class Budget(_Section):
@@ -674,4 +690,5 @@ NON_IDENTITY_FIELDS: frozenset[str] = frozenset({"version", "name", "labels", "e
 # experiment written before they existed keeps its digest (and its stored runs stay resumable).
 ABSENT_WHEN_NULL: tuple[tuple[str, str], ...] = (("algorithm", "sft"), ("model", "from_run"),
                                                   ("data", "max_total_tokens"),
-                                                  ("algorithm", "rollout_correction"))
+                                                  ("algorithm", "rollout_correction"),
+                                                  ("optim", "warmup_start_ratio"))

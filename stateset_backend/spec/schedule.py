@@ -30,12 +30,14 @@ SCHEDULES: dict[str, Callable[[float, float], float]] = {
 
 
 def lr_factor(update: int, *, schedule: str, warmup: int, total: int,
-              min_lr_ratio: float) -> float:
-    """LR multiplier at update ``update`` (0-based): u/W during warmup (the first update runs at
-    lr 0 when W > 0, as in verl and Hugging Face), then the schedule's decay from update W to
+              min_lr_ratio: float, warmup_start: float | None = None) -> float:
+    """LR multiplier at update ``update`` (0-based): s + (1 - s) * u/W during warmup, s =
+    ``warmup_start`` or 0 (the first update runs at lr 0 when W > 0, as in verl and Hugging
+    Face; NeMo RL's recipes start from 0.1), then the schedule's decay from update W to
     ``total``."""
     if update < warmup:
-        return update / warmup
+        start = warmup_start or 0.0
+        return start + (1.0 - start) * update / warmup
     progress = min(1.0, (update - warmup) / max(1, total - warmup))
     return SCHEDULES[schedule](progress, min_lr_ratio)
 
@@ -43,4 +45,5 @@ def lr_factor(update: int, *, schedule: str, warmup: int, total: int,
 def lr_at(optim: Optim, update: int, total: int) -> float:
     """The learning rate update ``update`` (1-based, as metrics count) runs at."""
     return optim.lr * lr_factor(update - 1, schedule=optim.schedule, warmup=optim.warmup_steps,
-                                total=total, min_lr_ratio=optim.min_lr_ratio)
+                                total=total, min_lr_ratio=optim.min_lr_ratio,
+                                warmup_start=optim.warmup_start_ratio)

@@ -163,6 +163,7 @@ CORE_HANDLED: dict[str, str] = {
 NEWER_LEAVES: dict[str, str] = {
     "data.max_total_tokens": "a budget a prompt and its response share",
     "algorithm.rollout_correction": "importance weights for the sampler/learner mismatch",
+    "optim.warmup_start_ratio": "where warmup starts, as a fraction of lr",
 }
 
 
@@ -192,6 +193,8 @@ def inert_reason(spec: ExperimentSpec, path: str) -> str | None:
         return "advantages are not divided by a std (std_normalize is false)"
     if path == "data.max_total_tokens" and spec.data.max_total_tokens is None:
         return "no shared budget: a response is limited by data.max_response_tokens alone"
+    if path == "optim.warmup_start_ratio" and spec.optim.warmup_start_ratio is None:
+        return "warmup starts from 0 (or there is none)"
     if path == "evaluation.select_by" and spec.evaluation.select_by is None:
         return "no checkpoint is selected by a metric"
     if path.startswith("environment.") and path not in ("environment.kind",

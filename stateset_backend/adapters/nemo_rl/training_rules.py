@@ -103,7 +103,7 @@ def data_split(name: str, k: NemoRLKeys) -> Rule:
 def optim_rules() -> dict[str, Rule]:
     def schedule(value: Any, spec: ExperimentSpec) -> Outcome:
         native = {"policy.scheduler": _scheduler(spec)}
-        if spec.optim.warmup_steps:
+        if spec.optim.warmup_steps and spec.optim.warmup_start_ratio is None:
             return Hardcoded(f"lr * ({WARMUP_START:g} + (1 - {WARMUP_START:g}) * u / W)",
                              "warmup_start_factor", native)
         return Pinned(native)
@@ -116,7 +116,9 @@ def optim_rules() -> dict[str, Rule]:
             "optim.grad_clip": to("policy.max_grad_norm"),
             "optim.schedule": lambda v, s: Pinned({"policy.scheduler": _scheduler(s)}),
             "optim.min_lr_ratio": lambda v, s: Pinned({"policy.scheduler": _scheduler(s)}),
-            "optim.warmup_steps": schedule}
+            "optim.warmup_steps": schedule,
+            # LinearLR's start factor: NeMo RL's own recipes warm up from 0.1 * lr
+            "optim.warmup_start_ratio": lambda v, s: Pinned({"policy.scheduler": _scheduler(s)})}
 
 
 def _scheduler(spec: ExperimentSpec) -> list[dict[str, Any]]:
@@ -135,7 +137,8 @@ def _scheduler(spec: ExperimentSpec) -> list[dict[str, Any]]:
     if not warmup:
         return [after, {"milestones": []}]
     ramp = {"name": "torch.optim.lr_scheduler.LinearLR",
-            "kwargs": {"start_factor": WARMUP_START, "end_factor": 1.0, "total_iters": warmup}}
+            "kwargs": {"start_factor": o.warmup_start_ratio or WARMUP_START, "end_factor": 1.0,
+                       "total_iters": warmup}}
     return [ramp, after, {"milestones": [warmup]}]
 
 

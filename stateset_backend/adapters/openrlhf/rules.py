@@ -86,6 +86,8 @@ def rule_set(f: OpenRLHFKeys) -> RuleSet:
             "OpenRLHF shares --max_len between a prompt and its response only when "
             "--max_new_tokens is unset, and then no response limit applies and no prompt is "
             "cut at data.max_prompt_tokens"),
+        "optim.warmup_start_ratio": refuse("OpenRLHF's schedulers (transformers' get_scheduler) "
+                                           "warm up from 0; no flag starts them elsewhere"),
         "rollout.temperature": to(f.temperature),
         "rollout.top_p": to(f.top_p),
         "rollout.top_k": lambda v, s: Pinned({}, "OpenRLHF never passes top_k to vLLM "

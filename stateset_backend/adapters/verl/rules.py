@@ -156,6 +156,9 @@ def rule_set(dialect: Dialect, keys: VerlKeys) -> RuleSet:
                                         "data.max_response_length tokens whatever its "
                                         "prompt's length; it has no budget they share"),
         "data.chat_template": hardcoded(True, "chat_template"),
+        "optim.warmup_start_ratio": refuse("verl's schedulers warm up from 0 (before 0.6, with "
+                                           "a cosine schedule, from min_lr_ratio * lr, which "
+                                           "its deviation declares); no key starts it elsewhere"),
         "data.prompt_overflow": prompt_overflow(k),
         "data.shuffle": to("data.shuffle"),
         "reward.entrypoint": lambda v, s: Pinned({

@@ -34,9 +34,10 @@ class _Schedule(_Matcher):
     """policy.scheduler as NeMo builds it (models/automodel/setup.py: one scheduler, or a
     SequentialLR of several with their milestones) and steps it once per GRPO step, after the
     step's optimizer steps (dtensor_policy_worker_v2.train): the learning rate of every update
-    is the spec's (optim: warmup W updates at lr * u / W, then constant, or a cosine / linear
-    decay to min_lr_ratio * lr at total_updates). torch's LinearLR needs a start factor above
-    0, so the first warmup update may run at any rate below the second's."""
+    is the spec's (optim: warmup W updates at lr * (s + (1 - s) * u / W), s the warmup's
+    start ratio or 0, then constant, or a cosine / linear decay to min_lr_ratio * lr at
+    total_updates). torch's LinearLR needs a start factor above 0, so with s = 0 the first
+    warmup update may run at any rate below the second's."""
 
     def __init__(self, spec: ExperimentSpec) -> None:
         self.spec = spec
@@ -44,7 +45,8 @@ class _Schedule(_Matcher):
     def want(self, u: int) -> float:
         o, total = self.spec.optim, self.spec.budget.total_updates
         if u < o.warmup_steps:
-            return o.lr * u / o.warmup_steps
+            start = o.warmup_start_ratio or 0.0
+            return o.lr * (start + (1 - start) * u / o.warmup_steps)
         floor = o.lr * o.min_lr_ratio
         span = max(total - o.warmup_steps, 1)
         t = (u - o.warmup_steps) / span
@@ -90,7 +92,7 @@ class _Schedule(_Matcher):
         lr, warmup = self.spec.optim.lr, self.spec.optim.warmup_steps
         for u, value in enumerate(got):
             want = self.want(u)
-            if u == 0 and warmup > 0:
+            if u == 0 and warmup > 0 and not self.spec.optim.warmup_start_ratio:
                 if not 0 <= value < lr / warmup:
                     return False
             elif not math.isclose(value, want, rel_tol=1e-6, abs_tol=1e-12 * lr):

@@ -521,6 +521,8 @@ def _data_rules(f: TRLKeys) -> dict[str, Any]:
         "data.max_total_tokens": refuse("TRL's GRPOTrainer gives every completion "
                                         "max_completion_length tokens whatever its prompt's "
                                         "length; it has no budget they share"),
+        "optim.warmup_start_ratio": refuse("transformers' schedulers, which TRL's trainers "
+                                           "use, warm up from 0"),
         "data.chat_template": chat_template,
         "data.prompt_overflow": overflow,
         "data.shuffle": by_trainer(to(f.shuffle_dataset), lambda v, s: Pinned(
