@@ -56,6 +56,17 @@ class LetsAnOptionThrough(NativeAdapter):
                              *(f"{k}={v}" for k, v in given.items())], launch.files)
 
 
+class IgnoresAnOption(NativeAdapter):
+    """Names no free-text option, and plans any unknown ``engine_options`` key by dropping it:
+    the engine would never read what the user set."""
+
+    def render(self, translation: Translation, spec, ctx) -> NativeLaunch:
+        given = spec.engine_options.get(self.name, {})
+        own = Translation({k: v for k, v in translation.native.items() if k not in given},
+                          translation.sources, translation.rows)
+        return super().render(own, spec.model_copy(update={"engine_options": {}}), ctx)
+
+
 class PassesUserTextAsSyntax(NativeAdapter):
     def render(self, translation, spec, ctx) -> NativeLaunch:
         launch = super().render(translation, spec, ctx)
@@ -148,6 +159,7 @@ BROKEN: dict[str, tuple[type[NativeAdapter], str]] = {
                                "test_engine_options_cannot_reach_owned_keys"),
     "passes_user_text_as_syntax": (PassesUserTextAsSyntax,
                                    "test_hostile_strings_cannot_inject"),
+    "ignores_an_option": (IgnoresAnOption, "test_hostile_strings_cannot_inject"),
     "reports_nan_as_fine": (ReportsNaNAsFine, "test_collection and nan_metric"),
     "writes_a_broken_launcher": (WritesABrokenLauncher,
                                  "test_translation_is_deterministic_and_pure"),

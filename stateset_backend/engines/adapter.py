@@ -124,8 +124,9 @@ class KitSupport:
     writes the engine's native output files for canonical metric rows; without it collection
     and resume are reported ``unsupported``. ``parse_launch(plan)`` reads a launch back with
     the engine's own parser (nested or flat values); ``option_key(plan)`` names a free-text
-    ``engine_options`` key the engine's parser accepts (None: its every option is enumerated). ``surface`` is the engine release's
-    configuration surface (``{"options": {key: {"default": ...}}}``, as
+    ``engine_options`` key the engine's parser accepts (None: every option it takes is
+    enumerated, and the kit checks that a free-text key is refused). ``surface`` is the
+    engine release's configuration surface (``{"options": {key: {"default": ...}}}``, as
     ``stateset_backend.conformance.surface_gen`` writes it): every key it reads, with its real
     default; the built-in engines' ship with the hub. ``unsupported`` declares gaps the
     kit reports ``unsupported`` instead of failing: capability or case names, optionally

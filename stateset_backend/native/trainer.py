@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from stateset_backend.common.jsonio import atomic_write_json
-from stateset_backend.native import checkpoint, layout, objectives, options
+from stateset_backend.native import checkpoint, grouped_llama, layout, objectives, options
 from stateset_backend.native.batch import (
     ConversationBatch,
     RolloutBatch,
@@ -126,7 +126,7 @@ def load_settings(path: Path) -> RunSettings:
         raise SettingsError("the launch config's settings do not hash to the experiment "
                             "digest it carries: the translation lost part of the experiment")
     execution = {**options.DEFAULTS, **doc.get("execution", {})}
-    problems = options.problems(execution)
+    problems = options.problems(execution, spec)
     if problems:
         raise SettingsError(f"the launch config's execution options: {problems[0]}")
     return RunSettings(doc["run_id"], doc["experiment_digest"], spec,
@@ -175,6 +175,12 @@ class Trainer:
             self._open_environment(base)
         self.model, self.tokenizer = load_policy(spec.model, spec.seed, base, self.device,
                                                  chat_template=spec.data.chat_template)
+        if settings.execution["sampling.kernels"] != "exact" and \
+                not grouped_llama.supports(self.model):
+            raise SettingsError("sampling.kernels 'fast' decodes through the Llama-family "
+                                "forward (llama, qwen2, mistral without a sliding window); "
+                                f"{spec.model.path} samples through its own forward, which has "
+                                "only the exact kernels")
         if spec.model.from_run is not None:  # before the KL reference copies the weights
             checkpoint.load_weights(output / STAGED_CHECKPOINT, spec.model.from_run.sha256,
                                     self.model)

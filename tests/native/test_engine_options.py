@@ -54,24 +54,47 @@ def test_a_launch_writes_the_defaults_and_an_option_changes_the_binding_only(tin
 
 
 @pytest.mark.parametrize(("given", "says"), [
-    ({"sampling.attention": "batched"}, "may set only its execution options (sampling.kernels"),
+    ({"sampling.attention": "batched"}, "its execution options are sampling.kernels"),
     ({"sampling": {"kernels": "fast"}}, "engine_options.native.sampling: "),
     ({"sampling.kernels": "slow"}, "'slow' is not one of 'exact', 'fast'"),
     ({"sampling.kernels": True}, "True is not one of"),
     ({"algorithm.kl.coef": 0.5}, "change algorithm.kl.coef instead"),
 ])
 def test_what_the_engine_would_not_read_is_refused_at_plan_time(tiny, given, says):
-    with pytest.raises(InvalidInput, match="engine_options.native") as caught:
+    with pytest.raises(InvalidInput, match=r"engine_options\.native") as caught:
         _plan(tiny(), given)
     assert says in caught.value.message
 
 
-def test_a_conversation_keeps_the_exact_kernels(tiny):
+def test_a_conversation_keeps_the_exact_kernels():
     doc = json.loads((EXAMPLES / "support-agent.json").read_text())
     with pytest.raises(InvalidInput, match="a conversation samples each turn with the exact"):
         make_plan(ExperimentSpec.model_validate(
             {**doc, "engine_options": {"native": {"sampling.kernels": "fast"}}}),
             build_registry().get("native"), "0.1.0", base_dir=EXAMPLES)
+
+
+@pytest.mark.parametrize(("changes", "says"), [
+    ({"model.lora": {"rank": 4, "alpha": 8}}, "a LoRA model samples through its own forward"),
+    ({"algorithm": {"objective": "sft"}, "budget.ppo_epochs": 1, "budget.mini_batches": 1,
+      "evaluation.every": None}, "an sft run without validation samples nothing"),
+])
+def test_fast_kernels_a_run_would_not_use_are_refused(tiny, changes, says):
+    with pytest.raises(InvalidInput, match=says):
+        _plan(tiny(**changes), {"sampling.kernels": "fast"})
+    _plan(tiny(**changes), {"sampling.kernels": "exact"})
+
+
+def test_the_engine_refuses_fast_kernels_for_a_model_without_them(tiny, tmp_path, monkeypatch):
+    """What the spec cannot show (the model's architecture) the engine checks at start: a
+    model the fast decoder does not cover is an error, never a silent exact run."""
+    plan = _plan(tiny(), {"sampling.kernels": "fast"})
+    config = tmp_path / CONFIG_FILE
+    config.write_text(plan.files[CONFIG_FILE])
+    monkeypatch.setattr(trainer.grouped_llama, "supports", lambda model: False)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(trainer.SettingsError, match="only the exact kernels"):
+        trainer.Trainer(trainer.load_settings(config), tmp_path / "out")
 
 
 def test_the_cli_refuses_an_unread_option_in_one_line(tiny, tmp_path, cli_in_process):
@@ -110,5 +133,6 @@ def test_the_engine_refuses_a_config_with_an_option_it_does_not_read(tiny, tmp_p
     doc["execution"]["sampling.compile"] = True
     config = tmp_path / CONFIG_FILE
     config.write_text(json.dumps(doc))
-    with pytest.raises(trainer.SettingsError, match="sampling.compile: the native engine reads"):
+    with pytest.raises(trainer.SettingsError,
+                       match=r"sampling\.compile: the native engine reads its settings"):
         trainer.load_settings(config)

@@ -41,7 +41,6 @@ from stateset_backend.plugin import (
     Translation,
     Unsupported,
     all_leaf_paths,
-    execution_defaults,
     builtin_dir,
     distribution_version,
     leaves,
@@ -209,31 +208,17 @@ def _refuse_one_machine(spec: ExperimentSpec, ctx: LaunchContext) -> None:
             + ", ".join(sorted(PROVIDERS_ACROSS_NODES)))
 
 
-def _execution(translation: Translation, spec: ExperimentSpec,
-               ctx: LaunchContext) -> dict[str, Any]:
-    """The launch's execution options: the engine's defaults, then ``engine_options.native``.
-
-    Every other key of ``engine_options.native`` names nothing the engine reads (a spec
-    setting is refused before this, in translation): the engine would start and ignore it,
-    so it is refused here, with what the engine does read."""
-    declared = execution_defaults(ctx.dialect)
+def _execution(translation: Translation, spec: ExperimentSpec) -> dict[str, Any]:
+    """The launch's execution options: the engine's defaults, then ``engine_options.native``
+    (a spec setting given there is refused before this, in translation). What the engine
+    would not read, or would not use in this run, is refused here rather than ignored there
+    (options.problems, which the trainer applies again at start)."""
     given = spec.engine_options.get("native", {})
-    for key in given:
-        if key not in declared:
-            raise InvalidInput(
-                f"engine_options.native.{key}: the native engine reads its settings from the "
-                "spec; engine_options.native may set only its execution options ("
-                + ", ".join(f"{k}: {' | '.join(map(str, d.values or ()))}"
-                            for k, d in sorted(declared.items())) + ")")
     execution = {**options.DEFAULTS,
-                 **{k: v for k, v in translation.native.items() if k in declared}}
-    problems = options.problems(execution)
+                 **{k: translation.native.get(k, v) for k, v in given.items()}}
+    problems = options.problems(execution, spec)
     if problems:
         raise InvalidInput(f"engine_options.native.{problems[0]}")
-    if execution != options.DEFAULTS and spec.environment.kind != "single_turn":
-        raise InvalidInput("engine_options.native: a conversation samples each turn with the "
-                           "exact kernels only; its execution options keep their defaults "
-                           f"({json.dumps(options.DEFAULTS)})")
     return execution
 
 
@@ -285,7 +270,7 @@ class NativeAdapter(EngineAdapter):
         except FileNotFoundError as exc:  # found now, not after a launch
             raise InvalidInput(f"model.path: {exc}") from None
         _refuse_one_machine(spec, ctx)
-        execution = _execution(translation, spec, ctx)
+        execution = _execution(translation, spec)
         # The engine speaks the spec's vocabulary: it gets every leaf, the inert ones too, so
         # it can prove the settings hash back to the experiment digest it carries.
         settings = {**{path: value for path, value in leaves(spec) if path not in CORE_HANDLED},

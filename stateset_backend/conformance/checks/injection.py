@@ -48,6 +48,20 @@ def hostile_doc(base: dict[str, Any], values: Mapping[str, str], option_key: str
     return doc
 
 
+def check_no_free_text_option(adapter: EngineAdapter, version: str, base: dict[str, Any],
+                              files: SampleFiles, option_key: str | None) -> None:
+    """An engine whose kit support names no free-text option (``option_key`` gives None)
+    takes only enumerated ones: a free-text key, with a hostile value, is refused with exit 2,
+    never planned (and then ignored, or read as syntax)."""
+    if option_key is not None:
+        return
+    for value in ("benign", rotations()[0]["option"]):
+        taken = _with_option(adapter, version, base, files, "stateset_conformance_probe", value)
+        if not isinstance(taken, InvalidInput):
+            raise CheckFailed(f"{adapter.name}'s kit support names no free-text option, but "
+                              f"engine_options 'stateset_conformance_probe': {value!r} planned")
+
+
 def rotations() -> list[dict[str, str]]:
     """Each string field gets every hostile value once over the rotations."""
     return [{f: HOSTILE[(i + j) % len(HOSTILE)] for i, f in enumerate(STRING_FIELDS)}
