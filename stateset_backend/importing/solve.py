@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import math
-import types
-import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +24,15 @@ from stateset_backend.common.errors import StatesetError
 from stateset_backend.common.jsonio import flatten
 from stateset_backend.contracts.capabilities import required_capabilities
 from stateset_backend.contracts.loader import Dialect
+from stateset_backend.importing.leaf_values import (
+    annotation_at,
+    choices,
+    converted,
+    kinds_of,
+    neutral,
+    neutral_section,
+    unwrap,
+)
 from stateset_backend.spec.model import OBJECTIVE_DEFAULTS, ExperimentSpec
 from stateset_backend.spec.modeltree import all_leaf_paths, leaves, model_in
 from stateset_backend.translate.rules import (
@@ -256,24 +262,24 @@ class Solver:
             seen.append(item)
             return True
 
-        for item in _choices(annotation):
+        for item in choices(annotation):
             if fresh(item):
                 yield item
         section = model_in(annotation)
         if section is not None:
             if value is None:
-                filled = _neutral_section(section)
+                filled = neutral_section(section)
                 if filled is not None and fresh(filled):
                     yield filled
             return
         touched = self._touched(spec, path)
-        kinds = _kinds(annotation)
+        kinds = kinds_of(annotation)
         numbers = [v for leaf in _UNITS if isinstance(v := _leaf(spec, leaf), int | float)
                    and not isinstance(v, bool) and v]
         summands = [v for leaf in _SUMMANDS if leaf != path and
                     isinstance(v := _leaf(spec, leaf), int)]
         for raw in touched:
-            for item in _converted(raw, kinds, numbers, summands):
+            for item in converted(raw, kinds, numbers, summands):
                 if fresh(item):
                     yield item
             # a limit an engine counts with one token more (NeMo RL's max_input_seq_length is
@@ -285,7 +291,7 @@ class Solver:
 
     def _touched(self, spec: ExperimentSpec, path: str) -> list[Any]:
         """The values the engine reads at the keys this leaf's rule sets."""
-        starts = _neutral(annotation_at(path))
+        starts = neutral(annotation_at(path))
         if path == _SHARED_TOTAL:  # the one value that surely binds
             starts = [spec.data.max_prompt_tokens + 1]
         for probe in [spec, *filter(None, (_with(spec, path, v) for v in starts))]:
@@ -333,7 +339,7 @@ _ENABLES = {"optim.warmup_steps": ("optim.warmup_start_ratio",)}
 def _optional_sections() -> tuple[str, ...]:
     return tuple(p for p in all_leaf_paths(ExperimentSpec) if not p.startswith("data.") and
                  model_in(annotation_at(p)) is not None and
-                 type(None) in _unwrap(annotation_at(p)))
+                 type(None) in unwrap(annotation_at(p)))
 
 
 def _switched_on(spec: ExperimentSpec) -> list[tuple[str, Any]]:
@@ -389,119 +395,9 @@ def _partners(spec: ExperimentSpec, path: str, value: Any) -> Iterator[Experimen
     for other, current in list(leaves(spec)):
         if other == path or not other.startswith(section) or _skip(other):
             continue
-        for choice in _choices(annotation_at(other)):
+        for choice in choices(annotation_at(other)):
             if choice is None or _same(choice, current):
                 continue
             trial = _with(spec, path, value, (other, choice))
             if trial is not None:
                 yield trial
-
-
-def annotation_at(path: str) -> Any:
-    model: type[BaseModel] | None = ExperimentSpec
-    annotation: Any = None
-    for part in path.split("."):
-        if model is None or part not in model.model_fields:
-            return None
-        annotation = model.model_fields[part].annotation
-        model = model_in(annotation)
-    return annotation
-
-
-def _unwrap(annotation: Any) -> list[Any]:
-    """The plain types an annotation admits (Optional, Annotated and unions opened)."""
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _unwrap(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return [t for arg in typing.get_args(annotation) for t in _unwrap(arg)]
-    return [annotation]
-
-
-def _choices(annotation: Any) -> list[Any]:
-    out: list[Any] = []
-    for t in _unwrap(annotation):
-        if typing.get_origin(t) is typing.Literal:
-            out.extend(typing.get_args(t))
-        elif t is bool:
-            out.extend([True, False])
-        elif t is type(None):
-            out.append(None)
-    return out
-
-
-def _kinds(annotation: Any) -> set[Any]:
-    return {typing.get_origin(t) or t for t in _unwrap(annotation)}
-
-
-def _converted(raw: Any, kinds: set[Any], numbers: list[Any],
-               summands: list[int]) -> Iterator[Any]:
-    """The launch's value as the leaf's type, and in the units other leaves convert it by."""
-    if isinstance(raw, bool):
-        if bool in kinds:
-            yield raw
-        return
-    if isinstance(raw, int | float):
-        values = [raw]
-        for n in numbers:
-            values += [raw * n, raw / n, n / raw if raw else 0]
-        if raw:  # samples per step over prompts and samples per prompt
-            values += [a * b / raw for i, a in enumerate(numbers) for b in numbers[i + 1:]]
-        values += [raw - n for n in summands]
-        if 0 < raw < 1:  # a fraction of a count (warmup as a ratio of the steps)
-            values += [math.ceil(raw * n) for n in numbers] + [round(raw * n) for n in numbers]
-        for v in values:
-            if int in kinds and float(v).is_integer():
-                yield int(v)
-            elif float in kinds:
-                yield float(v)
-        return
-    if isinstance(raw, str) and str in kinds:
-        yield raw
-    elif isinstance(raw, list) and (list in kinds or tuple in kinds):
-        yield list(raw)
-    elif isinstance(raw, list):  # one key for several leaves (clip low and high as a pair)
-        for item in raw:
-            yield from _converted(item, kinds, [], [])
-    elif isinstance(raw, dict):  # a structured value (a scheduler's warmup length inside)
-        for item in flatten(raw).values():
-            if not isinstance(item, dict):
-                yield from _converted(item, kinds, [], [])
-
-
-def _neutral(annotation: Any) -> list[Any]:
-    """Values a required field of a section can start from before it is solved."""
-    kinds = _kinds(annotation)
-    out = _choices(annotation)
-    if int in kinds:
-        out += [1, 2]
-    if float in kinds:
-        out += [1.0, 0.5, 0.0]
-    if str in kinds:
-        out.append("")
-    return out or [None]
-
-
-def _neutral_section(model: type[BaseModel]) -> dict[str, Any] | None:
-    """An optional section switched on, its required fields at a first valid value."""
-    doc: dict[str, Any] = {}
-    for name, info in model.model_fields.items():
-        if info.is_required():
-            sub = model_in(info.annotation)
-            doc[name] = _neutral_section(sub) if sub is not None else _neutral(info.annotation)
-    for name, value in list(doc.items()):
-        if isinstance(value, list):
-            for item in value:
-                try:
-                    model.model_validate({**doc, name: item})
-                except ValidationError:
-                    continue
-                doc[name] = item
-                break
-            else:
-                doc[name] = value[0]
-    try:
-        model.model_validate(doc)
-    except ValidationError:
-        return None
-    return doc
