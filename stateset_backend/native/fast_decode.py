@@ -20,7 +20,10 @@ part in one ``baddbmm``: ~160 operators a token step where the exact path runs ~
 
 On the built-in model, 256 rows, one thread of this 2-core machine, sampling took ~10% less
 time than the exact path at 128-token completions and ~25% less at 512 (where most rows end
-long before the last token); at 32 tokens, where few rows end, the same. What remains is
+long before the last token); at 32 tokens, where few rows end, the same. In the benchmark's
+training runs (benchmarks/native_vs_trl.py) that was a 16% faster update at 512 tokens and
+one within the machine's noise at 128, whose trained responses run ~90 of the 128 tokens,
+so that few rows leave the cache before the last steps. What remains is
 mostly the own keys' products (many matrix-vector products, bound by the bytes of keys and
 values they read: ~20 GB/s here, the cache's own speed), the layers' matrix products
 (bound by their arithmetic), and the dispatch of the small operators around them.
