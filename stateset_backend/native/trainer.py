@@ -55,10 +55,9 @@ from stateset_backend.native.quarantine_guard import (
     learner_update_guard,
     quarantine_on_failure,
 )
-from stateset_backend.native.records import RecordWriter, append_line, write_lines
+from stateset_backend.native.records import RecordWriter, ScalarLog, append_line, write_lines
 from stateset_backend.native.reward import RewardFn, load_reward
 from stateset_backend.native.rollout import group_generators, sample
-from stateset_backend.native.tensorboard_log import ScalarLog
 from stateset_backend.native.texts import Decoder
 from stateset_backend.providers.base import STOP_REQUEST
 from stateset_backend.runs.lineage import STAGED_CHECKPOINT
