@@ -189,6 +189,12 @@ MUTANTS: list[Mutant] = [
       (ORL_TRAINING, 'return Hardcoded("warmup over warmup_steps * k optimizer steps",\n'
                      '                             "lr_warmup_per_optimizer_step", native)',
        "return Pinned(native)"), kind="deviation"),
+    m("openrlhf: dynamic batching allowed at any ZeRO stage", "openrlhf", "0.11.2",
+      (ORL_CONTRACT, '"requires": {\n              "--ds.zero_stage": [\n'
+                     '                3\n              ]',
+       '"requires": {\n              "--ds.zero_stage": [\n                1,\n'
+       '                2,\n                3\n              ]'),
+      kind="contract"),
     # -- NeMo RL ----------------------------------------------------------------------------------
     m("nemo-rl: clip min and max swapped", "nemo-rl", "0.7.0",
       (NEMO_RULES, '"algorithm.clip.low": to("loss_fn.ratio_clip_min")',
@@ -201,6 +207,9 @@ MUTANTS: list[Mutant] = [
     m("nemo-rl: a shared budget left at the two limits' sum", "nemo-rl", "0.7.0",
       (NEMO_TRAINING, "total = data.max_total_tokens or data.max_prompt_tokens",
        "total = data.max_prompt_tokens")),
+    m("nemo-rl: warmup start left at the stand-in for 0", "nemo-rl", "0.7.0",
+      (NEMO_TRAINING, '"start_factor": o.warmup_start_ratio or WARMUP_START',
+       '"start_factor": WARMUP_START')),
     m("nemo-rl: a mapping option written as a plain override", "nemo-rl", "0.7.0",
       (NEMO_RENDER, "*overrides.render(overrides.force_add_mappings(\n"
                     "                  native, translation.sources, \"nemo-rl\"))],",

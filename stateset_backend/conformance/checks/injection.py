@@ -17,6 +17,7 @@ from typing import Any
 from stateset_backend.common.errors import InvalidInput
 from stateset_backend.common.jsonio import flatten
 from stateset_backend.conformance.checks.planning import CheckFailed, describe, plan_doc
+from stateset_backend.conformance.math_keys import UNSAFE_BESIDE
 from stateset_backend.conformance.samples import SampleFiles
 from stateset_backend.engines.adapter import EngineAdapter
 from stateset_backend.plan.launch_plan import LaunchPlan
@@ -257,6 +258,14 @@ def check_execution_defaults(adapter: EngineAdapter, version: str, base: dict[st
             if not isinstance(alone, InvalidInput):
                 raise CheckFailed(f"engine_options {key!r}: {value!r} planned without what it "
                                   f"requires ({declared.requires_why})")
+            tried += 1
+        unsafe = UNSAFE_BESIDE.get(adapter.name, {}).get(key)
+        if unsafe is not None:
+            beside = _with_option(adapter, version, base, files, key, value, dict([unsafe]))
+            if not isinstance(beside, InvalidInput):
+                raise CheckFailed(f"engine_options {key!r}: {value!r} planned beside "
+                                  f"{unsafe[0]} {unsafe[1]!r}, where the engine's code does not "
+                                  "keep the math (conformance/math_keys.py UNSAFE_BESIDE)")
             tried += 1
         if reader is None:  # only the engine's own parser can say what it reads
             continue
