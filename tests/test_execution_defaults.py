@@ -25,7 +25,12 @@ from stateset_backend.contracts.surfaces import surface
 from stateset_backend.engines.registry import build_registry
 from stateset_backend.plan.launch_plan import make_plan
 from stateset_backend.spec.model import ExperimentSpec
-from stateset_backend.translate.execution import execution_defaults, reached
+from stateset_backend.translate.execution import (
+    ExecutionDefault,
+    execution_defaults,
+    reached,
+    unmet,
+)
 from stateset_backend.translate.rules import option_conflict
 
 RELEASES = {"openrlhf": ["0.9.8", "0.10.1", "0.10.2", "0.11.1", "0.11.2"],
@@ -132,6 +137,22 @@ def test_dynamic_batching_needs_zero_3(grpo, tmp_path, version, flag, zero):
     with pytest.raises(InvalidInput, match="it is 1"):
         _plan(grpo, "openrlhf", version, tmp_path, {flag: True, zero: 1})
     _plan(grpo, "openrlhf", version, tmp_path, {flag: False})
+
+
+def test_a_requirement_holds_for_what_the_engine_reads():
+    """However an option reaches a default that requires another key (its exact key, a
+    mapping above it), and however the required key is given, the check is on the values the
+    engine reads; leaving the default at the launch's own value requires nothing."""
+    declared = {"policy.dyn.enabled": ExecutionDefault("packs by tokens", None,
+                                                       (("policy.zero", (3,)),), "sums at 3"),
+                "policy.zero": ExecutionDefault("partitions", (1, 2, 3))}
+    own = {"policy.dyn.enabled": False, "policy.zero": 2}
+    said = unmet({"policy.dyn.enabled": True}, own, declared)
+    assert said == "policy.dyn.enabled: True needs policy.zero to be 3 (it is 2): sums at 3"
+    assert unmet({"policy.dyn": {"enabled": True}}, own, declared) == said
+    assert unmet({"policy.dyn": {"enabled": True}, "policy.zero": 3}, own, declared) is None
+    assert unmet({"policy": {"zero": 3}, "policy.dyn.enabled": True}, own, declared) is None
+    assert unmet({"policy.dyn.enabled": False, "policy.zero": 1}, own, declared) is None
 
 
 def test_vllm_engines_fill_colocated_gpus(engine_reads, grpo, tmp_path):

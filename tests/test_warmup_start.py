@@ -27,7 +27,10 @@ NEMO_RL = RECIPES / "nemo-rl-grpo_math_1B.json"
 
 
 def _doc(path: Path = NEMO_RL, **optim: object) -> dict:
+    """The NeMo RL recipe (which warms up from 0.1 as NeMo RL's own does) with ``optim``
+    changed; a warmup from 0 unless the start is given."""
     doc = json.loads(path.read_text(encoding="utf-8"))
+    doc["optim"].pop("warmup_start_ratio", None)
     doc["optim"].update(optim)
     return doc
 
@@ -38,12 +41,13 @@ def _spec(**optim: object) -> ExperimentSpec:
 
 def test_a_start_that_changes_nothing_is_the_experiment_without_one():
     base = experiment_digest(_spec(warmup_steps=10))
-    for start in (None, 0, 0.0):
+    for start in (None, 0, 0.0, -0.0, False, "0"):  # however the input spells a zero
         spec = _spec(warmup_steps=10, warmup_start_ratio=start)
         assert spec.optim.warmup_start_ratio is None and experiment_digest(spec) == base
-    no_warmup = _spec(warmup_steps=0, warmup_start_ratio=0.1)
-    assert no_warmup.optim.warmup_start_ratio is None
-    assert experiment_digest(no_warmup) == experiment_digest(_spec(warmup_steps=0))
+    for steps in (0, 0.0, False, "0"):
+        no_warmup = _spec(warmup_steps=steps, warmup_start_ratio=0.1)
+        assert no_warmup.optim.warmup_start_ratio is None
+        assert experiment_digest(no_warmup) == experiment_digest(_spec(warmup_steps=0))
     started = _spec(warmup_steps=10, warmup_start_ratio=0.1)
     assert experiment_digest(started) != base
     assert "warmup_start" in required_capabilities(started)
@@ -90,6 +94,16 @@ def test_nemo_rl_reads_it_as_linear_lr_start_factor(engine_reads):
                           base_dir=RECIPES)
     assert from_zero.native["policy.scheduler"][0]["kwargs"]["start_factor"] == 1e-8
     assert [d for d in from_zero.deviations if d["deviation"] == "warmup_start_factor"]
+
+
+def test_nemo_rl_refuses_a_start_its_scheduler_would_overflow_on():
+    """torch's LinearLR divides by its start factor: 1e-310 gives an infinite rate."""
+    spec = _spec(warmup_steps=4, warmup_start_ratio=1e-310)
+    entry = build_registry().get("nemo-rl")
+    dialect = entry.adapter.contract.dialect(Version("0.7.0"))
+    row = next(r for r in explain_rows(spec, entry.adapter.rules(dialect), dialect, "nemo-rl")
+               if r.path == "optim.warmup_start_ratio")
+    assert row.state == "refused" and "overflows" in row.reason
 
 
 @pytest.mark.parametrize(("engine", "version", "why"), [

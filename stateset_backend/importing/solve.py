@@ -125,8 +125,8 @@ class Solver:
         rows = self.rows(spec)
         if rows is None:
             return float("-inf")
-        # between two specs the engine reads alike, the one it runs exactly (no declared
-        # deviation) is the experiment the launch ran
+        # between two specs the engine reads alike, the one more engines can run (below), then
+        # the one it runs exactly (no declared deviation), is the experiment the launch ran
         total = -100.0 * sum(row.state == "refused" for row in rows) - \
             0.25 * sum(row.state == "declared" for row in rows)
         needs = required_capabilities(spec)

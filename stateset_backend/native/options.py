@@ -5,8 +5,9 @@ experiment's identity (the plan's binding digest records it, and so does the run
 ``run_info.json``). The release's contract declares each with its reason and values
 (``keys.execution`` in ``contracts/native.json``); this module is the engine's side, the one
 rule the adapter applies at plan time and the trainer again at start: the defaults the launch
-writes and what the engine can honour. Torch-free, because the adapter renders the launch
-without importing the engine.
+writes and what the engine can honour. What the spec cannot show (a model architecture the
+fast decoder does not cover) the trainer checks once the model is loaded. Torch-free, because
+the adapter renders the launch without importing the engine.
 """
 
 from __future__ import annotations

@@ -131,6 +131,9 @@ def _decoder(model: Any, prompt_ids: Tensor, prompt_mask: Tensor, group_size: in
     tokens. ``kernels="fast"`` decodes through fast_decode where the grouped forward runs
     (elsewhere the model's own forward is the only one)."""
     n = prompt_ids.shape[0]
+    if kernels == "fast" and not grouped_llama.supports(model):  # the trainer refuses it first
+        raise ValueError("sampling kernels 'fast' decode through the Llama-family forward, "
+                         "which this model does not run")
     if grouped_llama.supports(model):
         lean = grouped_llama.GroupedLlama.of(model)
         joined = lean.joined()

@@ -510,25 +510,25 @@ class Optim(_Section):
     schedule: Schedule = Field("constant", description="LR after warmup: constant, or a "
                                "cosine / linear decay to min_lr_ratio * lr at total_updates")
     warmup_steps: Count = Field(0, description="updates of linear warmup: update u < W "
-                              "runs at lr * u / W; the schedule advances once per update")
+                              "runs at lr * u / W (from warmup_start_ratio * lr where set); "
+                              "the schedule advances once per update")
     warmup_start_ratio: Probability | None = Field(
         None, description="where warmup starts, as a fraction of lr: update u < W runs at "
                           "lr * (s + (1 - s) * u / W); null = 0")
     min_lr_ratio: Probability = Field(0.0, description="floor of the decay, as a fraction "
                                                        "of lr")
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _inert_start_is_none(cls, data: Any) -> Any:
+    def _inert_start_is_none(cls, data: Any, handler: Any) -> Any:
         """A warmup that starts from 0, or no warmup at all, is the same experiment as no
-        start ratio: it must have the same digest."""
-        if not isinstance(data, dict) or data.get("warmup_start_ratio") is None:
-            return data
-        start, steps = data["warmup_start_ratio"], data.get("warmup_steps", 0)
-        if (start == 0 and not isinstance(start, bool)) or \
-                (steps == 0 and not isinstance(steps, bool)):
-            return {**data, "warmup_start_ratio": None}
-        return data
+        start ratio: it must have the same digest, however the input spelled the numbers
+        (judged on the validated values)."""
+        optim = handler(data)
+        if optim.warmup_start_ratio is not None and \
+                (optim.warmup_start_ratio == 0 or optim.warmup_steps == 0):
+            return optim.model_copy(update={"warmup_start_ratio": None})
+        return optim
 
 
 class Budget(_Section):

@@ -60,20 +60,40 @@ def execution_defaults(dialect: Any) -> dict[str, ExecutionDefault]:
 
 def unmet(options: dict[str, Any], own: dict[str, Any],
           execution: dict[str, ExecutionDefault]) -> str | None:
-    """The first requirement of an execution default that ``options`` move off the launch's
-    own value (``own``: the launch without the options) and that the options together with
-    the launch do not meet, as the line that refuses it; None when every one is met."""
-    for key, value in options.items():
-        declared = execution.get(_bare(key))
-        if declared is None or not declared.requires or value == own.get(_bare(key)):
+    """The first requirement of an execution default the options leave unmet, as the line
+    that refuses it; None when every one is met. A requirement holds wherever the engine reads
+    the default at another value than the launch's own (``own``: the launch without the
+    options), judged on what the engine reads: the options given by the exact key or by a
+    mapping above it, over the launch's own values."""
+    for key, declared in execution.items():
+        value = _effective(key, options, own)
+        if not declared.requires or value == own.get(key):
             continue
         for need, allowed in declared.requires:
-            have = options.get(need, own.get(need))
+            have = _effective(need, options, own)
             if have not in allowed:
                 return (f"{key}: {value!r} needs {need} to be "
                         f"{' or '.join(map(repr, allowed))} (it is {have!r}): "
                         f"{declared.requires_why}")
     return None
+
+
+def _effective(path: str, options: dict[str, Any], own: dict[str, Any]) -> Any:
+    """What the engine reads at ``path``: an option naming it, or a mapping option above it
+    that sets it, else the launch's own value."""
+    for key, value in options.items():
+        bare = _bare(key)
+        if bare == path:
+            return value
+        if isinstance(value, dict) and path.startswith(bare + "."):
+            node: Any = value
+            for part in path[len(bare) + 1:].split("."):
+                if not isinstance(node, dict) or part not in node:
+                    break
+                node = node[part]
+            else:
+                return node
+    return own.get(path)
 
 
 def _bare(key: str) -> str:

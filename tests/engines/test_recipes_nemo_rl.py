@@ -51,11 +51,8 @@ def test_grpo_math_1b_resolves_to_the_recipes_values(tmp_path):
     recipe = release_config(version)
     for key in REPRODUCED:
         assert OmegaConf.select(cfg, key) == OmegaConf.select(recipe, key), key
-    # the warmup length and the constant LR after it are the recipe's; its start is declared
-    ours, theirs = cfg.policy.scheduler, recipe.policy.scheduler
-    assert ours[0].name == theirs[0].name and ours[0].kwargs.total_iters == \
-        theirs[0].kwargs.total_iters and ours[0].kwargs.end_factor == theirs[0].kwargs.end_factor
-    assert ours[1] == theirs[1] and ours[2] == theirs[2]
+    # the warmup (its start at 0.1 * lr included) and the constant LR after it are the recipe's
+    assert cfg.policy.scheduler == recipe.policy.scheduler
     assert {d["deviation"] for d in plan.deviations} == {
-        "rloo_leave_one_out_std", "warmup_start_factor", "kl_score_function_gradient"}
+        "rloo_leave_one_out_std", "kl_score_function_gradient"}
     assert plan.spec["labels"]["source"].endswith("v0.7.0/examples/configs/grpo_math_1B.yaml")

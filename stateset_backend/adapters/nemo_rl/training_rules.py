@@ -103,7 +103,7 @@ def data_split(name: str, k: NemoRLKeys) -> Rule:
 def optim_rules() -> dict[str, Rule]:
     def schedule(value: Any, spec: ExperimentSpec) -> Outcome:
         native = {"policy.scheduler": _scheduler(spec)}
-        if spec.optim.warmup_steps and spec.optim.warmup_start_ratio is None:
+        if spec.optim.warmup_steps and not spec.optim.warmup_start_ratio:
             return Hardcoded(f"lr * ({WARMUP_START:g} + (1 - {WARMUP_START:g}) * u / W)",
                              "warmup_start_factor", native)
         return Pinned(native)
@@ -117,8 +117,17 @@ def optim_rules() -> dict[str, Rule]:
             "optim.schedule": lambda v, s: Pinned({"policy.scheduler": _scheduler(s)}),
             "optim.min_lr_ratio": lambda v, s: Pinned({"policy.scheduler": _scheduler(s)}),
             "optim.warmup_steps": schedule,
-            # LinearLR's start factor: NeMo RL's own recipes warm up from 0.1 * lr
-            "optim.warmup_start_ratio": lambda v, s: Pinned({"policy.scheduler": _scheduler(s)})}
+            "optim.warmup_start_ratio": warmup_start}
+
+
+def warmup_start(value: Any, spec: ExperimentSpec) -> Outcome:
+    """LinearLR's own start factor (NeMo RL's recipes warm up from 0.1 * lr). torch divides
+    by it at every step, so below the 1e-8 it stands in for 0 with the rate overflows."""
+    if value is not None and value < WARMUP_START:
+        return Refused(f"NeMo RL's LinearLR divides by its start factor: below {WARMUP_START:g} "
+                       "the learning rate overflows; a warmup from 0 is optim.warmup_start_ratio "
+                       "null")
+    return Pinned({"policy.scheduler": _scheduler(spec)})
 
 
 def _scheduler(spec: ExperimentSpec) -> list[dict[str, Any]]:
