@@ -147,15 +147,6 @@ def check_math_pinned(where: str, keys: tuple[MathKey, ...], options: dict[str, 
 # sets max_val_samples from the batch size it runs reads every row whatever that size is.
 RESIZED_BY: dict[str, str] = {"grpo.val_batch_size": "grpo.max_val_samples"}
 
-# Execution settings that keep the math only beside another key's value, each with a value of
-# that key at which they do not: OpenRLHF's dynamic batching leaves DeepSpeed one accumulation
-# step and steps after several backward passes (utils/deepspeed/deepspeed.py, ppo_actor), which
-# under ZeRO-1/2 keeps only the last micro-batch's gradient. The kit plans each declared one at
-# that value, which must be refused, whatever the contract says it requires.
-UNSAFE_BESIDE: dict[str, dict[str, tuple[str, Any]]] = {
-    "openrlhf": {"--train.dynamic_batch_enable": ("--ds.zero_stage", 2),
-                 "--use_dynamic_batch": ("--zero_stage", 2)}}
-
 
 def math_execution_defaults(keys: tuple[MathKey, ...], execution: Iterable[str]) -> list[str]:
     """The declared execution defaults (keys ``engine_options`` may change) that are math

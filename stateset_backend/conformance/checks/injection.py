@@ -17,7 +17,6 @@ from typing import Any
 from stateset_backend.common.errors import InvalidInput
 from stateset_backend.common.jsonio import flatten
 from stateset_backend.conformance.checks.planning import CheckFailed, describe, plan_doc
-from stateset_backend.conformance.math_keys import UNSAFE_BESIDE
 from stateset_backend.conformance.samples import SampleFiles
 from stateset_backend.engines.adapter import EngineAdapter
 from stateset_backend.plan.launch_plan import LaunchPlan
@@ -232,6 +231,16 @@ def _other_value(current: Any, declared: ExecutionDefault) -> Any:
     return None
 
 
+# Execution settings that keep the math only beside another key's value, each with a value of
+# that key at which they do not: OpenRLHF's dynamic batching leaves DeepSpeed one accumulation
+# step and steps after several backward passes (utils/deepspeed/deepspeed.py, ppo_actor), which
+# under ZeRO-1/2 keeps only the last micro-batch's gradient. The kit plans each declared one at
+# that value, which must be refused, whatever the contract says it requires.
+UNSAFE_BESIDE: dict[str, dict[str, tuple[str, Any]]] = {
+    "openrlhf": {"--train.dynamic_batch_enable": ("--ds.zero_stage", 2),
+                 "--use_dynamic_batch": ("--zero_stage", 2)}}
+
+
 def check_execution_defaults(adapter: EngineAdapter, version: str, base: dict[str, Any],
                              plan: LaunchPlan, files: SampleFiles) -> int:
     """Each execution default the release declares (none a math key: ``math_keys`` checks
@@ -265,7 +274,7 @@ def check_execution_defaults(adapter: EngineAdapter, version: str, base: dict[st
             if not isinstance(beside, InvalidInput):
                 raise CheckFailed(f"engine_options {key!r}: {value!r} planned beside "
                                   f"{unsafe[0]} {unsafe[1]!r}, where the engine's code does not "
-                                  "keep the math (conformance/math_keys.py UNSAFE_BESIDE)")
+                                  "keep the math (the kit's own reading of it, UNSAFE_BESIDE)")
             tried += 1
         if reader is None:  # only the engine's own parser can say what it reads
             continue
