@@ -120,6 +120,23 @@ def engine_reads() -> Any:
 
 
 @pytest.fixture
+def explained() -> Any:
+    """How a built-in engine release translates one leaf of a spec: its ``explain`` row."""
+    from packaging.version import Version
+
+    from stateset_backend.engines.registry import build_registry
+    from stateset_backend.translate.rules import explain_rows
+
+    def row(spec: Any, engine: str, version: str, path: str) -> Any:
+        adapter = build_registry().get(engine).adapter
+        dialect = adapter.contract.dialect(Version(version))
+        return next(r for r in explain_rows(spec, adapter.rules(dialect), dialect, engine)
+                    if r.path == path)
+
+    return row
+
+
+@pytest.fixture
 def write_json(tmp_path: Path):
     def write(doc: Any, name: str = "spec.json") -> Path:
         path = tmp_path / name

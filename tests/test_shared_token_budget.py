@@ -79,16 +79,12 @@ def test_sft_and_conversations_refuse_it():
     ("verl", "0.9.1", "whatever its prompt's length"),
     ("openrlhf", "0.11.2", "only when --max_new_tokens is unset"),
 ])
-def test_an_engine_that_caps_every_response_alike_refuses_it(engine, version, why):
-    registry = build_registry()
+def test_an_engine_that_caps_every_response_alike_refuses_it(explained, engine, version, why):
     spec = ExperimentSpec.model_validate(_doc(RECIPES / "nemo-rl-grpo_math_1B.json",
                                               max_total_tokens=300))
-    entry = registry.get(engine)
     with pytest.raises(Unsupported, match="missing shared_token_budget"):
-        make_plan(spec, entry, version, base_dir=RECIPES)
-    dialect = entry.adapter.contract.dialect(Version(version))
-    row = next(r for r in explain_rows(spec, entry.adapter.rules(dialect), dialect, engine)
-               if r.path == "data.max_total_tokens")
+        make_plan(spec, build_registry().get(engine), version, base_dir=RECIPES)
+    row = explained(spec, engine, version, "data.max_total_tokens")
     assert row.state == "refused" and why in row.reason
 
 

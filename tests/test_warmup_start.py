@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-from packaging.version import Version
 
 from stateset_backend.common.errors import Unsupported
 from stateset_backend.contracts.capabilities import required_capabilities
@@ -19,7 +18,6 @@ from stateset_backend.plan.launch_plan import make_plan
 from stateset_backend.spec.digest import experiment_digest
 from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.spec.schedule import lr_factor
-from stateset_backend.translate.rules import explain_rows
 
 ROOT = Path(__file__).parent.parent
 RECIPES = ROOT / "examples" / "recipes"
@@ -96,13 +94,10 @@ def test_nemo_rl_reads_it_as_linear_lr_start_factor(engine_reads):
     assert [d for d in from_zero.deviations if d["deviation"] == "warmup_start_factor"]
 
 
-def test_nemo_rl_refuses_a_start_its_scheduler_would_overflow_on():
+def test_nemo_rl_refuses_a_start_its_scheduler_would_overflow_on(explained):
     """torch's LinearLR divides by its start factor: 1e-310 gives an infinite rate."""
-    spec = _spec(warmup_steps=4, warmup_start_ratio=1e-310)
-    entry = build_registry().get("nemo-rl")
-    dialect = entry.adapter.contract.dialect(Version("0.7.0"))
-    row = next(r for r in explain_rows(spec, entry.adapter.rules(dialect), dialect, "nemo-rl")
-               if r.path == "optim.warmup_start_ratio")
+    row = explained(_spec(warmup_steps=4, warmup_start_ratio=1e-310), "nemo-rl", "0.7.0",
+                    "optim.warmup_start_ratio")
     assert row.state == "refused" and "overflows" in row.reason
 
 
@@ -110,14 +105,11 @@ def test_nemo_rl_refuses_a_start_its_scheduler_would_overflow_on():
     ("verl", "0.9.1", "verl's schedulers warm up from 0"),
     ("openrlhf", "0.11.2", "OpenRLHF's schedulers"),
 ])
-def test_an_engine_that_warms_up_from_zero_refuses_it(engine, version, why):
+def test_an_engine_that_warms_up_from_zero_refuses_it(explained, engine, version, why):
     spec = _spec(warmup_steps=10, warmup_start_ratio=0.1)
-    entry = build_registry().get(engine)
     with pytest.raises(Unsupported, match="missing warmup_start"):
-        make_plan(spec, entry, version, base_dir=RECIPES)
-    dialect = entry.adapter.contract.dialect(Version(version))
-    row = next(r for r in explain_rows(spec, entry.adapter.rules(dialect), dialect, engine)
-               if r.path == "optim.warmup_start_ratio")
+        make_plan(spec, build_registry().get(engine), version, base_dir=RECIPES)
+    row = explained(spec, engine, version, "optim.warmup_start_ratio")
     assert row.state == "refused" and why in row.reason
 
 
