@@ -125,17 +125,16 @@ class Solver:
         rows = self.rows(spec)
         if rows is None:
             return float("-inf")
-        # between two specs the engine reads alike, the one more engines can run (below), then
-        # the one it runs exactly (no declared deviation), is the experiment the launch ran
-        total = -100.0 * sum(row.state == "refused" for row in rows) - \
-            0.25 * sum(row.state == "declared" for row in rows)
+        # between two specs the engine reads alike, the one more engines can run (fewer
+        # capabilities), then the one it runs exactly (no declared deviation), is the
+        # experiment the launch ran: a release's stand-in for a setting it cannot give (NeMo
+        # RL's warmup from 1e-8 * lr for one from 0) reads as that setting, with the release's
+        # declared deviation, not as a setting of its own
         needs = required_capabilities(spec)
+        total = -100.0 * sum(row.state == "refused" for row in rows) - \
+            0.25 * sum(row.state == "declared" for row in rows) - 0.3 * len(needs)
         if self.provided is not None:  # a spec the release cannot run is no answer
             total -= 100.0 * len(needs - self.provided)
-        # and between two it reads alike, the one more engines can run: a release's stand-in
-        # for a setting it cannot give (NeMo RL's warmup from 1e-8 * lr for one from 0) reads
-        # as that setting, with the release's declared deviation, not as a setting of its own
-        total -= 0.3 * len(needs)
         total += 0.01 * _as_published(spec)
         for key, value in native_of(rows).items():
             if key in self.effective and not _placeholder(value) and not self._inert(key):
