@@ -124,7 +124,7 @@ def test_defaults_that_follow_another_key_are_kept_as_written():
 # leaving out the run's names and folders), as examples/recipes/nemo-rl-v0.7.0/README.md
 # states it.
 SHIPPED_FLOORS = {
-    "grpo_smoke.yaml": 66.7,
+    "grpo_smoke.yaml": 77.8,
     "recipes/llm/dapo-qwen2.5-7b.v2.yaml": 89.5,
     "recipes/llm/grpo-deepscaler-1.5b-16K.yaml": 88.9,
     "recipes/llm/grpo-deepscaler-1.5b-8K.yaml": 87.5,
@@ -144,3 +144,15 @@ def test_every_shipped_recipe_keeps_its_round_trip(recipe):
     assert "error" not in doc["round_trip"]
     assert doc["round_trip"]["experiment_percent"] >= SHIPPED_FLOORS[recipe]
     assert all(s["reason"] for s in doc["settings"] if not s["reproduced"])
+
+
+def test_a_validation_period_of_minus_one_is_never_as_zero_is():
+    """NeMo RL validates on a period only where it is above 0, so the smoke recipe's -1 and
+    the plan's 0 (no evaluation) are one setting, reproduced with the code's reason."""
+    doc = import_file(build_registry(), "nemo-rl", SHIPPED / "grpo_smoke.yaml",
+                      "0.7.0").to_json()
+    period = next(s for s in doc["settings"] if s["key"] == "grpo.val_period")
+    assert (period["value"], period["planned"]) == (-1, 0)
+    assert period["reproduced"] is True
+    assert "val_period > 0" in period["reason"] and "at most 0" in period["reason"]
+    assert doc["spec"]["evaluation"]["every"] is None

@@ -35,7 +35,7 @@ CASES = [
     ("openrlhf", "0.10.2", OPENRLHF / "train_reinforce_baseline_hybrid_engine.sh", 100.0),
     ("openrlhf", "0.10.2", OPENRLHF / "train_prorlv2_math_hybrid_engine.sh", 93.9),
     ("openrlhf", "0.10.2", OPENRLHF / "train_reinforce_baseline_ray_agent_async.sh", 96.3),
-    ("openrlhf", "0.10.2", OPENRLHF / "train_vlm_math_hybrid_engine.sh", 92.9),
+    ("openrlhf", "0.10.2", OPENRLHF / "train_vlm_math_hybrid_engine.sh", 95.2),
 ]
 
 
@@ -64,6 +64,21 @@ def test_verl_ppo_scripts_without_kl_import_without_kl():
                       "0.7.0").to_json()
     assert doc["spec"]["algorithm"]["kl"] is None
     assert doc["spec"]["algorithm"]["objective"] == "ppo"
+
+
+def test_a_zero_kl_coefficient_imports_as_no_kl():
+    """OpenRLHF reads no KL flag at a zero coefficient (no reference model, every KL term
+    zeros): the VLM script's `--algo.kl.init_coef 0 --algo.kl.use_loss --algo.kl.estimator k2`
+    is a spec without KL, and the two flags the engine never reads count as reproduced."""
+    doc = import_file(build_registry(), "openrlhf",
+                      OPENRLHF / "train_vlm_math_hybrid_engine.sh", "0.10.2").to_json()
+    assert doc["spec"]["algorithm"]["kl"] is None
+    fates = {s["key"]: s for s in doc["settings"]}
+    assert fates["--algo.kl.init_coef"]["reproduced"] is True
+    for key in ("--algo.kl.use_loss", "--algo.kl.estimator"):
+        assert fates[key]["reproduced"] is True, key
+        assert fates[key]["planned"] != fates[key]["value"], key
+        assert "read by no code where --algo.kl.init_coef is 0" in fates[key]["reason"], key
 
 
 def test_home_is_read_as_this_users_home():

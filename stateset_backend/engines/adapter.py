@@ -226,6 +226,14 @@ class DialectKeys(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # The slots every engine's dialect may declare, each read by the core, not the adapter:
+    # keys set only for memory, speed or placement, each with why it cannot change the math,
+    # which engine_options may change (translate.execution); keys a switch leaves unread and
+    # values a key reads alike, each with the engine code that makes it so (translate.reading)
+    execution: dict[str, Any] = {}
+    inert: list[Any] = []
+    alike: dict[str, Any] = {}
+
 
 @functools.cache
 def _packaged_contract(package: str, filename: str,

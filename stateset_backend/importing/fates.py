@@ -1,7 +1,8 @@
 """Why each setting of a launch ends where it does, when the imported spec's plan does not
 give it back as the launch gave it: the reasons the import screen prints, and the few readings
 under which the plan's value is the launch's after all (a file by its absolute path, ``$HOME``
-as ``~``, a key inside one of the release's free mappings offered as the mapping whole).
+as ``~``, a key inside one of the release's free mappings offered as the mapping whole, a key
+the release reads no code of on either side, two values it reads as one).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from stateset_backend.contracts.surfaces import surface
 from stateset_backend.importing.roundtrip import PLACEHOLDER_SHA256
+from stateset_backend.translate.reading import inert_under, read_alike
 from stateset_backend.translate.rules import _same
 
 # The spec's token limits, which engines read as one sequence limit and one response limit.
@@ -150,3 +152,15 @@ def why_not(key: str, value: Any, got: Any, src: str | None, rows: Any, engine: 
         return (f"{src} translates to {key}={got!r}{how}; no value of it gives {value!r} on "
                 f"{engine} {version}")
     return f"the hub's launch sets {key}={got!r} itself"
+
+
+def unread_alike(dialect: Any, key: str, value: Any, got: Any, effective: dict[str, Any],
+                 planned: dict[str, Any]) -> str | None:
+    """Why a setting the plan gives another value is still the launch's: the release reads
+    no code of it under the launch's values and the plan's alike, or reads the two values as
+    one."""
+    if key in planned:
+        launch_unread = inert_under(dialect, effective).get(key.lstrip("+~"))
+        if launch_unread is not None and key.lstrip("+~") in inert_under(dialect, planned):
+            return f"read by no code where {launch_unread}, in the launch as in the plan"
+    return read_alike(dialect, key, value, got)

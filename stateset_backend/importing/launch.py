@@ -36,6 +36,7 @@ from stateset_backend.importing.fates import (
     registry_reason,
     same_input,
     textual,
+    unread_alike,
     whole_mappings,
     why_not,
 )
@@ -71,7 +72,8 @@ class Setting:
             doc["spec_field"] = self.spec_field
         if self.reason:
             doc["reason"] = self.reason
-        if self.reproduced is False:
+        # and where the plan's value is another that the engine reads as this one
+        if self.reproduced is False or (self.reason and not _same(self.planned, self.value)):
             doc["planned"] = self.planned
         if self.hub_owned:
             doc["hub_owned"] = True
@@ -365,7 +367,8 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
             _same(defaults.get(key), value)
         setting = Setting(key, value, launch.words.get(key, key), fate, src, reason, same, got)
         if not same:
-            why = same_input(src, value, got, base, spec_doc, set(stand_ins.values()))
+            why = same_input(src, value, got, base, spec_doc, set(stand_ins.values())) or \
+                unread_alike(dialect, key, value, got, effective, planned)
             if why is not None:
                 same, setting.reproduced, setting.reason = True, True, why
         if not same and fate in ("mapped", "default", "engine_option"):
@@ -451,5 +454,4 @@ def _updates_from_passes(settings: dict[str, Any], prompts: int, rows: int | Non
             passes * (kept // prompts) <= _MAX_UPDATES:
         return int(passes * (kept // prompts))
     return None
-
 

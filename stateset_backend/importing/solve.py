@@ -35,6 +35,7 @@ from stateset_backend.importing.leaf_values import (
 )
 from stateset_backend.spec.model import OBJECTIVE_DEFAULTS, ExperimentSpec
 from stateset_backend.spec.modeltree import all_leaf_paths, leaves, model_in
+from stateset_backend.translate.reading import inert_under, read_alike
 from stateset_backend.translate.rules import (
     CORE_HANDLED,
     FieldRow,
@@ -91,6 +92,7 @@ class Solver:
 
     def __post_init__(self) -> None:
         self._inert_keys: dict[str, bool] = {}
+        self._unread = inert_under(self.dialect, self.effective)
         self._last: tuple[ExperimentSpec | None, str] = (None, "")
         self._rows: dict[str, list[FieldRow] | None] = {}
         self._scores: dict[str, float] = {}
@@ -142,17 +144,21 @@ class Solver:
                 # and a default it restates outweighs one it leaves unsaid
                 weight = _GIVEN_WEIGHT if key in self.given else \
                     _WRITTEN_WEIGHT if key in self.written else 1.0
-                total += weight if _same(value, self.effective[key]) else -weight
+                alike = _same(value, self.effective[key]) or \
+                    read_alike(self.dialect, key, value, self.effective[key]) is not None
+                total += weight if alike else -weight
         return total
 
     def _inert(self, key: str) -> bool:
-        """A setting inside a section the launch switches off is read by nobody."""
+        """A setting inside a section the launch switches off, or one the release declares
+        unread under the launch's values, is read by nobody."""
         known = self._inert_keys.get(key)
         if known is None:
             parts = key.split(".")
-            known = parts[-1] not in ("enabled", "enable") and any(
+            switched_off = parts[-1] not in ("enabled", "enable") and any(
                 self.effective.get(f"{'.'.join(parts[:i])}.{switch}") is False
                 for i in range(1, len(parts)) for switch in ("enabled", "enable"))
+            known = switched_off or key.lstrip("+~") in self._unread
             self._inert_keys[key] = known
         return known
 

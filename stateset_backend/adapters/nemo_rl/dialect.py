@@ -30,9 +30,6 @@ class NemoRLKeys(DialectKeys):
     save_optimizer: str | None = None
     min_top_k: int | None = None  # vLLM refuses smaller top_k (and top_p) at this release
     min_top_p: float | None = None
-    # keys set only for memory, speed or placement, each with why it cannot change the math:
-    # engine_options may change them (translate.execution)
-    execution: dict[str, Any] = {}
 
 
 def checkout_version(home: str | None) -> str | None:

@@ -94,9 +94,6 @@ class OpenRLHFKeys(DialectKeys):
     fixed_min_lr_ratio: float | None  # the cosine floor when the release has no flag for it
     token_mean_over: str  # "micro_batch" (before 0.11.1) or "optimizer_step"
     fixed: dict[str, Any]  # switches every launch sets to the same value
-    # keys set only for memory, speed or placement, each with why it cannot change the math:
-    # engine_options may change them (translate.execution)
-    execution: dict[str, Any] = {}
     agent_func_path: str | None = None  # the agent executor file (multi-turn)
     # the sampler/learner log-prob correction: a switch, a type and a threshold pair before
     # 0.11.2; a level, a mode, a gating statistic and the pair from it (None: no such flag)
