@@ -34,7 +34,9 @@ from stateset_backend.translate.execution import (
 from stateset_backend.translate.rules import option_conflict
 
 RELEASES = {"openrlhf": ["0.9.8", "0.10.1", "0.10.2", "0.11.1", "0.11.2"],
-            "nemo-rl": ["0.5.0", "0.6.0", "0.7.0"]}
+            "nemo-rl": ["0.5.0", "0.6.0", "0.7.0"],
+            "verl": ["0.4.1", "0.5.0", "0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0",
+                     "0.9.1"]}
 
 
 def _plan(doc: dict[str, Any], engine: str, version: str, base: Path,
@@ -58,7 +60,7 @@ def test_no_execution_default_changes_the_math(engine, version):
     declared = execution_defaults(dialect)
     assert declared, f"{engine} {version} declares no execution default"
     options = surface(engine, version)["options"]
-    assert not math_execution_defaults(math_keys_of(engine, options, ()), declared)
+    assert not math_execution_defaults(math_keys_of(engine, options, ()), declared, options)
     for key, entry in declared.items():
         assert len(entry.reason) > 40, key
         # a key the release reads, or a part of one of its free mappings (given whole)
@@ -72,6 +74,12 @@ def test_a_math_key_declared_as_an_execution_default_is_caught():
     assert math_execution_defaults(keys, ["--actor.adam.lr", "--ds.zero_stage"]) == \
         ["--actor.adam.lr"]
     assert math_execution_defaults(keys, ["--actor.adam"]) == ["--actor.adam"]
+    # inside a math key the launch holds as an empty mapping, only the declared key gets in
+    held = math_keys_of("verl", {}, ())
+    inside = ["actor_rollout_ref.model.override_config.attn_implementation"]
+    assert math_execution_defaults(held, inside) == inside
+    assert not math_execution_defaults(
+        held, inside, {"actor_rollout_ref.model.override_config": {"default": {}}})
 
 
 @pytest.mark.parametrize("option", [

@@ -248,10 +248,12 @@ def test_any_error_message_is_printed_on_one_line(capsys, monkeypatch):
 
 @pytest.mark.parametrize("key", ["true", "True", "nan", "inf", "null", "NULL", "false"])
 def test_mapping_keys_hydra_reads_as_another_type_are_refused(capsys, tmp_path, grpo, key):
-    grpo["engine_options"] = {"verl": {"actor_rollout_ref.model.override_config": {key: 1}}}
+    grpo["engine_options"] = {"verl": {"actor_rollout_ref.rollout.engine_kwargs.vllm": {
+        "compilation_config": {key: 1}}}}
     code, err, _ = _plan(capsys, tmp_path, grpo, "verl", "0.9.1")
     line = _one_line(err)
-    assert code == 2 and f"override_config: {key!r}: Hydra reads this mapping key" in line, line
+    assert code == 2 and f"vllm: {key!r}: Hydra reads this mapping key" in line, \
+        line
 
 
 @pytest.mark.parametrize("option, value, fragment", [

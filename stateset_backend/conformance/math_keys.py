@@ -50,6 +50,17 @@ VERL: tuple[MathKey, ...] = (
     # the data an update sees (trainer/main_ppo.py, utils/dataset/rl_dataset.py)
     "data.train_batch_size", "data.max_prompt_length", "data.max_response_length",
     "data.shuffle", "data.seed", "data.filter_overlong_prompts",
+    # the model trained (workers/config/model.py: the HF config is read from hf_config_path,
+    # updated with override_config, after external_lib is imported to register architectures);
+    # each one's default changes nothing, but a launch that leaves it open lets an engine
+    # option change the model outside the experiment's identity
+    "actor_rollout_ref.model.override_config", "actor_rollout_ref.model.hf_config_path",
+    "actor_rollout_ref.model.external_lib",
+    ("critic.model.override_config", "algorithm.adv_estimator", "gae"),
+    ("critic.model.hf_config_path", "algorithm.adv_estimator", "gae"),
+    ("critic.model.external_lib", "algorithm.adv_estimator", "gae"),
+    # vLLM's engine arguments (a KV cache in fp8, a quantized model) change what is sampled
+    f"{_ROLLOUT}.engine_kwargs.vllm",
 )
 
 OPENRLHF: tuple[MathKey, ...] = (
@@ -125,7 +136,8 @@ def check_math_pinned(where: str, keys: tuple[MathKey, ...], options: dict[str, 
 
     left: dict[str, list[str]] = {}
     for sample, plan in samples:
-        declared = math_execution_defaults(keys, execution_defaults(plan.resolved_dialect()))
+        declared = math_execution_defaults(keys, execution_defaults(plan.resolved_dialect()),
+                                           options)
         if declared:
             raise CheckFailed(f"{', '.join(declared)}: declared execution defaults of {where} "
                               "that change the math; engine_options would reach them")
@@ -148,11 +160,20 @@ def check_math_pinned(where: str, keys: tuple[MathKey, ...], options: dict[str, 
 RESIZED_BY: dict[str, str] = {"grpo.val_batch_size": "grpo.max_val_samples"}
 
 
-def math_execution_defaults(keys: tuple[MathKey, ...], execution: Iterable[str]) -> list[str]:
+def math_execution_defaults(keys: tuple[MathKey, ...], execution: Iterable[str],
+                            options: dict[str, Any] | None = None) -> list[str]:
     """The declared execution defaults (keys ``engine_options`` may change) that are math
     keys, or keys inside or around one: a key whose default changes the math can never be a
     setting of memory, speed or placement, whatever reason the contract gives (but a key
-    RESIZED_BY another, which the launch keeps owning)."""
+    RESIZED_BY another, which the launch keeps owning, and a key inside a math key that is a
+    mapping empty by default (``options``, the release's surface): the launch holds that
+    mapping empty, and the declared key is the one thing it lets in, as verl's attention
+    kernel in the model's otherwise held config overrides)."""
     named = [entry if isinstance(entry, str) else entry[0] for entry in keys]
+
+    def held_empty(key: str) -> bool:
+        return (options or {}).get(key, {}).get("default") == {}
+
     return sorted({e for e in execution for k in named if e not in RESIZED_BY and
-                   (e == k or k.startswith(e + ".") or e.startswith(k + "."))})
+                   (e == k or k.startswith(e + ".") or
+                    (e.startswith(k + ".") and not held_empty(k)))})

@@ -149,6 +149,13 @@ def reached(key: str, value: Any, taken: Any, execution: dict[str, ExecutionDefa
     return None
 
 
+def declared_inside(taken: str, execution: dict[str, ExecutionDefault]) -> list[str]:
+    """The execution defaults declared inside a mapping the launch holds (verl's model config
+    overrides, vLLM's engine arguments): the only keys an option may give there."""
+    root = _bare(taken)
+    return sorted(e for e in execution if e.startswith(root + "."))
+
+
 def _same_kind(key: str, value: Any, own: Any) -> None:
     """An execution default is a knob of one kind: a switch stays a switch, and a count or
     size the launch sets to at least one stays a whole number of at least one (a micro-batch

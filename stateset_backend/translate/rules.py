@@ -373,7 +373,12 @@ def translate(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect, engine: st
               version: str) -> Translation:
     """Resolve every leaf; refuse on any refusal or an engine_options entry that reaches a
     key a rule pins (other than a declared execution default)."""
-    from stateset_backend.translate.execution import execution_defaults, merged, reached
+    from stateset_backend.translate.execution import (
+        declared_inside,
+        execution_defaults,
+        merged,
+        reached,
+    )
 
     native: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -397,6 +402,11 @@ def translate(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect, engine: st
             taken = reached(key, value, native, execution, option_conflict)
         except InvalidInput as exc:
             raise InvalidInput(f"engine_options.{engine}.{exc.message}") from None
+        inside = declared_inside(taken, execution) if taken is not None else []
+        if inside:  # a mapping held but for its declared keys: a spec setting changes none
+            raise InvalidInput(f"engine_options.{engine}.{key}: reaches {taken}, which the "
+                               f"launch holds; only {', '.join(inside)} may be given inside "
+                               "it, at the values that leave the math unchanged")
         if taken is not None:
             raise InvalidInput(f"engine_options.{engine}.{key}: overrides the key that "
                                f"{sources[taken]} pins ({taken}); change {sources[taken]} "

@@ -89,5 +89,54 @@ def test_vllm_compilation_options_are_the_only_vllm_kwargs_a_user_may_set():
         overrides=[a.replace("{run_dir}", "/run") for a in plan.argv[at + 2:]]), cfg=cfg)
     assert OmegaConf.to_container(OmegaConf.select(cfg, "policy.generation.vllm_kwargs")) == \
         compile_
-    with pytest.raises(InvalidInput, match=r"algorithm\.objective pins"):
+    with pytest.raises(InvalidInput, match=r"only policy\.generation\.vllm_kwargs\."
+                                           "compilation_config may be given"):
         _plan({"policy.generation.vllm_kwargs": {"enforce_eager": True}})
+
+
+def _verl_plan(options: dict, version: str = "0.9.1") -> object:
+    doc = json.loads((RECIPES / "verl-grpo-qwen2-7b-math.json").read_text(encoding="utf-8"))
+    doc["engine_options"] = {"verl": copy.deepcopy(options)}
+    return make_plan(ExperimentSpec.model_validate(doc), build_registry().get("verl"),
+                     version, base_dir=RECIPES)
+
+
+@pytest.mark.parametrize("version", ["0.4.1", "0.7.0", "0.9.1"])
+@pytest.mark.parametrize("options", [
+    {"actor_rollout_ref.model.override_config": {"rope_theta": 1.0}},
+    {"actor_rollout_ref.model.override_config": {"attn_implementation": "sdpa",
+                                                 "num_hidden_layers": 2}},
+    {"critic.model.override_config": {"tie_word_embeddings": False}},
+    {"actor_rollout_ref.model.external_lib": "my_models"},
+    {"critic.model.external_lib": "my_models"},
+])
+def test_verl_holds_the_trained_models_config(options, version):
+    """verl builds the trained model from hf_config_path, updated with override_config, after
+    importing external_lib: an engine option there would change the model outside the
+    experiment's identity, so the launch holds them all, on every release."""
+    from stateset_backend.common.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="pins|which the launch holds"):
+        _verl_plan(options, version)
+
+
+def test_verl_takes_only_the_attention_kernel_and_vllms_compilation_from_a_user():
+    """The two execution choices inside those held mappings, each given as the mapping whole,
+    reach verl force-added and are read back by the kit's reader as verl's Hydra applies them;
+    any other vLLM engine argument (an fp8 KV cache samples another distribution) is refused."""
+    from stateset_backend.common.errors import InvalidInput
+
+    plan = _verl_plan({
+        "actor_rollout_ref.model.override_config": {"attn_implementation": "sdpa"},
+        "actor_rollout_ref.rollout.engine_kwargs.vllm": {
+            "compilation_config": {"cudagraph_capture_sizes": [1, 2]}}})
+    read = BUILTIN["verl"](plan)
+    assert read["actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
+    assert read["actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config"
+                ".cudagraph_capture_sizes"] == [1, 2]
+    assert read["actor_rollout_ref.model.external_lib"] is None
+    with pytest.raises(InvalidInput, match="only actor_rollout_ref.rollout.engine_kwargs.vllm"
+                                           r"\.compilation_config may be given"):
+        _verl_plan({"actor_rollout_ref.rollout.engine_kwargs.vllm": {"kv_cache_dtype": "fp8"}})
+    with pytest.raises(InvalidInput, match="which the launch holds"):
+        _verl_plan({"actor_rollout_ref.model.override_config": {"attn_implementation": "flex"}})

@@ -219,6 +219,23 @@ def check_option_keys(adapter: EngineAdapter, version: str, base: dict[str, Any]
     return tried
 
 
+def _spelled(key: str, value: Any, options: dict[str, Any]) -> tuple[str, Any]:
+    """An execution default as a user gives it: by its key, or, for a key inside one of the
+    release's free mappings (which the surface does not list), as that mapping whole (verl's
+    attention kernel in ``override_config``)."""
+    if key in options:
+        return key, value
+    parts = key.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        parent = ".".join(parts[:cut])
+        if isinstance(options.get(parent, {}).get("default"), dict):
+            nested: Any = value
+            for part in reversed(parts[cut:]):
+                nested = {part: nested}
+            return parent, nested
+    return key, value
+
+
 def _other_value(current: Any, declared: ExecutionDefault) -> Any:
     """A value of an execution default other than the launch's own, or None where the kit
     cannot make one up (a string the engine reads as a name)."""
@@ -249,16 +266,20 @@ def check_execution_defaults(adapter: EngineAdapter, version: str, base: dict[st
     values is refused with exit 2. Returns how many entries were tried."""
     from stateset_backend.conformance.readers import reader_for
 
+    from stateset_backend.contracts.surfaces import surface
+
     execution = execution_defaults(plan.resolved_dialect())
     support = adapter.kit_support()
     reader = reader_for(adapter.name, support.parse_launch)
+    known = (surface(adapter.name, version) or support.surface or {}).get("options", {})
     tried = 0
     for key, declared in execution.items():
         value = _other_value(plan.native.get(key), declared)
         if value is None:
             continue
         also = {need: allowed[0] for need, allowed in declared.requires}
-        taken = _with_option(adapter, version, base, files, key, value, also)
+        given, as_given = _spelled(key, value, known)
+        taken = _with_option(adapter, version, base, files, given, as_given, also)
         if isinstance(taken, InvalidInput):
             raise CheckFailed(f"engine_options {key!r}: {value!r} (an execution default): "
                               f"expected a plan, got exit 2: {taken.message}")
@@ -285,8 +306,8 @@ def check_execution_defaults(adapter: EngineAdapter, version: str, base: dict[st
         tried += 1
         if declared.values is not None:
             outside = next(v for v in (0, -1, 10**6) if v not in declared.values)
-            if isinstance(_with_option(adapter, version, base, files, key, outside),
-                          InvalidInput):
+            if isinstance(_with_option(adapter, version, base, files,
+                                       *_spelled(key, outside, known)), InvalidInput):
                 tried += 1
                 continue
             raise CheckFailed(f"engine_options {key!r}: {outside!r}, outside the values "

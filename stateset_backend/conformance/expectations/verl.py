@@ -392,6 +392,16 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
     (("reward.reward_kwargs.max_resp_len", "reward_model.reward_kwargs.max_resp_len"),
      lambda s: s.data.max_response_tokens if s.algorithm.overlong else None),
     (("distillation.enabled",), lambda s: False),
+    # workers/config/model.py: the trained model's config is read from hf_config_path (its
+    # own path when null), updated with override_config, after external_lib is imported to
+    # register architectures: the spec's model is the checkpoint as it is, nothing imported
+    (("actor_rollout_ref.model.override_config", "critic.model.override_config"),
+     lambda s: {}),
+    (("actor_rollout_ref.model.hf_config_path", "critic.model.hf_config_path",
+      "actor_rollout_ref.model.external_lib", "critic.model.external_lib"), lambda s: NULL),
+    # handed to vLLM's engine as arguments (vllm_async_server): a KV cache in fp8 or a
+    # quantized load samples from another distribution than the spec's model
+    ((f"{R}.engine_kwargs.vllm",), lambda s: {}),
 
     # -- the trainer ------------------------------------------------------------------------
     (("trainer.total_training_steps",), lambda s: s.budget.total_updates),
