@@ -139,6 +139,10 @@ MUTANTS: list[Mutant] = [
       kind="deviation"),
     m("verl: refill deviation renamed in the contract", "verl", "0.9.1",
       (VERL_CONTRACT, '"unbounded_refill": {', '"unbounded_refills": {'), kind="contract"),
+    m("verl: the model's config overrides left open to engine options", "verl", "0.9.1",
+      (VERL_CONTRACT, '          "actor_rollout_ref.model.override_config",\n', ""),
+      (VERL_CONTRACT, '        "actor_rollout_ref.model.override_config": {},\n', ""),
+      kind="contract"),
     # -- OpenRLHF ---------------------------------------------------------------------------------
     m("openrlhf: clip pair swapped", "openrlhf", "0.11.2",
       (ORL_ALGORITHM,
