@@ -46,6 +46,7 @@ from stateset_backend.engines.adapter import (
     Rehearsal,
     checkpoint_artifacts,
     distribution_version,
+    resumed_from_steps,
     stage_checkpoint,
 )
 from stateset_backend.engines.hookspecs import hookimpl
@@ -201,6 +202,7 @@ __all__ = [
     "refuse_selection",
     "required_capabilities",
     "resolved",
+    "resumed_from_steps",
     "revision_outcome",
     "reward_function",
     "reward_shim",

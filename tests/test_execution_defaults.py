@@ -35,8 +35,9 @@ from stateset_backend.translate.rules import option_conflict
 
 RELEASES = {"openrlhf": ["0.9.8", "0.10.1", "0.10.2", "0.11.1", "0.11.2"],
             "nemo-rl": ["0.5.0", "0.6.0", "0.7.0"],
-            "verl": ["0.4.1", "0.5.0", "0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0",
-                     "0.9.1"]}
+            # verl before 0.6.1 hard-codes flash-attention: its only declared default, vLLM's
+            # compilation, opens with the engine arguments' mapping in 0.6.0
+            "verl": ["0.6.0", "0.6.1", "0.7.0", "0.7.1", "0.8.0", "0.9.0", "0.9.1"]}
 
 
 def _plan(doc: dict[str, Any], engine: str, version: str, base: Path,

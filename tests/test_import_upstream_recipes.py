@@ -67,9 +67,10 @@ def test_verl_ppo_scripts_without_kl_import_without_kl():
 
 
 def test_a_zero_kl_coefficient_imports_as_no_kl():
-    """OpenRLHF reads no KL flag at a zero coefficient (no reference model, every KL term
-    zeros): the VLM script's `--algo.kl.init_coef 0 --algo.kl.use_loss --algo.kl.estimator k2`
-    is a spec without KL, and the two flags the engine never reads count as reproduced."""
+    """No KL flag changes what OpenRLHF computes at a zero coefficient (no reference model,
+    every KL term zeros): the VLM script's `--algo.kl.init_coef 0 --algo.kl.use_loss
+    --algo.kl.estimator k2` is a spec without KL, and the two inert flags count as
+    reproduced."""
     doc = import_file(build_registry(), "openrlhf",
                       OPENRLHF / "train_vlm_math_hybrid_engine.sh", "0.10.2").to_json()
     assert doc["spec"]["algorithm"]["kl"] is None
@@ -78,7 +79,7 @@ def test_a_zero_kl_coefficient_imports_as_no_kl():
     for key in ("--algo.kl.use_loss", "--algo.kl.estimator"):
         assert fates[key]["reproduced"] is True, key
         assert fates[key]["planned"] != fates[key]["value"], key
-        assert "read by no code where --algo.kl.init_coef is 0" in fates[key]["reason"], key
+        assert "changes nothing where --algo.kl.init_coef is 0" in fates[key]["reason"], key
 
 
 def test_home_is_read_as_this_users_home():

@@ -87,6 +87,7 @@ def test_a_key_the_release_does_not_read_is_refused(capsys, tmp_path, grpo, engi
 
 def test_keys_of_the_engines_own_configuration_still_plan(capsys, tmp_path, grpo):
     grpo["engine_options"] = {"verl": {"trainer.log_val_generations": 3,
+                                       "actor_rollout_ref.model.use_remove_padding": False,
                                        "actor_rollout_ref.model.override_config":
                                            {"attn_implementation": "eager"}}}
     code, line, out = _plan(capsys, tmp_path, grpo, "verl")

@@ -90,7 +90,10 @@ def test_an_engine_option_that_is_no_grpo_config_field_is_refused_at_plan_time(c
 def test_every_fixed_switch_and_key_is_a_config_field():
     fields, sft_fields = set(grpo_defaults()), set(config_defaults(trl.SFTConfig))
     keys = plugin.TRLAdapter().keys(dialect())
-    slots = {v for k, v in keys.model_dump().items() if k not in ("fixed", "sft_fixed")}
+    from stateset_backend.plugin import DialectKeys
+
+    shared = {"fixed", "sft_fixed", *DialectKeys.model_fields}  # the core's slots
+    slots = {v for k, v in keys.model_dump().items() if k not in shared}
     assert slots <= fields | sft_fields
     assert set(keys.fixed) <= fields
     assert set(keys.sft_fixed) <= sft_fields

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import pytest
 
@@ -31,12 +31,12 @@ UNSUPPORTED = "unsupported: "  # prefix of a skip reason that reports a declared
 UNVERIFIED = "unverified: "  # prefix of a skip reason: the kit could not see what the engine reads
 
 
-def unsupported(reason: str) -> None:
+def unsupported(reason: str) -> NoReturn:
     """Report the running check as ``unsupported`` (a declared gap), with its reason."""
     pytest.skip(UNSUPPORTED + reason)
 
 
-def unverified(reason: str) -> None:
+def unverified(reason: str) -> NoReturn:
     """Report the running check as ``unverified``: nothing was checked, so it cannot pass."""
     pytest.skip(UNVERIFIED + reason)
 

@@ -59,8 +59,14 @@ VERL: tuple[MathKey, ...] = (
     ("critic.model.override_config", "algorithm.adv_estimator", "gae"),
     ("critic.model.hf_config_path", "algorithm.adv_estimator", "gae"),
     ("critic.model.external_lib", "algorithm.adv_estimator", "gae"),
-    # vLLM's engine arguments (a KV cache in fp8, a quantized model) change what is sampled
-    f"{_ROLLOUT}.engine_kwargs.vllm",
+    # the rollout engines' arguments (a KV cache in fp8, a quantized load) and the rollout's
+    # own quantization change what is sampled; a tokenizer or chat template of its own
+    # changes the tokens and prompts the model sees (workers/rollout, workers/config/model.py)
+    f"{_ROLLOUT}.engine_kwargs.vllm", f"{_ROLLOUT}.engine_kwargs.sglang",
+    f"{_ROLLOUT}.engine_kwargs.trtllm", f"{_ROLLOUT}.quantization",
+    f"{_ROLLOUT}.quantization_config_file", "actor_rollout_ref.model.tokenizer_path",
+    "actor_rollout_ref.model.custom_chat_template",
+    ("critic.model.custom_chat_template", "algorithm.adv_estimator", "gae"),
 )
 
 OPENRLHF: tuple[MathKey, ...] = (

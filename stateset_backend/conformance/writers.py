@@ -70,7 +70,8 @@ def verl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
     loggers = read.get("trainer.logger") or []
 
     def write(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
-              identity: bool, artifacts: bool, checkpoint_step: int | None) -> None:
+              identity: bool, artifacts: bool, checkpoint_step: int | None,
+              resumed_from: int | None = None) -> None:
         project, experiment = read["trainer.project_name"], read["trainer.experiment_name"]
         if "file" in loggers:
             given = plan.set_env.get("VERL_FILE_LOGGER_PATH")
@@ -105,7 +106,8 @@ def openrlhf(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
         return next(read[n] for n in names if n in read)
 
     def write(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
-              identity: bool, artifacts: bool, checkpoint_step: int | None) -> None:
+              identity: bool, artifacts: bool, checkpoint_step: int | None,
+              resumed_from: int | None = None) -> None:
         board = _in(attempt, str(flag("--use_tensorboard", "--logger.tensorboard_dir")))
         name = flag("--wandb_run_name", "--logger.wandb.run_name")
         tensorboard(board / (name if identity else OTHER_RUN), metrics, OPENRLHF_METRICS)
@@ -123,7 +125,8 @@ def nemo_rl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
     it with the whole config as hparams, and saves ``<checkpoint_dir>/step_N`` with
     ``training_info.json`` once complete."""
     def write(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
-              identity: bool, artifacts: bool, checkpoint_step: int | None) -> None:
+              identity: bool, artifacts: bool, checkpoint_step: int | None,
+              resumed_from: int | None = None) -> None:
         logs = _in(attempt, str(read["logger.log_dir"]))
         name = read.get("logger.wandb.name") if identity else OTHER_RUN
         tensorboard(logs / "exp_001" / "tensorboard", metrics, NEMO_RL_METRICS,
@@ -139,11 +142,13 @@ def nemo_rl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
 
 
 def write_native(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
-                 identity: bool, artifacts: bool, checkpoint_step: int | None) -> None:
+                 identity: bool, artifacts: bool, checkpoint_step: int | None,
+              resumed_from: int | None = None) -> None:
     """run_info.json, metrics.jsonl, checkpoints with a manifest, final weights."""
     from stateset_backend.native import layout
 
-    info: dict[str, Any] = {"committed_updates": max((r["step"] for r in metrics), default=0)}
+    info: dict[str, Any] = {"committed_updates": max((r["step"] for r in metrics), default=0),
+                            "resumed_from": resumed_from}
     if identity:
         info.update(run_id=ctx.run_id, experiment_digest=ctx.experiment_digest)
     (attempt / layout.RUN_INFO_FILE).write_text(json.dumps(info))

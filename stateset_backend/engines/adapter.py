@@ -95,6 +95,14 @@ def checkpoint_artifacts(attempt_dir: Path, step_dir: Path, step: int) -> list[A
             for p in sorted(step_dir.rglob("*")) if p.is_file()]
 
 
+def resumed_from_steps(steps: list[int]) -> int | None:
+    """The update an attempt continued from, for an engine that numbers its logged updates
+    from the step its checkpoint restored (verl, OpenRLHF, NeMo RL): a first training row at
+    s > 1 continued from s - 1; one at 1 started afresh, which the hub then reports against
+    the update it asked the resume to continue from."""
+    return min(steps) - 1 if steps and min(steps) > 1 else None
+
+
 @dataclass
 class Collected:
     """What an adapter read back from an engine's outputs, in canonical form."""
@@ -146,6 +154,9 @@ class KitSupport:
     keys whose release defaults change the math or the budget (a key, or ``(key, switch,
     value)`` for one read only where ``switch`` has ``value``), written from the engine's own
     code: every launch must set each that matters to it; without them the check is
+    ``unverified``. ``resumes_from(argv, read, attempt_dir)`` is the engine's own rule, from
+    its code, for the checkpoint folder a launch resumes from (``read``: ``parse_launch``'s
+    reading of it), or None where it starts afresh; without it the resume check is
     ``unverified``.
     """
 
@@ -159,6 +170,7 @@ class KitSupport:
     expectations: tuple[tuple[tuple[str, ...], Any], ...] = ()
     quantities: dict[str, str] = field(default_factory=dict)
     math_keys: tuple[Any, ...] = ()
+    resumes_from: Any = None
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,10 @@ from stateset_backend.translate.rules import _same
 _LIMITS = ("data.max_prompt_tokens", "data.max_response_tokens", "data.max_total_tokens")
 # The hub's guard refusing an engine option on a key the adapter holds for the run itself.
 OWNED = "set by stateset-backend to keep the run's identity and outputs"
-# The hub's guard refusing an engine option under a key the objective's rule holds.
-OBJECTIVE_PINS = re.compile(r"overrides the key that algorithm\.objective pins \(([^)]+)\)")
+# The hub's guard refusing an engine option under a key the objective's rule holds, or one
+# the launch holds for every spec.
+OBJECTIVE_PINS = re.compile(r"(?:overrides the key that algorithm\.objective pins \(|reaches )"
+                            r"([^),]+)(?:\)|, which the launch holds at )")
 
 
 def whole_mappings(engine: str, version: str, options: dict[str, Any],
@@ -156,11 +158,11 @@ def why_not(key: str, value: Any, got: Any, src: str | None, rows: Any, engine: 
 
 def unread_alike(dialect: Any, key: str, value: Any, got: Any, effective: dict[str, Any],
                  planned: dict[str, Any]) -> str | None:
-    """Why a setting the plan gives another value is still the launch's: the release reads
-    no code of it under the launch's values and the plan's alike, or reads the two values as
-    one."""
+    """Why a setting the plan gives another value is still the launch's: its value changes
+    nothing under the launch's values and the plan's alike, or the release reads the two
+    values as one."""
     if key in planned:
         launch_unread = inert_under(dialect, effective).get(key.lstrip("+~"))
         if launch_unread is not None and key.lstrip("+~") in inert_under(dialect, planned):
-            return f"read by no code where {launch_unread}, in the launch as in the plan"
+            return f"changes nothing where {launch_unread}, in the launch as in the plan"
     return read_alike(dialect, key, value, got)

@@ -151,7 +151,7 @@ class Solver:
 
     def _inert(self, key: str) -> bool:
         """A setting inside a section the launch switches off, or one the release declares
-        unread under the launch's values, is read by nobody."""
+        inert under the launch's values, changes nothing the engine computes."""
         known = self._inert_keys.get(key)
         if known is None:
             parts = key.split(".")

@@ -41,12 +41,17 @@ def die_with_the_agent() -> None:
         os._exit(1)
 
 
-def main() -> int:
+def arguments() -> argparse.ArgumentParser:
+    """The engine's command line; the conformance kit reads a resumed launch with it."""
     parser = argparse.ArgumentParser(prog="stateset_backend.native")
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--resume-from", type=Path)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = arguments().parse_args()
     die_with_the_agent()
     if os.environ.get("RANK", "0") == "0":  # before the imports and the model load (seconds)
         print("native engine: loading the model and data", file=sys.stderr, flush=True)

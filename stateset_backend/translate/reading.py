@@ -1,16 +1,17 @@
-"""What a release does not tell apart: keys a switch leaves unread, and values of one key its
+"""What a release does not tell apart: keys a switch makes inert, and values of one key its
 code reads alike.
 
-A setting no code reads cannot differ between two launches, and two values the engine's code
-cannot tell apart are one setting. The import's round trip counts either as reproduced, and
-its solver does not trade a setting the engine reads for one it does not; without this, a
-launch that turns a section off by its coefficient (OpenRLHF's KL at 0) imports as a section
-switched on at another coefficient, because that reproduces more of the switched-off flags.
+A setting whose every value computes the same cannot differ between two launches, and two
+values the engine's code cannot tell apart are one setting. The import's round trip counts
+either as reproduced, and its solver does not trade a setting that matters for one that does
+not; without this, a launch that turns a section off by its coefficient (OpenRLHF's KL at 0)
+imports as a section switched on at another coefficient, because that reproduces more of the
+switched-off flags.
 
 Each fact is declared in the contract's dialect, with the engine code that makes it so:
 
-- ``keys.inert``: ``[{"keys": [...], "where": {switch: value}, "why": ...}]``, the keys no code
-  reads while ``switch`` holds ``value``;
+- ``keys.inert``: ``[{"keys": [...], "where": {switch: value}, "why": ...}]``, the keys whose
+  value changes nothing the engine computes while ``switch`` holds ``value``;
 - ``keys.alike``: ``{key: {"at_most": bound, "why": ...}}``, every value at or below ``bound``
   read as one.
 """
@@ -60,8 +61,8 @@ def inert_rules(dialect: Any) -> list[Inert]:
 
 
 def inert_under(dialect: Any, values: dict[str, Any]) -> dict[str, str]:
-    """The keys no code reads under ``values`` (every key the engine reads: a launch's, or the
-    release's default), each with why."""
+    """The keys whose value changes nothing under ``values`` (every key the engine reads: a
+    launch's, or the release's default), each with why."""
     plain = {_plain(k): v for k, v in values.items()}
     out: dict[str, str] = {}
     for rule in inert_rules(dialect):

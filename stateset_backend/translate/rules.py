@@ -407,6 +407,12 @@ def translate(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect, engine: st
             raise InvalidInput(f"engine_options.{engine}.{key}: reaches {taken}, which the "
                                f"launch holds; only {', '.join(inside)} may be given inside "
                                "it, at the values that leave the math unchanged")
+        fixed = dialect.keys.get("fixed") or ()
+        if taken is not None and _bare(taken) in fixed:  # the same for every spec
+            raise InvalidInput(f"engine_options.{engine}.{key}: reaches {taken}, which the "
+                               f"launch holds at {native[taken]!r} for every spec: it changes "
+                               "the math, the model or its inputs, and no spec setting "
+                               "names it")
         if taken is not None:
             raise InvalidInput(f"engine_options.{engine}.{key}: overrides the key that "
                                f"{sources[taken]} pins ({taken}); change {sources[taken]} "

@@ -109,15 +109,18 @@ def _verl_plan(options: dict, version: str = "0.9.1") -> object:
     {"critic.model.override_config": {"tie_word_embeddings": False}},
     {"actor_rollout_ref.model.external_lib": "my_models"},
     {"critic.model.external_lib": "my_models"},
+    {"actor_rollout_ref.model.tokenizer_path": "/other/tokenizer"},
+    {"actor_rollout_ref.model.custom_chat_template": "{{ messages }}"},
 ])
 def test_verl_holds_the_trained_models_config(options, version):
     """verl builds the trained model from hf_config_path, updated with override_config, after
-    importing external_lib: an engine option there would change the model outside the
-    experiment's identity, so the launch holds them all, on every release."""
+    importing external_lib, and tokenizes with the model's own tokenizer and chat template: an
+    engine option there would change the model or its inputs outside the experiment's
+    identity, so the launch holds them all, on every release."""
     from stateset_backend.common.errors import InvalidInput
 
-    with pytest.raises(InvalidInput, match="pins|which the launch holds"):
-        _verl_plan(options, version)
+    with pytest.raises(InvalidInput, match=r"pins|which the launch holds|has no option"):
+        _verl_plan(options, version)  # or, on a release without the key, named as unknown
 
 
 def test_verl_takes_only_the_attention_kernel_and_vllms_compilation_from_a_user():
@@ -128,6 +131,7 @@ def test_verl_takes_only_the_attention_kernel_and_vllms_compilation_from_a_user(
 
     plan = _verl_plan({
         "actor_rollout_ref.model.override_config": {"attn_implementation": "sdpa"},
+        "actor_rollout_ref.model.use_remove_padding": False,
         "actor_rollout_ref.rollout.engine_kwargs.vllm": {
             "compilation_config": {"cudagraph_capture_sizes": [1, 2]}}})
     read = BUILTIN["verl"](plan)
@@ -138,5 +142,22 @@ def test_verl_takes_only_the_attention_kernel_and_vllms_compilation_from_a_user(
     with pytest.raises(InvalidInput, match="only actor_rollout_ref.rollout.engine_kwargs.vllm"
                                            r"\.compilation_config may be given"):
         _verl_plan({"actor_rollout_ref.rollout.engine_kwargs.vllm": {"kv_cache_dtype": "fp8"}})
+    # padding-free rows carry no attention mask: only flash-attention keeps them apart
+    with pytest.raises(InvalidInput, match="use_remove_padding to be False"):
+        _verl_plan({"actor_rollout_ref.model.override_config": {"attn_implementation": "sdpa"}})
     with pytest.raises(InvalidInput, match="which the launch holds"):
         _verl_plan({"actor_rollout_ref.model.override_config": {"attn_implementation": "flex"}})
+
+
+@pytest.mark.parametrize("options", [
+    {"actor_rollout_ref.rollout.engine_kwargs.sglang": {"kv_cache_dtype": "fp8_e5m2"}},
+    {"actor_rollout_ref.rollout.quantization": "fp8"},
+    {"actor_rollout_ref.rollout.quantization_config_file": "/q.json"},
+])
+def test_verl_holds_what_the_rollout_samples_with(options):
+    """sglang's engine arguments and the rollout's own quantization change what is sampled,
+    as vLLM's engine arguments do: held, on 0.9.1."""
+    from stateset_backend.common.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match=r"pins|which the launch holds"):
+        _verl_plan(options)

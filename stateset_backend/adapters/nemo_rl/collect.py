@@ -16,6 +16,7 @@ from stateset_backend.plugin import (
     Collected,
     LaunchContext,
     checkpoint_artifacts,
+    resumed_from_steps,
     stage_checkpoint,
 )
 
@@ -37,8 +38,10 @@ def outputs(attempt_dir: Path, ctx: LaunchContext) -> Collected:
         if read_hparams(logs).get(RUN_NAME_KEY) == ctx.run_name:
             out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
         out.metrics = canonical_rows(read_scalars(logs), METRICS)
-    out.committed_updates = max((int(r["step"]) for r in out.metrics
-                                 if "loss/policy" in r), default=0)
+    trained = [int(r["step"]) for r in out.metrics if "loss/policy" in r]
+    out.committed_updates = max(trained, default=0)
+    # NeMo RL restores its step count from the checkpoint's training_info (grpo_train)
+    out.resumed_from = resumed_from_steps(trained)
     for step_dir in _complete_steps(attempt_dir):
         step = int(step_dir.name.removeprefix("step_"))
         out.artifacts += checkpoint_artifacts(attempt_dir, step_dir, step)

@@ -16,6 +16,7 @@ from stateset_backend.plugin import (
     LaunchContext,
     atomic_write_bytes,
     checkpoint_artifacts,
+    resumed_from_steps,
     stage_checkpoint,
 )
 
@@ -35,8 +36,10 @@ def outputs(attempt_dir: Path, ctx: LaunchContext) -> Collected:
     if log_dir.is_dir():
         out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
         out.metrics = canonical_rows(read_scalars(log_dir), METRICS)
-    out.committed_updates = max((int(r["step"]) for r in out.metrics
-                                 if "loss/policy" in r), default=0)
+    trained = [int(r["step"]) for r in out.metrics if "loss/policy" in r]
+    out.committed_updates = max(trained, default=0)
+    # OpenRLHF restores its global step from the checkpoint's states (ppo_trainer.fit)
+    out.resumed_from = resumed_from_steps(trained)
     for step_dir in sorted((attempt_dir / CHECKPOINTS / "_actor").glob("global_step*")):
         step = int(step_dir.name.removeprefix("global_step"))
         out.artifacts += checkpoint_artifacts(attempt_dir, step_dir, step)

@@ -33,8 +33,8 @@ from stateset_backend.plugin import ExperimentSpec, Hardcoded, Outcome, Pinned, 
 def objective(k: NativeKeys) -> Rule:
     fixed = {k(key): k.defaults[key] for key in k.keys.fixed}
     # a module the critic's worker imports before it builds its model (a custom architecture
-    # registers there); its release default follows the actor's, an interpolation no recorded
-    # default can be, so it is held at the actor's pinned null beside it
+    # registers there); before 0.8 its release default follows the actor's, an interpolation
+    # no recorded default can be, so it is held at the actor's pinned null beside it
     fixed["critic.model.external_lib"] = None
 
     def rule(value: Any, spec: ExperimentSpec) -> Outcome:

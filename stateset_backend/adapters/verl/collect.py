@@ -22,6 +22,7 @@ from stateset_backend.plugin import (
     log_rows,
     overrides,
     parse_version,
+    resumed_from_steps,
 )
 
 # canonical metric -> verl's metric key (the same in its file and TensorBoard loggers)
@@ -67,9 +68,8 @@ def outputs(attempt_dir: Path, ctx: LaunchContext, keys: VerlKeys) -> Collected:
     steps = [int(r["step"]) for r in out.metrics]
     out.committed_updates = max(steps, default=0)
     # verl numbers its steps from the global step it restored (validation before training is
-    # pinned off), so a run whose first logged step is s continued from update s - 1; one
-    # that was asked to resume but begins at 1 started afresh
-    out.resumed_from = min(steps) - 1 if steps and min(steps) > 1 else None
+    # pinned off)
+    out.resumed_from = resumed_from_steps(steps)
     root = attempt_dir / CHECKPOINTS
     if root.is_dir():
         for step_dir in sorted(root.glob("global_step_*")):

@@ -265,7 +265,6 @@ def check_execution_defaults(adapter: EngineAdapter, version: str, base: dict[st
     and the engine's own parser reads the user's value back; a value outside its declared
     values is refused with exit 2. Returns how many entries were tried."""
     from stateset_backend.conformance.readers import reader_for
-
     from stateset_backend.contracts.surfaces import surface
 
     execution = execution_defaults(plan.resolved_dialect())

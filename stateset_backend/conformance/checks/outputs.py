@@ -27,6 +27,9 @@ from stateset_backend.runs.weights_files import WEIGHT_SUFFIXES
 
 
 class Writer(Protocol):
+    """A writer may also take ``resumed_from``: the update a resumed attempt continued from,
+    for an engine whose outputs record it (the resume check passes it where it is taken)."""
+
     def __call__(self, attempt_dir: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
                  identity: bool, artifacts: bool, checkpoint_step: int | None) -> None: ...
 
@@ -197,7 +200,13 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
 
 
 # -- resume ----------------------------------------------------------------------------------------
-def check_resume(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, tmp: Path) -> str:
+def check_resume(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, tmp: Path,
+                 parse_launch: Any = None) -> str | None:
+    """A checkpoint the writer gave an earlier attempt is found, and the resumed launch
+    continues from it: structurally (it changes the launch or stages the checkpoint, keeps
+    writing into the new attempt), and as the engine reads it (``conformance.resumes``: the
+    engine's own parser, then the engine's own rule to the folder it would load). None where
+    the second cannot be checked: no rule or no reader for the engine."""
     earlier, new = tmp / "attempts" / "1", tmp / "attempts" / "2"
     earlier.mkdir(parents=True)
     new.mkdir(parents=True)
@@ -234,4 +243,56 @@ def check_resume(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, tmp: 
     if into_old:
         raise CheckFailed(f"the resumed launch points into the earlier attempt beyond its "
                           f"checkpoint: {into_old[0]!r}")
-    return f"continues from update {found.update}"
+    engine = _engine_resumes(adapter, plan, resumed, new, found, staged, parse_launch)
+    return _resumed_outputs(adapter, plan, writer, ctx, new, found.update, engine)
+
+
+def _resumed_outputs(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer,
+                     ctx: LaunchContext, new: Path, update: int,
+                     engine: str | None) -> str | None:
+    """The resumed attempt's outputs as the engine leaves them (the updates after the
+    checkpoint, the last one saved) read back as a run that continued from ``update``: an
+    adapter that reports another resume point, or none, would have the hub call a real resume
+    invalid, or a fresh start a resume. Where the writer cannot be told the attempt resumed
+    (no ``resumed_from``), only an agreeing result counts; a disagreeing one is unverified."""
+    import inspect
+
+    told = "resumed_from" in inspect.signature(writer).parameters
+    rows = [dict(r) for r in HEALTHY if r["step"] > update]
+    writer(new, ctx, metrics=rows, identity=True, artifacts=True,
+           checkpoint_step=int(rows[-1]["step"]), **({"resumed_from": update} if told else {}))
+    collected, error = _collect(adapter, new, ctx)
+    status, checks, _ = evaluate(plan, Exit(0), collected, new, collect_error=error,
+                                 resumed_from=update)
+    if status != "succeeded":
+        if not told and collected is not None and collected.resumed_from != update:
+            return None
+        failed = "; ".join(f"{c.name}: {c.detail}" for c in checks if not c.ok)
+        raise CheckFailed(f"a resumed attempt's outputs (updates {update + 1} to "
+                          f"{rows[-1]['step']}) read back {status}: {failed or error}")
+    return engine and f"{engine}; its outputs read back as continued from update {update}"
+
+
+def _engine_resumes(adapter: EngineAdapter, plan: LaunchPlan, resumed: list[str], new: Path,
+                    found: Any, staged: Any, parse_launch: Any) -> str | None:
+    from stateset_backend.conformance.readers import LaunchUnreadable, reader_for
+    from stateset_backend.conformance.resumes import resumes_for
+
+    rule = resumes_for(adapter.name, adapter.kit_support().resumes_from)
+    reader = reader_for(adapter.name, parse_launch)
+    if rule is None or reader is None:
+        return None
+    try:
+        read = reader(plan.model_copy(update={"argv": resumed}))
+    except LaunchUnreadable as exc:
+        raise CheckFailed(f"the engine refuses the resumed launch: {exc}") from None
+    target = rule(resumed, read, new)
+    if target is None:
+        raise CheckFailed(f"the engine, reading the resumed launch as its code does, loads no "
+                          f"checkpoint and starts afresh (the checkpoint of update "
+                          f"{found.update} is {found.path})")
+    loads = {found.path.resolve(), *([staged.path.resolve()] if staged else [])}
+    if target.resolve() not in loads:
+        raise CheckFailed(f"the engine would resume from {target}, not from the checkpoint "
+                          f"of update {found.update} ({found.path})")
+    return f"continues from update {found.update}, as the engine reads the launch"

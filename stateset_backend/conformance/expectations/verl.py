@@ -399,9 +399,15 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
      lambda s: {}),
     (("actor_rollout_ref.model.hf_config_path", "critic.model.hf_config_path",
       "actor_rollout_ref.model.external_lib", "critic.model.external_lib"), lambda s: NULL),
-    # handed to vLLM's engine as arguments (vllm_async_server): a KV cache in fp8 or a
-    # quantized load samples from another distribution than the spec's model
-    ((f"{R}.engine_kwargs.vllm",), lambda s: {}),
+    # handed to the rollout engine as arguments (vllm_async_server, async_sglang_server): a KV
+    # cache in fp8 or a quantized load samples from another distribution than the spec's
+    # model, as the rollout's own quantization does
+    ((f"{R}.engine_kwargs.vllm", f"{R}.engine_kwargs.sglang", f"{R}.engine_kwargs.trtllm"),
+     lambda s: {}),
+    ((f"{R}.quantization", f"{R}.quantization_config_file"), lambda s: NULL),
+    # the model's own tokenizer and chat template (hf_tokenizer of the model path)
+    (("actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.custom_chat_template",
+      "critic.model.custom_chat_template"), lambda s: NULL),
 
     # -- the trainer ------------------------------------------------------------------------
     (("trainer.total_training_steps",), lambda s: s.budget.total_updates),

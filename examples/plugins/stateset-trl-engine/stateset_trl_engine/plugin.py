@@ -649,16 +649,19 @@ CONVERSATIONS = ("TRL 1.16's GRPOTrainer can roll out conversations (its environ
 
 
 def write_outputs(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
-                  identity: bool, artifacts: bool, checkpoint_step: int | None) -> None:
+                  identity: bool, artifacts: bool, checkpoint_step: int | None,
+                  resumed_from: int | None = None) -> None:
     """TRL's outputs as the generated launch leaves them, from canonical rows, for the
-    conformance kit: the identity file, the metrics log, checkpoints and final weights."""
+    conformance kit: the identity file (with the update a resumed attempt continued from),
+    the metrics log, checkpoints and final weights."""
     name = ctx.run_name if identity else "other-run." + "0" * 64
     # TRL counts optimizer steps: the launch logs at every update's last one and names
     # checkpoints by it, and records how many an update takes
     steps = next((r["optimizer_step"] // r["step"] for r in metrics
                   if "optimizer_step" in r and r["step"]), 1)
     (attempt / IDENTITY_FILE).write_text(json.dumps({"run_name": name,
-                                                     "steps_per_update": steps}))
+                                                     "steps_per_update": steps,
+                                                     "resumed_from": resumed_from}))
     with (attempt / METRICS_FILE).open("w") as out:
         for row in metrics:
             logs = {raw: row[key] for key, raw in METRICS.items() if key in row}
@@ -684,6 +687,17 @@ def write_outputs(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, 
         (attempt / FINAL / "model.safetensors").write_bytes(b"final")
 
 
+def resumes_from(argv: list[str], read: dict[str, Any], attempt: Path) -> Path | None:
+    """The checkpoint folder a launch resumes from, as the launch script's ``resume_point``
+    reads its command line: ``--resume-from CHECKPOINT`` right after the script, handed to
+    ``Trainer.train(resume_from_checkpoint=...)``; anything else starts afresh."""
+    at = next((i for i, a in enumerate(argv) if a.endswith(LAUNCH_FILE)), None)
+    rest = argv[at + 1:] if at is not None else []
+    if len(rest) != 2 or rest[0] != "--resume-from":
+        return None
+    return Path(rest[1]) if Path(rest[1]).is_absolute() else attempt / rest[1]
+
+
 class TRLAdapter(EngineAdapter):
     name = "trl"
     contract_package = "stateset_trl_engine"
@@ -704,7 +718,7 @@ class TRLAdapter(EngineAdapter):
             SFT if plan.spec["algorithm"]["objective"] == SUPERVISED else "") + "hub_model_id",
                           parse_launch=read_launch, surface=grpo_surface(), engine_stub=STUB,
                           quantities={"group_std_plus_1e-4": "group_std_epsilon"},
-                          math_keys=MATH_KEYS,
+                          math_keys=MATH_KEYS, resumes_from=resumes_from,
                           unsupported={
             "loss_agg:seq_mean_token_sum": "TRL sums tokens per sequence (luspo) only with "
                                            "GSPO's sequence ratios; the kit's sample uses "

@@ -46,7 +46,8 @@ HOST = {
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "1",
     "actor_rollout_ref.actor.strategy": "fsdp2",
     "actor_rollout_ref.ref.strategy": "fsdp2",
-    "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+    # forced: a user's own kernel choice in the plan's override_config is replaced, not met
+    "++actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
     "actor_rollout_ref.model.use_remove_padding": "false",
 }
 ENVIRONMENT = {
