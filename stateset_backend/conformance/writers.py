@@ -101,7 +101,7 @@ def verl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
 
 def openrlhf(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
     """OpenRLHF's TensorBoard logger writes under ``<tensorboard dir>/<run name>``; DeepSpeed
-    saves ``<ckpt path>/_actor/global_stepN``."""
+    saves ``<ckpt path>/_actor/global_stepN`` and then names it in ``_actor/latest``."""
     def flag(*names: str) -> Any:
         return next(read[n] for n in names if n in read)
 
@@ -116,6 +116,8 @@ def openrlhf(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
             ckpt = root / "_actor" / f"global_step{checkpoint_step}"
             ckpt.mkdir(parents=True)
             (ckpt / "mp_rank_00_model_states.pt").write_bytes(b"weights")
+            # DeepSpeed's save_checkpoint names the whole checkpoint once it is written
+            (root / "_actor" / "latest").write_text(ckpt.name)
 
     return write
 

@@ -63,6 +63,19 @@ def _write_openrlhf_run(attempt: Path, name: str, steps: int, nan_at: int | None
     ckpt = attempt / "checkpoints" / "_actor" / f"global_step{steps}"
     ckpt.mkdir(parents=True)
     (ckpt / "mp_rank_00_model_states.pt").write_bytes(b"weights")
+    (ckpt.parent / "latest").write_text(ckpt.name)  # DeepSpeed, once the folder is whole
+
+
+def test_openrlhf_offers_only_the_checkpoint_deepspeed_named_whole(tmp_path):
+    """A newer folder than the one ``latest`` names is a save cut short: never resumed from;
+    without a ``latest`` tag nothing is whole."""
+    adapter = OpenRLHFAdapter()
+    _write_openrlhf_run(tmp_path, "run", 3)
+    (tmp_path / "checkpoints" / "_actor" / "global_step4").mkdir()
+    assert adapter.latest_checkpoint(tmp_path) == Checkpoint(
+        tmp_path / "checkpoints" / "_actor" / "global_step3", 3)
+    (tmp_path / "checkpoints" / "_actor" / "latest").unlink()
+    assert adapter.latest_checkpoint(tmp_path) is None
 
 
 def test_openrlhf_tensorboard_is_collected_and_checked(tmp_path):

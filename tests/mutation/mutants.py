@@ -316,4 +316,7 @@ MUTANTS: list[Mutant] = [
       (VERL_COLLECT, 'for c, r in names.items() if r in doc["data"]}',
        'for c, r in names.items() if r in doc["data"] and doc["data"][r] == doc["data"][r]}'),
       kind="collection"),
+    m("verl: the oldest checkpoint offered for a resume", "verl", "0.9.1",
+      (VERL_COLLECT, "    return found[-1] if found else None",
+       "    return found[0] if found else None"), kind="resume"),
 ]

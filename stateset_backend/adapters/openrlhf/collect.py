@@ -47,11 +47,15 @@ def outputs(attempt_dir: Path, ctx: LaunchContext) -> Collected:
 
 
 def latest_checkpoint(attempt_dir: Path) -> Checkpoint | None:
-    steps = sorted((attempt_dir / CHECKPOINTS / "_actor").glob("global_step*"),
-                   key=lambda p: int(p.name.removeprefix("global_step")))
-    if not steps:
+    """The checkpoint DeepSpeed's ``latest`` tag names: its ``save_checkpoint`` writes the tag
+    after the folder is whole (OpenRLHF's ``save_ckpt`` passes ``save_latest=True``), so a
+    newer folder is a save cut short, which a resume would load half of."""
+    actor = attempt_dir / CHECKPOINTS / "_actor"
+    tag = (actor / "latest").read_text().strip() if (actor / "latest").is_file() else ""
+    step = tag.removeprefix("global_step")
+    if not step.isdigit() or not (actor / tag).is_dir():
         return None
-    return Checkpoint(steps[-1], int(steps[-1].name.removeprefix("global_step")))
+    return Checkpoint(actor / tag, int(step))
 
 def resume_argv(checkpoint: Checkpoint, argv: list[str], attempt_dir: Path) -> list[str]:
     """OpenRLHF reloads only from its own ckpt path (DeepSpeed's ``latest`` tag under

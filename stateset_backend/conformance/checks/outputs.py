@@ -214,12 +214,15 @@ def check_resume(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, tmp: 
                         plan.resolved_dialect(), plan.base_dir)
     writer(earlier, ctx, metrics=copy.deepcopy(HEALTHY), identity=True, artifacts=True,
            checkpoint_step=3)
+    _add_older_checkpoint(writer, ctx, earlier, tmp / "older")
     found = adapter.latest_checkpoint(earlier)
     if found is None:
         raise CheckFailed("resume:exact is claimed, but latest_checkpoint finds no checkpoint "
                           "in an attempt the writer gave one (update 3)")
     if found.update != 3:
-        raise CheckFailed(f"latest_checkpoint reports update {found.update}, the writer wrote 3")
+        raise CheckFailed(f"latest_checkpoint reports update {found.update}, where the newest "
+                          "checkpoint the writer wrote is of update 3 (one of update 2 is "
+                          "beside it)")
     problem = adapter.checkpoint_problem(found, plan.experiment_digest)
     if problem is not None:
         raise CheckFailed(f"a whole checkpoint of this experiment is refused: {problem}")
@@ -271,6 +274,24 @@ def _resumed_outputs(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer,
         raise CheckFailed(f"a resumed attempt's outputs (updates {update + 1} to "
                           f"{rows[-1]['step']}) read back {status}: {failed or error}")
     return engine and f"{engine}; its outputs read back as continued from update {update}"
+
+
+def _add_older_checkpoint(writer: Writer, ctx: LaunchContext, attempt: Path,
+                          scratch: Path) -> None:
+    """An older checkpoint (update 2) beside the newest, as an engine that keeps several
+    leaves them: the writer writes it into a scratch attempt, and the files that attempt has
+    and ``attempt`` lacks (that checkpoint's folder) join it, so the newest checkpoint's
+    records (a tracker file, the logs) stay the newest's."""
+    import shutil
+
+    scratch.mkdir(parents=True)
+    writer(scratch, ctx, metrics=copy.deepcopy(HEALTHY[:2]), identity=True, artifacts=True,
+           checkpoint_step=2)
+    for path in sorted(scratch.rglob("*")):
+        target = attempt / path.relative_to(scratch)
+        if path.is_file() and not path.is_symlink() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
 
 
 def _engine_resumes(adapter: EngineAdapter, plan: LaunchPlan, resumed: list[str], new: Path,
