@@ -44,7 +44,10 @@ def test_nemo_rl_loads_its_newest_step_folder(tmp_path: Path):
         (tmp_path / "ckpt" / name).mkdir(parents=True)
     on = {"checkpointing.enabled": True, "checkpointing.checkpoint_dir": "ckpt"}
     assert nemo_rl([], on, tmp_path) == tmp_path / "ckpt" / "step_10"
-    assert nemo_rl([], {**on, "checkpointing.enabled": False}, tmp_path) is None
+    # setup looks for the newest checkpoint whether or not saving is on
+    assert nemo_rl([], {**on, "checkpointing.enabled": False}, tmp_path) == \
+        tmp_path / "ckpt" / "step_10"
+    assert nemo_rl([], {**on, "checkpointing.checkpoint_dir": "none"}, tmp_path) is None
 
 
 def test_the_native_engine_reads_its_own_command_line(tmp_path: Path):

@@ -493,8 +493,7 @@ class AdapterConformance(KitFixtures):
         extra = {"checkpoint": {"every": 1}} if "checkpoint" in provided else {}
         _, plan = self._base(adapter, engine_version, sample_files, **extra)
         with reported():
-            read = checks.check_resume(adapter, plan, self._writer(
+            missing = checks.check_resume(adapter, plan, self._writer(
                 adapter, plan, write_outputs, parse_launch), tmp_path, parse_launch)
-        if read is None:
-            unverified("no reading of where the engine resumes from: give KitSupport."
-                       "resumes_from and parse_launch (docs/plugins.md)")
+        if missing:
+            unverified(missing)

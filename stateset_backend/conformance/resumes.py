@@ -14,8 +14,9 @@ engine's own rule from there to the checkpoint folder it would load, or to none:
 - OpenRLHF (``trainer/ray/ppo_actor.py``): only with ``--ckpt.load_enable`` (``--load_checkpoint``
   before 0.10.2) and ``<ckpt path>/_actor`` present, DeepSpeed loads the tag its ``latest`` file
   names.
-- NeMo RL (``utils/checkpoint.py CheckpointManager.get_latest_checkpoint_path``): with
-  checkpointing on, the ``step_N`` folder of ``checkpoint_dir`` with the highest N.
+- NeMo RL (``algorithms/grpo.py`` setup, ``utils/checkpoint.py
+  CheckpointManager.get_latest_checkpoint_path``): the ``step_N`` folder of ``checkpoint_dir``
+  with the highest N, looked for whether or not checkpointing is on.
 - the native engine: the folder its own argument parser reads from ``--resume-from``.
 
 A plugin gives its engine's rule as ``KitSupport.resumes_from(read, attempt_dir)``.
@@ -69,7 +70,7 @@ def openrlhf(argv: list[str], read: dict[str, Any], attempt: Path) -> Path | Non
 
 def nemo_rl(argv: list[str], read: dict[str, Any], attempt: Path) -> Path | None:
     root = _path(read.get("checkpointing.checkpoint_dir"), attempt)
-    if read.get("checkpointing.enabled") is not True or root is None or not root.is_dir():
+    if root is None or not root.is_dir():
         return None
     steps = [p for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name)]
     return max(steps, key=lambda p: int(p.name.split("_")[1]), default=None)

@@ -319,4 +319,20 @@ MUTANTS: list[Mutant] = [
     m("verl: the oldest checkpoint offered for a resume", "verl", "0.9.1",
       (VERL_COLLECT, "    return found[-1] if found else None",
        "    return found[0] if found else None"), kind="resume"),
+    m("openrlhf: a resume stages an empty checkpoint folder", "openrlhf", "0.11.2",
+      (ORL_COLLECT,
+       "stage_checkpoint(root / role / tag, attempt_dir / CHECKPOINTS / role / tag)",
+       "(attempt_dir / CHECKPOINTS / role / tag).mkdir(parents=True, exist_ok=True)"),
+      kind="resume"),
+    m("nemo-rl: a resume stages the checkpoint without its weights", "nemo-rl", "0.7.0",
+      (NEMO_COLLECT,
+       "stage_checkpoint(checkpoint.path, attempt_dir / CHECKPOINTS / checkpoint.path.name)",
+       "stage_checkpoint(checkpoint.path, attempt_dir / CHECKPOINTS / checkpoint.path.name); "
+       "__import__('shutil').rmtree(attempt_dir / CHECKPOINTS / checkpoint.path.name / "
+       "'policy')"), kind="resume"),
+    m("openrlhf: the resume point read off the staged checkpoint", "openrlhf", "0.11.2",
+      (ORL_COLLECT, "out.resumed_from = resumed_from_steps(trained)",
+       "out.resumed_from = min((int(p.name.removeprefix('global_step')) for p in "
+       "(attempt_dir / CHECKPOINTS / '_actor').glob('global_step*')), default=None)"),
+      kind="collection"),
 ]

@@ -56,7 +56,6 @@ from stateset_backend.conformance.checks.outputs import (
     Case,
     Writer,
     check_collection,
-    check_resume,
 )
 from stateset_backend.conformance.checks.planning import (
     CheckFailed,
@@ -71,6 +70,7 @@ from stateset_backend.conformance.checks.planning import (
     plannable_sample,
     reasons_of,
 )
+from stateset_backend.conformance.checks.resume import check_resume
 
 __all__ = [
     "BENIGN",

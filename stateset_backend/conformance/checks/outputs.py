@@ -1,11 +1,10 @@
-"""The end of a run, as the adapter reads it: collecting the engine's outputs and resuming
-from a checkpoint.
+"""The end of a run, as the adapter reads it: collecting the engine's outputs (resuming from
+a checkpoint is ``checks.resume``).
 
 A :class:`Writer` lays down the engine's native output files for canonical metric rows (the
 adapter's ``kit_support().write_outputs``, or the kit's own for a built-in engine). Healthy
 outputs collect as ``succeeded``; NaN, infinite or string metrics, missing or escaping
 artifacts, a missing identity, no committed update or a run stopped early are ``invalid``.
-A checkpoint is found, accepted and continued from without touching the earlier attempt.
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from stateset_backend.conformance.checks.determinism import tree
 from stateset_backend.conformance.checks.planning import CheckFailed, describe
-from stateset_backend.engines.adapter import RUN_DIR, CannotWrite, EngineAdapter, LaunchContext
+from stateset_backend.engines.adapter import CannotWrite, EngineAdapter, LaunchContext
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.providers.local import Exit
 from stateset_backend.runs.results import evaluate
@@ -197,123 +195,3 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
         raise CheckFailed(f"{case.name}: the result is {status}, expected {case.expect}"
                           + (f" ({'; '.join(failed)})" if failed else ""))
     return f"{status}" + (f" ({failed[0]})" if failed else "")
-
-
-# -- resume ----------------------------------------------------------------------------------------
-def check_resume(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, tmp: Path,
-                 parse_launch: Any = None) -> str | None:
-    """A checkpoint the writer gave an earlier attempt is found, and the resumed launch
-    continues from it: structurally (it changes the launch or stages the checkpoint, keeps
-    writing into the new attempt), and as the engine reads it (``conformance.resumes``: the
-    engine's own parser, then the engine's own rule to the folder it would load). None where
-    the second cannot be checked: no rule or no reader for the engine."""
-    earlier, new = tmp / "attempts" / "1", tmp / "attempts" / "2"
-    earlier.mkdir(parents=True)
-    new.mkdir(parents=True)
-    ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,
-                        plan.resolved_dialect(), plan.base_dir)
-    writer(earlier, ctx, metrics=copy.deepcopy(HEALTHY), identity=True, artifacts=True,
-           checkpoint_step=3)
-    _add_older_checkpoint(writer, ctx, earlier, tmp / "older")
-    found = adapter.latest_checkpoint(earlier)
-    if found is None:
-        raise CheckFailed("resume:exact is claimed, but latest_checkpoint finds no checkpoint "
-                          "in an attempt the writer gave one (update 3)")
-    if found.update != 3:
-        raise CheckFailed(f"latest_checkpoint reports update {found.update}, where the newest "
-                          "checkpoint the writer wrote is of update 3 (one of update 2 is "
-                          "beside it)")
-    problem = adapter.checkpoint_problem(found, plan.experiment_digest)
-    if problem is not None:
-        raise CheckFailed(f"a whole checkpoint of this experiment is refused: {problem}")
-    before = tree(earlier)
-    argv = [a.replace(RUN_DIR, str(new)) for a in plan.argv]
-    resumed = adapter.resume_argv(found, list(argv), new)
-    if tree(earlier) != before:
-        raise CheckFailed("resume_argv changed the earlier attempt's directory")
-    if not all(isinstance(a, str) for a in resumed):
-        raise CheckFailed("resume_argv returns an argv with non-string elements")
-    staged = adapter.latest_checkpoint(new)
-    if resumed == argv and (staged is None or staged.update != found.update):
-        raise CheckFailed("resume_argv neither changes the launch nor stages the checkpoint "
-                          "in the new attempt: the engine would start from scratch")
-    lost = [a for a in argv if str(new) in a and a not in resumed]
-    if lost:
-        raise CheckFailed(f"the resumed launch no longer writes into the new attempt: {lost[0]!r}"
-                          " is gone")
-    into_old = [a for a in resumed if a not in argv and str(earlier) in a and
-                str(found.path) not in a]
-    if into_old:
-        raise CheckFailed(f"the resumed launch points into the earlier attempt beyond its "
-                          f"checkpoint: {into_old[0]!r}")
-    engine = _engine_resumes(adapter, plan, resumed, new, found, staged, parse_launch)
-    return _resumed_outputs(adapter, plan, writer, ctx, new, found.update, engine)
-
-
-def _resumed_outputs(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer,
-                     ctx: LaunchContext, new: Path, update: int,
-                     engine: str | None) -> str | None:
-    """The resumed attempt's outputs as the engine leaves them (the updates after the
-    checkpoint, the last one saved) read back as a run that continued from ``update``: an
-    adapter that reports another resume point, or none, would have the hub call a real resume
-    invalid, or a fresh start a resume. Where the writer cannot be told the attempt resumed
-    (no ``resumed_from``), only an agreeing result counts; a disagreeing one is unverified."""
-    import inspect
-
-    told = "resumed_from" in inspect.signature(writer).parameters
-    rows = [dict(r) for r in HEALTHY if r["step"] > update]
-    writer(new, ctx, metrics=rows, identity=True, artifacts=True,
-           checkpoint_step=int(rows[-1]["step"]), **({"resumed_from": update} if told else {}))
-    collected, error = _collect(adapter, new, ctx)
-    status, checks, _ = evaluate(plan, Exit(0), collected, new, collect_error=error,
-                                 resumed_from=update)
-    if status != "succeeded":
-        if not told and collected is not None and collected.resumed_from != update:
-            return None
-        failed = "; ".join(f"{c.name}: {c.detail}" for c in checks if not c.ok)
-        raise CheckFailed(f"a resumed attempt's outputs (updates {update + 1} to "
-                          f"{rows[-1]['step']}) read back {status}: {failed or error}")
-    return engine and f"{engine}; its outputs read back as continued from update {update}"
-
-
-def _add_older_checkpoint(writer: Writer, ctx: LaunchContext, attempt: Path,
-                          scratch: Path) -> None:
-    """An older checkpoint (update 2) beside the newest, as an engine that keeps several
-    leaves them: the writer writes it into a scratch attempt, and the files that attempt has
-    and ``attempt`` lacks (that checkpoint's folder) join it, so the newest checkpoint's
-    records (a tracker file, the logs) stay the newest's."""
-    import shutil
-
-    scratch.mkdir(parents=True)
-    writer(scratch, ctx, metrics=copy.deepcopy(HEALTHY[:2]), identity=True, artifacts=True,
-           checkpoint_step=2)
-    for path in sorted(scratch.rglob("*")):
-        target = attempt / path.relative_to(scratch)
-        if path.is_file() and not path.is_symlink() and not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
-
-
-def _engine_resumes(adapter: EngineAdapter, plan: LaunchPlan, resumed: list[str], new: Path,
-                    found: Any, staged: Any, parse_launch: Any) -> str | None:
-    from stateset_backend.conformance.readers import LaunchUnreadable, reader_for
-    from stateset_backend.conformance.resumes import resumes_for
-
-    rule = resumes_for(adapter.name, adapter.kit_support().resumes_from)
-    reader = reader_for(adapter.name, parse_launch)
-    if rule is None or reader is None:
-        return None
-    try:
-        read = reader(plan.model_copy(update={"argv": resumed}))
-    except LaunchUnreadable as exc:
-        raise CheckFailed(f"the engine refuses the resumed launch: {exc}") from None
-    target = rule(resumed, read, new)
-    if target is None:
-        raise CheckFailed(f"the engine, reading the resumed launch as its code does, loads no "
-                          f"checkpoint and starts afresh (the checkpoint of update "
-                          f"{found.update} is {found.path})")
-    loads = {found.path.resolve(), *([staged.path.resolve()] if staged else [])}
-    if target.resolve() not in loads:
-        raise CheckFailed(f"the engine would resume from {target}, not from the checkpoint "
-                          f"of update {found.update} ({found.path})")
-    return f"continues from update {found.update}, as the engine reads the launch"

@@ -408,6 +408,9 @@ OPENRLHF: list[tuple[tuple[str, ...], Expect]] = [
     # checkpoints by evaluation.select_by itself
     (("--best_metric_key", "--ckpt.best_metric_key"), lambda s: "none"),
     (("--ckpt_path", "--ckpt.path"), lambda s: InRunDir()),
+    # ppo_trainer.save_logs_and_checkpoints logs when global_step % logging_steps == 0: every
+    # update, so a resumed attempt's first logged update is the one after its checkpoint
+    (("--logging_steps", "--logger.logging_steps"), lambda s: 1),
     (("--save_path", "--ckpt.output_dir"), lambda s: InRunDir()),
     # -- logging: TensorboardLogger writes <dir>/<wandb_run_name> --------------------------------
     (("--use_tensorboard", "--logger.tensorboard_dir"), lambda s: InRunDir()),

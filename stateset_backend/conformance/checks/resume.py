@@ -1,0 +1,206 @@
+"""Resuming from a checkpoint, as the engine would: the earlier attempt's newest whole
+checkpoint is found and accepted, the resumed launch continues from exactly it without
+touching the earlier attempt, the engine reading that launch loads it, and the attempt's
+outputs read back as a run that continued from it (and a fresh start's as no resume).
+
+A resume that quietly starts afresh keeps every structural sign of a resume, so the kit does
+not stop at ``resume_argv`` changing the launch: it reads the resumed launch with the engine's
+own parser and follows the engine's own rule, written from its code (``conformance.resumes``,
+or a plugin's ``KitSupport.resumes_from``), to the checkpoint folder the engine would load.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import shutil
+from pathlib import Path
+from typing import Any
+
+from stateset_backend.common.jsonio import flatten
+from stateset_backend.conformance.checks.determinism import tree
+from stateset_backend.conformance.checks.outputs import HEALTHY, Writer, _collect
+from stateset_backend.conformance.checks.planning import CheckFailed, describe
+from stateset_backend.engines.adapter import RUN_DIR, EngineAdapter, LaunchContext
+from stateset_backend.plan.launch_plan import LaunchPlan
+from stateset_backend.providers.local import Exit
+from stateset_backend.runs.results import evaluate
+
+
+def check_resume(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, tmp: Path,
+                 parse_launch: Any = None) -> str | None:
+    """The resume of an earlier attempt holding checkpoints of updates 2 and 3; returns what
+    could not be verified (the row is then ``unverified``), or None when everything was."""
+    earlier, new = tmp / "attempts" / "1", tmp / "attempts" / "2"
+    ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,
+                        plan.resolved_dialect(), plan.base_dir)
+    earlier.mkdir(parents=True)
+    writer(earlier, ctx, metrics=copy.deepcopy(HEALTHY), identity=True, artifacts=True,
+           checkpoint_step=3)
+    _add_older_checkpoint(writer, ctx, earlier, tmp / "older")
+    found = _newest(adapter, plan, earlier)
+    before = tree(earlier)
+    resumed, staged = _resume(adapter, plan, found, earlier, new)
+    if tree(earlier) != before:
+        raise CheckFailed("resume_argv changed the earlier attempt's directory")
+    unread = _engine_resumes(adapter, plan, resumed, new, found, staged, parse_launch)
+    told = "resumed_from" in inspect.signature(writer).parameters
+    untold = _continued(adapter, plan, writer, ctx, new, tmp / "outputs", found.update, told)
+    _fresh_start(adapter, plan, writer, ctx, found, tmp, told)
+    return unread or untold
+
+
+def _newest(adapter: EngineAdapter, plan: LaunchPlan, earlier: Path) -> Any:
+    found = adapter.latest_checkpoint(earlier)
+    if found is None:
+        raise CheckFailed("resume:exact is claimed, but latest_checkpoint finds no checkpoint "
+                          "in an attempt the writer gave one (update 3)")
+    if found.update != 3:
+        raise CheckFailed(f"latest_checkpoint reports update {found.update}, where the newest "
+                          "checkpoint the writer wrote is of update 3 (one of update 2 is "
+                          "beside it)")
+    problem = adapter.checkpoint_problem(found, plan.experiment_digest)
+    if problem is not None:
+        raise CheckFailed(f"a whole checkpoint of this experiment is refused: {problem}")
+    return found
+
+
+def _resume(adapter: EngineAdapter, plan: LaunchPlan, found: Any, earlier: Path,
+            new: Path) -> tuple[list[str], Any]:
+    """The resumed launch into ``new`` and the checkpoint it staged there (None: none): the
+    launch keeps writing into the new attempt, points into the earlier one only at the
+    checkpoint, and a staged checkpoint is that checkpoint, whole and accepted."""
+    new.mkdir(parents=True, exist_ok=True)
+    argv = [a.replace(RUN_DIR, str(new)) for a in plan.argv]
+    resumed = adapter.resume_argv(found, list(argv), new)
+    if not all(isinstance(a, str) for a in resumed):
+        raise CheckFailed("resume_argv returns an argv with non-string elements")
+    staged = adapter.latest_checkpoint(new)
+    if resumed == argv and staged is None:
+        raise CheckFailed("resume_argv neither changes the launch nor stages the checkpoint "
+                          "in the new attempt: the engine would start from scratch")
+    if staged is not None:
+        if staged.update != found.update or tree(staged.path) != tree(found.path):
+            raise CheckFailed(f"the checkpoint staged in the new attempt ({staged.path}, update "
+                              f"{staged.update}) is not the one resumed from ({found.path}, "
+                              f"update {found.update}), file for file")
+        problem = adapter.checkpoint_problem(staged, plan.experiment_digest)
+        if problem is not None:
+            raise CheckFailed(f"the checkpoint staged in the new attempt is refused: {problem}")
+    lost = [a for a in argv if str(new) in a and a not in resumed]
+    if lost:
+        raise CheckFailed(f"the resumed launch no longer writes into the new attempt: {lost[0]!r}"
+                          " is gone")
+    into_old = [a for a in resumed if a not in argv and str(earlier) in a and
+                str(found.path) not in a]
+    if into_old:
+        raise CheckFailed(f"the resumed launch points into the earlier attempt beyond its "
+                          f"checkpoint: {into_old[0]!r}")
+    return resumed, staged
+
+
+def _add_older_checkpoint(writer: Writer, ctx: LaunchContext, attempt: Path,
+                          scratch: Path) -> None:
+    """An older checkpoint (update 2) beside the newest, as an engine that keeps several
+    leaves them: the writer writes it into a scratch attempt, and the files that attempt has
+    and ``attempt`` lacks (that checkpoint's folder) join it, so the newest checkpoint's
+    records (a tracker file, the logs) stay the newest's."""
+    scratch.mkdir(parents=True)
+    writer(scratch, ctx, metrics=copy.deepcopy(HEALTHY[:2]), identity=True, artifacts=True,
+           checkpoint_step=2)
+    _join(scratch, attempt)
+
+
+def _join(source: Path, target: Path) -> None:
+    """The files of ``source`` that ``target`` lacks, copied into it."""
+    for path in sorted(source.rglob("*")):
+        into = target / path.relative_to(source)
+        if path.is_file() and not path.is_symlink() and not into.exists():
+            into.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, into)
+
+
+def _engine_resumes(adapter: EngineAdapter, plan: LaunchPlan, resumed: list[str], new: Path,
+                    found: Any, staged: Any, parse_launch: Any) -> str | None:
+    """The engine, reading the resumed launch, loads the checkpoint: its own parser's reading
+    (the release's defaults under it), then its own rule. Returns what could not be read."""
+    from stateset_backend.conformance.readers import LaunchUnreadable, reader_for
+    from stateset_backend.conformance.resumes import resumes_for
+    from stateset_backend.contracts.surfaces import surface
+
+    support = adapter.kit_support()
+    rule = resumes_for(adapter.name, support.resumes_from)
+    if rule is None:
+        return ("no reading of where the engine resumes from: give KitSupport.resumes_from "
+                "(docs/plugins.md)")
+    reader = reader_for(adapter.name, parse_launch)
+    known = (surface(adapter.name, plan.engine_version) or support.surface or {}).get(
+        "options", {})
+    read = {key: option.get("default") for key, option in known.items()}
+    try:
+        if reader is not None:
+            read.update(flatten(reader(plan.model_copy(update={"argv": resumed}))))
+        target = rule(resumed, read, new)
+    except LaunchUnreadable as exc:
+        raise CheckFailed(f"the engine refuses the resumed launch: {exc}") from None
+    except (Exception, SystemExit) as exc:
+        raise CheckFailed(f"reading where the resumed launch resumes from: "
+                          f"{describe(exc) if isinstance(exc, Exception) else exc!r}") from None
+    if target is None:
+        raise CheckFailed(f"the engine, reading the resumed launch as its code does, loads no "
+                          f"checkpoint and starts afresh (the checkpoint of update "
+                          f"{found.update} is {found.path})")
+    loads = {found.path.resolve(), *([staged.path.resolve()] if staged else [])}
+    if Path(target).resolve() not in loads:
+        raise CheckFailed(f"the engine would resume from {target}, not from the checkpoint "
+                          f"of update {found.update} ({found.path})")
+    return None
+
+
+def _continued(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, ctx: LaunchContext,
+               new: Path, outputs: Path, update: int, told: bool) -> str | None:
+    """The resumed attempt's outputs (the updates after the checkpoint, the last one saved),
+    written into a fresh folder with what the resume staged, read back as a run that
+    continued from ``update``: an adapter reporting another resume point, or none, would have
+    the hub call a real resume invalid. A writer that cannot be told the attempt resumed (no
+    ``resumed_from``) whose outputs read otherwise leaves it unverified."""
+    rows = [dict(r) for r in HEALTHY if r["step"] > update]
+    outputs.mkdir(parents=True)
+    writer(outputs, ctx, metrics=rows, identity=True, artifacts=True,
+           checkpoint_step=int(rows[-1]["step"]), **({"resumed_from": update} if told else {}))
+    _join(new, outputs)
+    collected, error = _collect(adapter, outputs, ctx)
+    status, checks, _ = evaluate(plan, Exit(0), collected, outputs, collect_error=error,
+                                 resumed_from=update)
+    if status == "succeeded":
+        return None
+    if not told and collected is not None and collected.resumed_from != update:
+        return ("a resumed attempt's outputs read back as continued from update "
+                f"{collected.resumed_from}, not {update}, and the writer takes no "
+                "resumed_from to write them as the engine would")
+    failed = "; ".join(f"{c.name}: {c.detail}" for c in checks if not c.ok)
+    raise CheckFailed(f"a resumed attempt's outputs (updates {update + 1} to "
+                      f"{rows[-1]['step']}) read back {status}: {failed or error}")
+
+
+def _fresh_start(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, ctx: LaunchContext,
+                 found: Any, tmp: Path, told: bool) -> None:
+    """A resumed launch whose engine started afresh (every update logged from the first) is
+    no resume, whatever the launch staged: a collector that takes the resume point from the
+    launch or the staged checkpoint, not from the engine's outputs, calls it one."""
+    attempt, outputs = tmp / "attempts" / "3", tmp / "fresh"
+    attempt.mkdir(parents=True)
+    adapter.resume_argv(found, [a.replace(RUN_DIR, str(attempt)) for a in plan.argv], attempt)
+    outputs.mkdir(parents=True)
+    writer(outputs, ctx, metrics=copy.deepcopy(HEALTHY), identity=True, artifacts=True,
+           checkpoint_step=4, **({"resumed_from": None} if told else {}))
+    _join(attempt, outputs)
+    collected, error = _collect(adapter, outputs, ctx)
+    status, _, _ = evaluate(plan, Exit(0), collected, outputs, collect_error=error,
+                            resumed_from=found.update)
+    if status == "succeeded":
+        raise CheckFailed(f"an attempt resumed from update {found.update} whose outputs show "
+                          "every update from the first (the engine started afresh) reads as a "
+                          "resume: take the resume point from the engine's outputs, not from "
+                          "the launch or the staged checkpoint")
+
