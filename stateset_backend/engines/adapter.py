@@ -240,7 +240,7 @@ class DialectKeys(BaseModel):
 
     # The slots every engine's dialect may declare, each read by the core, not the adapter:
     # keys set only for memory, speed or placement, each with why it cannot change the math,
-    # which engine_options may change (translate.execution); keys a switch leaves unread and
+    # which engine_options may change (translate.execution); keys a switch makes inert and
     # values a key reads alike, each with the engine code that makes it so (translate.reading)
     execution: dict[str, Any] = {}
     inert: list[Any] = []

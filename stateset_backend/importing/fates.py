@@ -2,7 +2,7 @@
 give it back as the launch gave it: the reasons the import screen prints, and the few readings
 under which the plan's value is the launch's after all (a file by its absolute path, ``$HOME``
 as ``~``, a key inside one of the release's free mappings offered as the mapping whole, a key
-the release reads no code of on either side, two values it reads as one).
+whose value changes nothing on either side, two values the release reads as one).
 """
 
 from __future__ import annotations
