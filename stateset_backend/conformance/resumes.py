@@ -19,7 +19,7 @@ engine's own rule from there to the checkpoint folder it would load, or to none:
   with the highest N, looked for whether or not checkpointing is on.
 - the native engine: the folder its own argument parser reads from ``--resume-from``.
 
-A plugin gives its engine's rule as ``KitSupport.resumes_from(read, attempt_dir)``.
+A plugin gives its engine's rule as ``KitSupport.resumes_from(argv, read, attempt_dir)``.
 """
 
 from __future__ import annotations
