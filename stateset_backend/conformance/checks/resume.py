@@ -165,13 +165,8 @@ def _continued(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, ctx: La
     the hub call a real resume invalid. A writer that cannot be told the attempt resumed (no
     ``resumed_from``) whose outputs read otherwise leaves it unverified."""
     rows = [dict(r) for r in HEALTHY if r["step"] > update]
-    outputs.mkdir(parents=True)
-    writer(outputs, ctx, metrics=rows, identity=True, artifacts=True,
-           checkpoint_step=int(rows[-1]["step"]), **({"resumed_from": update} if told else {}))
-    _join(new, outputs)
-    collected, error = _collect(adapter, outputs, ctx)
-    status, checks, _ = evaluate(plan, Exit(0), collected, outputs, collect_error=error,
-                                 resumed_from=update)
+    collected, error, status, checks = _read_back(adapter, plan, writer, ctx, new, outputs,
+                                                  rows, told, update)
     if status == "succeeded":
         return None
     if not told and collected is not None and collected.resumed_from != update:
@@ -191,16 +186,27 @@ def _fresh_start(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, ctx: 
     attempt, outputs = tmp / "attempts" / "3", tmp / "fresh"
     attempt.mkdir(parents=True)
     adapter.resume_argv(found, [a.replace(RUN_DIR, str(attempt)) for a in plan.argv], attempt)
-    outputs.mkdir(parents=True)
-    writer(outputs, ctx, metrics=copy.deepcopy(HEALTHY), identity=True, artifacts=True,
-           checkpoint_step=4, **({"resumed_from": None} if told else {}))
-    _join(attempt, outputs)
-    collected, error = _collect(adapter, outputs, ctx)
-    status, _, _ = evaluate(plan, Exit(0), collected, outputs, collect_error=error,
-                            resumed_from=found.update)
+    _, _, status, _ = _read_back(adapter, plan, writer, ctx, attempt, outputs,
+                                 copy.deepcopy(HEALTHY), told, None, found.update)
     if status == "succeeded":
         raise CheckFailed(f"an attempt resumed from update {found.update} whose outputs show "
                           "every update from the first (the engine started afresh) reads as a "
                           "resume: take the resume point from the engine's outputs, not from "
                           "the launch or the staged checkpoint")
 
+
+def _read_back(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, ctx: LaunchContext,
+               staged_in: Path, outputs: Path, rows: list[dict[str, Any]], told: bool,
+               resumed: int | None, asked: int | None = None) -> tuple[Any, Any, str, Any]:
+    """``rows`` written as an attempt that ``resumed`` (told to a writer that takes it) into
+    a fresh folder, with what the resume staged in ``staged_in``, then collected and judged as
+    a resume from ``asked`` (default ``resumed``): (collected, collect error, status,
+    checks). A fresh folder, so a writer never meets files it did not write."""
+    outputs.mkdir(parents=True)
+    writer(outputs, ctx, metrics=rows, identity=True, artifacts=True,
+           checkpoint_step=int(rows[-1]["step"]), **({"resumed_from": resumed} if told else {}))
+    _join(staged_in, outputs)
+    collected, error = _collect(adapter, outputs, ctx)
+    status, checks, _ = evaluate(plan, Exit(0), collected, outputs, collect_error=error,
+                                 resumed_from=resumed if asked is None else asked)
+    return collected, error, status, checks
