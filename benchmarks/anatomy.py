@@ -15,9 +15,10 @@ The floors, both measured on this machine in the same process: the dispatch floo
 update's operators times the cost of a trivial operator (adding 1 to a one-element tensor,
 from Python): what the update would cost if every operator did nothing; the arithmetic floor
 is its floating-point operations at the matrix-product throughput this machine reaches, taken
-twice: at the model's own product shapes (the update's token rows by the model's widths) and
-at the best of large square products, the machine's peak. An update cannot take less than
-either floor; how far above the larger one it runs is what an engine could still win.
+twice: at the model's own widths (the best over token row counts from a decode step's to the
+update's whole batch) and at the best of large square products, the machine's peak. An
+update cannot take less than either floor; how far above the larger one it runs is what an
+engine could still win.
 """
 
 from __future__ import annotations
@@ -67,9 +68,16 @@ def trivial_op_us() -> float:
 
 
 def matmul_gflops(rows: int, widths: list[tuple[int, int]]) -> dict[str, float]:
-    """Matrix-product throughput, GFLOP/s: at the model's shapes (``rows`` token rows times
-    each (in, out) width pair, the best of them) and the machine's peak (the best of large
-    square products)."""
+    """Matrix-product throughput, GFLOP/s: at the model's widths (each (in, out) width pair,
+    at token row counts from 256 up to ``rows``, the best of them) and the machine's peak
+    (the best of large square products).
+
+    The best over row counts, not the rate at ``rows`` alone: a floor must be a bound no
+    engine can beat, and an engine chooses how many rows its products take at once (the
+    native learner runs chunks of a few thousand, sampling one token of every row). At a
+    whole batch's rows (32,768 at 128-token completions) the operands outgrow the caches,
+    and the rate measured there (39 GFLOP/s on a loaded day, against 90 at the peak) put
+    the floor at twice the time the products can take."""
     import torch
     import torch.nn.functional as F
 
@@ -77,8 +85,9 @@ def matmul_gflops(rows: int, widths: list[tuple[int, int]]) -> dict[str, float]:
         a, b = torch.randn(m, k), torch.randn(n, k)
         return 2 * m * k * n / _best_us(lambda: F.linear(a, b), 15) / 1e3
 
-    rows = min(rows, 1 << 17)  # beyond this many rows the rate no longer changes
-    model = max(rate(rows, k, n) for k, n in widths)
+    top = min(rows, 1 << 17)  # beyond this many rows the rate no longer changes
+    counts = sorted({min(top, c) for c in (256, 1 << 10, 1 << 12, 1 << 14, top)})
+    model = max(rate(m, k, n) for m in counts for k, n in widths)
     peak = max(rate(s, s, s) for s in (512, 1024, 2048))
     return {"model_shapes": round(model, 1), "peak": round(peak, 1)}
 

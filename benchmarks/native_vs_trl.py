@@ -264,8 +264,8 @@ def render(m: dict[str, Any]) -> str:
               "first and the last tenth of the updates (the median of the rounds), from the "
               "same initial weights on both sides. A native update's floor is the larger of "
               "its dispatch floor (its operators at the cost of a trivial one) and its "
-              "arithmetic floor (its FLOPs at this machine's matrix-product throughput at the "
-              "model's shapes), from `python benchmarks/profile_native.py` (the profile "
+              "arithmetic floor (its FLOPs at this machine's best matrix-product throughput "
+              "at the model's widths), from `python benchmarks/profile_native.py` (the profile "
               "below); a row measured on another day says so.", "", END]
     return "\n".join(lines)
 

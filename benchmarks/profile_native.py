@@ -299,7 +299,8 @@ def anatomy_rows(r: dict[str, Any]) -> list[str]:
         "FlopCounterMode. The dispatch floor is those operators at the cost of a trivial one "
         f"({any_shape['trivial_op_us']:.1f} \u00b5s from Python here); the arithmetic floor "
         "is those FLOPs at the matrix-product throughput this machine reaches at the model's "
-        f"own shapes ({any_shape['matmul_gflops']['model_shapes']:.0f} GFLOP/s), in brackets "
+        "own widths, at the best of the row counts a product of them could be given "
+        f"({any_shape['matmul_gflops']['model_shapes']:.0f} GFLOP/s), in brackets "
         f"at its peak on large square products "
         f"({any_shape['matmul_gflops']['peak']:.0f} GFLOP/s). The last column is how far an "
         "update runs above the larger of the two floors.",
