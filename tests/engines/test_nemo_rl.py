@@ -22,7 +22,6 @@ from optional_installs import NEMO_RL_CONFIGS, NEMO_RL_CONFIGS_MISSING
 from packaging.version import Version
 
 from stateset_backend.adapters.nemo_rl.adapter import NemoRLAdapter
-from stateset_backend.adapters.nemo_rl.rules import SWITCHED_OFF
 from stateset_backend.adapters.nemo_rl.training_rules import WARMUP_START
 from stateset_backend.common.errors import Unsupported
 from stateset_backend.engines.registry import AdapterEntry
@@ -225,9 +224,10 @@ def test_the_resolved_release_config_means_what_the_spec_says(name, version, tmp
         assert shaping["overlong_buffer_length"] == a.overlong.buffer_tokens
         assert shaping["max_response_length"] == 768
     # features the spec has no name for are off
-    for key, off in SWITCHED_OFF.items():
-        if key in dialect.defaults:
-            assert OmegaConf.select(OmegaConf.create(cfg), key) == off, key
+    fixed = dialect.keys["fixed"]
+    assert fixed and set(fixed) <= set(dialect.defaults)
+    for key, off in fixed.items():
+        assert OmegaConf.select(OmegaConf.create(cfg), key) == off, key
     # prompts: limits, chat template, no chain-of-thought wrapper
     assert policy["model_name"] == "/models/qwen2.5-1.5b"
     assert policy["max_total_sequence_length"] == 256 + 768

@@ -69,6 +69,19 @@ def test_the_model_loads_kwargs_are_held_like_its_config_overrides():
         _plan({"policy.dtensor_cfg.automodel_kwargs": {"num_hidden_layers": 2}})
 
 
+@pytest.mark.parametrize("key", ["grpo.overlong_filtering", "loss_fn.force_on_policy_ratio",
+                                 "policy.generation.stop_strings"])
+def test_a_switch_held_for_every_spec_says_so(key):
+    """NeMo RL's features the spec has no name for are held off on every launch: no spec
+    setting turns them on, so an option reaching one is told the launch holds it, not sent to
+    the spec leaf whose rule happens to write it."""
+    from stateset_backend.common.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="for every spec") as refused:
+        _plan({key: True})
+    assert "algorithm.objective" not in str(refused.value)
+
+
 @pytest.mark.skipif(not NEMO_RL_CONFIGS.is_dir(), reason=NEMO_RL_CONFIGS_MISSING)
 def test_vllm_compilation_options_are_the_only_vllm_kwargs_a_user_may_set():
     """The launch pins vLLM's kwargs empty; only their declared part, vLLM's compilation of

@@ -30,6 +30,9 @@ class NemoRLKeys(DialectKeys):
     save_optimizer: str | None = None
     min_top_k: int | None = None  # vLLM refuses smaller top_k (and top_p) at this release
     min_top_p: float | None = None
+    # switches every launch sets to the same value: the features the spec has no name for,
+    # each at the value that turns it off (translate says an option reaching one is held)
+    fixed: dict[str, Any] = {}
 
 
 def checkout_version(home: str | None) -> str | None:

@@ -55,54 +55,12 @@ OPENING_OVER_LIMIT = ("the launcher renders every task's opening with the chat t
                       "environment's tools; one over data.max_prompt_tokens fails its "
                       "conversation, which stops the run")
 
-# Features the spec has no name for, with the value that turns each off; a release sets those
-# its ``defaults`` list (keys it does not have are skipped).
-SWITCHED_OFF: dict[str, Any] = {
-    "grpo.overlong_filtering": False,
-    "grpo.advantage_clip_low": None,
-    "grpo.advantage_clip_high": None,
-    "grpo.batch_multiplier": 1,
-    "grpo.reward_shaping.stop_properly_penalty_coef": None,
-    "grpo.adv_estimator.minus_baseline": True,  # REINFORCE++ subtracts the group mean
-    "grpo.reward_scaling.enabled": False,
-    "grpo.seq_logprob_error_threshold": None,
-    "grpo.invalid_tool_call_advantage": None,
-    "grpo.malformed_thinking_advantage": None,
-    "grpo.async_grpo.enabled": False,
-    "loss_fn.use_on_policy_kl_approximation": False,
-    "loss_fn.use_importance_sampling_correction": False,
-    "loss_fn.truncated_importance_sampling_type": None,
-    "loss_fn.truncated_importance_sampling_ratio": None,
-    "loss_fn.truncated_importance_sampling_ratio_min": None,
-    "loss_fn.force_on_policy_ratio": False,
-    "loss_fn.disable_ppo_ratio": False,
-    "loss_fn.positive_example_nll_weight": 0.0,
-    "policy.hf_config_overrides": {},
-    # passed to the trainer's model load (from_pretrained's kwargs): a config key in it changes
-    # the trained model, as hf_config_overrides would
-    "policy.dtensor_cfg.automodel_kwargs": {},
-    "policy.dtensor_cfg._v2": True,  # the DTensor v2 worker: scheduler steps once per update
-    "policy.dtensor_cfg.enabled": True,
-    "policy.megatron_cfg.enabled": False,
-    "policy.draft.enabled": False,
-    "policy.generation.stop_token_ids": None,  # stop at the tokenizer's eos
-    "policy.generation.stop_strings": None,
-    "policy.generation.vllm_cfg.kv_cache_dtype": "auto",
-    "policy.generation.vllm_cfg.num_first_layers_in_bf16": 0,
-    "policy.generation.vllm_cfg.num_last_layers_in_bf16": 0,
-    "policy.generation.vllm_kwargs": {},
-    "data.use_multiple_dataloader": False,
-    "data_plane.enabled": False,
-}
-
-
 def rule_set(dialect: Dialect, k: NemoRLKeys) -> RuleSet:
     """The rule for every spec leaf under one NeMo RL dialect."""
     label = f"NeMo RL {dialect.name}"
 
     def objective(value: Any, spec: ExperimentSpec) -> Outcome:
-        native: dict[str, Any] = {
-            key: off for key, off in SWITCHED_OFF.items() if key in dialect.defaults}
+        native: dict[str, Any] = dict(k.fixed)  # features the spec has no name for, off
         native["grpo.use_leave_one_out_baseline"] = value == "rloo"
         if k.adv_estimator:
             native[k.adv_estimator] = "reinforce_plus_plus" \
