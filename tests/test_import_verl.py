@@ -212,3 +212,30 @@ def test_a_quote_inside_a_comment_opens_nothing(tmp_path, cli_in_process):
     settings = {s["key"]: s["value"] for s in json.loads(proc.stdout)["settings"]}
     assert settings["trainer.project_name"] == "its"
     assert settings["actor_rollout_ref.actor.fsdp_config.param_offload"] is False
+
+
+def test_a_held_mapping_keeps_the_part_it_lets_in(tmp_path, cli_in_process):
+    """verl's model config overrides are held, but for the attention kernel: a launch that
+    gives the kernel beside an override keeps its kernel in engine_options, and only the
+    override is named not expressible, on its own key."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.parquet").write_bytes(b"rows")
+    (tmp_path / "reward.py").write_text("def score(*a, **k):\n    return 0.0\n")
+    script = tmp_path / "run.sh"
+    script.write_text(SCRIPT.replace("    trainer.n_gpus_per_node=4 $@", (
+        "    +actor_rollout_ref.model.override_config.attn_implementation=sdpa \\\n"
+        "    +actor_rollout_ref.model.override_config.rope_theta=5000 \\\n"
+        "    actor_rollout_ref.model.use_remove_padding=False \\\n"
+        "    trainer.n_gpus_per_node=4")))
+    out = tmp_path / "spec.json"
+    proc = cli_in_process("import", "verl", script, "--engine-version", "0.9.1", "-o", out,
+                          "--json")
+    assert proc.returncode == 0, proc.stderr
+    fates = {s["key"]: s for s in json.loads(proc.stdout)["settings"]}
+    kernel = fates["actor_rollout_ref.model.override_config.attn_implementation"]
+    assert (kernel["fate"], kernel["reproduced"]) == ("engine_option", True)
+    theta = fates["actor_rollout_ref.model.override_config.rope_theta"]
+    assert (theta["fate"], theta["reproduced"]) == ("not_expressible", False)
+    assert "only actor_rollout_ref.model.override_config.attn_implementation" in theta["reason"]
+    options = json.loads(out.read_text())["engine_options"]["verl"]
+    assert options["actor_rollout_ref.model.override_config"] == {"attn_implementation": "sdpa"}

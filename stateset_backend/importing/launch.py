@@ -337,7 +337,9 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
                 imported.settings.append(Setting(key, value, launch.words.get(key, key), fate,
                                                  src, reason, None))
             return imported
-        options = {k: v for k, v in options.items() if fates[k][0] == "engine_option"}
+        # as planned: an option the guards refused is gone, a held mapping keeps its parts
+        options = {k: v for k, v in spec_doc["engine_options"].get(engine, {}).items()
+                   if fates[k][0] == "engine_option"}
         read = read_plan(engine, plan, readers.reader_for(engine, kit.parse_launch))
         # what the hub's own launch script reads (a plugin's generated script), beside the
         # engine
@@ -358,7 +360,8 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
                           "changes)", None)
     spec_doc["engine_options"] = {engine: options} if options else {}
     for key, mapping in grouped.items():
-        fates[key] = fates[mapping]
+        if fates[key][0] != "not_expressible":  # a part of a held mapping refused on its own
+            fates[key] = fates[mapping]
     registry = registry_datasets(launch.settings, planned, fates, engine, inputs)
     for key, value in launch.settings.items():
         fate, reason, src = fates[key]

@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from stateset_backend.common.errors import InvalidInput, StatesetError, Unsupported
+from stateset_backend.common.jsonio import flatten
+from stateset_backend.contracts.loader import parse_version
 from stateset_backend.importing.solve import bare
 from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.translate.execution import declared_inside, execution_defaults
 
 PLACEHOLDER_SHA256 = "0" * 64
 
@@ -43,16 +46,44 @@ def plan_dropping(entry: Any, version: str, doc: dict[str, Any], base: Path,
             culprit = next((k for k in options if exc.message.startswith(prefix + k + ":")),
                            None)
             if culprit is not None:
-                options.pop(culprit)
-                fates[culprit] = ("not_expressible",
-                                  exc.message.removeprefix(prefix + culprit + ":").strip(),
-                                  None)
+                reason = exc.message.removeprefix(prefix + culprit + ":").strip()
+                kept = _declared_parts(entry, version, culprit, options.pop(culprit))
+                if kept:  # a held mapping: its declared parts stay, the rest is named
+                    options[culprit] = kept[0]
+                    fates.update({key: ("not_expressible", reason, None) for key in kept[1]})
+                else:
+                    fates[culprit] = ("not_expressible", reason, None)
                 continue
             missing = _missing_split(doc, stand_ins, base, exc.message)
             if missing is None:
                 raise
             stand_ins[missing] = _stand_in_split(doc, settings, missing)
     raise InvalidInput("the imported spec cannot be planned")  # pragma: no cover
+
+
+def _declared_parts(entry: Any, version: str, key: str,
+                    value: Any) -> tuple[dict[str, Any], list[str]] | None:
+    """Where ``value`` is a mapping the launch holds but for the execution defaults its
+    release declares inside it (verl's model config overrides beside the attention kernel):
+    (the mapping of those declared parts alone, the dotted keys of the rest), or None when it
+    has no declared part. A launch that gives the attention kernel beside a config override
+    keeps its kernel: the guard refuses the mapping whole, not the part it lets in."""
+    if not isinstance(value, dict):
+        return None
+    dialect = entry.adapter.contract.dialect(parse_version(version))
+    declared = declared_inside(key, execution_defaults(dialect))
+    kept: dict[str, Any] = {}
+    rest: list[str] = []
+    for name, leaf in flatten(value, key).items():
+        if any(name == d or name.startswith(d + ".") for d in declared):
+            node = kept
+            *inner, last = name[len(key) + 1:].split(".")
+            for part in inner:
+                node = node.setdefault(part, {})
+            node[last] = leaf
+        else:
+            rest.append(name)
+    return (kept, rest) if kept else None
 
 
 def _missing_split(doc: dict[str, Any], stand_ins: dict[str, str], base: Path,
