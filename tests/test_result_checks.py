@@ -164,3 +164,26 @@ def test_a_weights_file_is_judged_by_what_its_format_proves(tmp_path):
     not_a_zip.write_bytes(b"PK" + bytes(62))  # a raw fp16 dump that starts like one
     assert problem(not_a_zip) is None
     assert problem(cut_zip).startswith("cut short: a torch.save zip archive")
+
+
+def test_an_engine_that_ran_other_execution_options_is_invalid(plan, tmp_path):
+    """An execution option is outside the experiment's identity but part of the launch that
+    was reviewed: an engine reporting it ran other kernels than the plan's has not run it."""
+    assert plan.native["sampling.kernels"] == "exact"
+    collected = _collected(plan, tmp_path)
+    collected.execution = {"sampling.kernels": "exact"}
+    status, checks, _ = _checks(plan, tmp_path, collected)
+    assert status == "succeeded" and checks["execution"].ok
+    collected.execution = {"sampling.kernels": "fast"}
+    status, checks, _ = _checks(plan, tmp_path, collected)
+    assert status == "invalid" and not checks["execution"].ok
+    assert checks["execution"].detail == \
+        "ran with sampling.kernels='fast', the plan says 'exact'"
+    collected.execution = {"sampling.threads": 4}
+    status, checks, _ = _checks(plan, tmp_path, collected)
+    assert status == "invalid" and "the plan says nothing of it" in checks["execution"].detail
+
+
+def test_an_engine_that_reports_no_execution_options_is_not_judged_on_them(plan, tmp_path):
+    _, checks, _ = _checks(plan, tmp_path, _collected(plan, tmp_path))
+    assert "execution" not in checks

@@ -114,6 +114,9 @@ class Collected:
     raw_metric_names: dict[str, str] = field(default_factory=dict)  # canonical -> engine's
     artifacts: list[Artifact] = field(default_factory=list)
     resumed_from: int | None = None  # the update the engine says it continued from
+    # the execution options the engine says it ran with (native key -> value), None where it
+    # reports none: each must be the plan's, or the run is not the launch that was reviewed
+    execution: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
 

@@ -200,6 +200,15 @@ def _escapes(path: Path, attempt_dir: Path) -> str | None:
     return None
 
 
+def _execution_differs(ran: dict[str, Any], planned: dict[str, Any]) -> list[str]:
+    """Each execution option the engine reports running with that the plan did not set so
+    (``key=value, the plan says ...``): an option that speeds a run up or changes its kernels
+    is outside the experiment's identity, but still part of the launch that was reviewed."""
+    return [f"{key}={value!r}, the plan says " + (
+                f"{planned[key]!r}" if key in planned else "nothing of it")
+            for key, value in ran.items() if key not in planned or planned[key] != value]
+
+
 def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt_dir: Path,
              collect_error: str | None = None, resumed_from: int | None = None,
              ) -> tuple[Status, list[Check], list[ArtifactRecord]]:
@@ -235,6 +244,11 @@ def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt
                 f"continued from update {resumed_from}" if collected.resumed_from ==
                 resumed_from else f"asked to continue from update {resumed_from}, the engine "
                                   f"reports {collected.resumed_from}")
+        if collected.execution is not None:
+            differ = _execution_differs(collected.execution, plan.native)
+            add("execution", not differ,
+                f"ran with {', '.join(differ)}" if differ else
+                "the engine ran with the plan's execution options")
         planned = plan.validated_spec().budget.total_updates
         # every planned update, no more and no fewer: an engine that stops early (a resume
         # that trains nothing, a loop that ends at its own limit) and exits 0 has not run

@@ -19,6 +19,8 @@ from stateset_backend.engines.registry import build_registry
 from stateset_backend.native import options, trainer
 from stateset_backend.native.layout import CONFIG_FILE, RUN_INFO_FILE
 from stateset_backend.plan.launch_plan import make_plan
+from stateset_backend.providers.local import Exit
+from stateset_backend.runs.results import evaluate
 from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.translate.execution import execution_defaults
 
@@ -126,6 +128,16 @@ def test_the_option_reaches_sampling_and_the_run_records_it(tiny, tmp_path, monk
     assert seen and set(seen) == {"fast"}
     info = json.loads((tmp_path / "out" / RUN_INFO_FILE).read_text())
     assert info["execution"] == {"sampling.kernels": "fast"}
+    # the result is held to it: the run read back reports the plan's kernels, and a record
+    # of other ones makes the run invalid
+    entry = build_registry().get("native")
+    collected = entry.adapter.collect(tmp_path / "out", None)
+    assert collected.execution == {"sampling.kernels": "fast"}
+    _, checks, _ = evaluate(plan, Exit(code=0), collected, tmp_path / "out")
+    assert [c.ok for c in checks if c.name == "execution"] == [True]
+    collected.execution = {"sampling.kernels": "exact"}
+    status, checks, _ = evaluate(plan, Exit(code=0), collected, tmp_path / "out")
+    assert status == "invalid" and [c.ok for c in checks if c.name == "execution"] == [False]
 
 
 def test_the_engine_refuses_a_config_with_an_option_it_does_not_read(tiny, tmp_path: Path):

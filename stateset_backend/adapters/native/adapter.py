@@ -293,6 +293,7 @@ class NativeAdapter(EngineAdapter):
             out.experiment_digest = info.get("experiment_digest")
             out.committed_updates = int(info.get("committed_updates", 0))
             out.resumed_from = info.get("resumed_from")
+            out.execution = info.get("execution")
         metrics_path = attempt_dir / layout.METRICS_FILE
         if metrics_path.is_file():
             out.metrics.extend(log_rows(metrics_path.read_text(encoding="utf-8")))
