@@ -162,6 +162,11 @@ def test_a_requirement_holds_for_what_the_engine_reads():
     assert unmet({"policy.dyn": {"enabled": True}, "policy.zero": 3}, own, declared) is None
     assert unmet({"policy": {"zero": 3}, "policy.dyn.enabled": True}, own, declared) is None
     assert unmet({"policy.dyn.enabled": False, "policy.zero": 1}, own, declared) is None
+    # the launch's own values are read the same ways: force-added, or inside a mapping
+    for spelled in ({"++policy.dyn.enabled": False, "++policy.zero": 2},
+                    {"policy": {"dyn": {"enabled": False}, "zero": 2}}):
+        assert unmet({"policy.dyn.enabled": True}, spelled, declared) == said
+        assert unmet({"policy.dyn.enabled": False}, spelled, declared) is None
 
 
 def test_vllm_engines_fill_colocated_gpus(engine_reads, grpo, tmp_path):

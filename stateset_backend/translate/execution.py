@@ -67,7 +67,7 @@ def unmet(options: dict[str, Any], own: dict[str, Any],
     mapping above it, over the launch's own values."""
     for key, declared in execution.items():
         value = _effective(key, options, own)
-        if not declared.requires or value == own.get(key):
+        if not declared.requires or value == _read(key, own):
             continue
         for need, allowed in declared.requires:
             have = _effective(need, options, own)
@@ -80,8 +80,19 @@ def unmet(options: dict[str, Any], own: dict[str, Any],
 
 def _effective(path: str, options: dict[str, Any], own: dict[str, Any]) -> Any:
     """What the engine reads at ``path``: an option naming it, or a mapping option above it
-    that sets it, else the launch's own value."""
-    for key, value in options.items():
+    that sets it, else the launch's own value, found the same ways."""
+    found = _read(path, options, _MISSING)
+    return _read(path, own) if found is _MISSING else found
+
+
+_MISSING = object()
+
+
+def _read(path: str, values: dict[str, Any], missing: Any = None) -> Any:
+    """The value ``values`` gives ``path``: under its key in any spelling (``++key``, as a
+    Hydra launch force-adds it) or inside a mapping given above it; ``missing`` where none
+    does."""
+    for key, value in values.items():
         bare = _bare(key)
         if bare == path:
             return value
@@ -93,7 +104,7 @@ def _effective(path: str, options: dict[str, Any], own: dict[str, Any]) -> Any:
                 node = node[part]
             else:
                 return node
-    return own.get(path)
+    return missing
 
 
 def _bare(key: str) -> str:
