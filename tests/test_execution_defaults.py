@@ -162,6 +162,10 @@ def test_a_requirement_holds_for_what_the_engine_reads():
     assert unmet({"policy.dyn": {"enabled": True}, "policy.zero": 3}, own, declared) is None
     assert unmet({"policy": {"zero": 3}, "policy.dyn.enabled": True}, own, declared) is None
     assert unmet({"policy.dyn.enabled": False, "policy.zero": 1}, own, declared) is None
+    # a required key neither the options nor the launch set is the release's default
+    assert unmet({"policy.dyn.enabled": True}, {}, declared) == (
+        "policy.dyn.enabled: True needs policy.zero to be 3 (the launch leaves it at the "
+        "release's default): sums at 3")
     # the launch's own values are read the same ways: force-added, or inside a mapping
     for spelled in ({"++policy.dyn.enabled": False, "++policy.zero": 2},
                     {"policy": {"dyn": {"enabled": False}, "zero": 2}}):

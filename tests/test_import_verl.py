@@ -8,6 +8,8 @@ import json
 import shlex
 from pathlib import Path
 
+import pytest
+
 from stateset_backend.engines.registry import build_registry
 from stateset_backend.importing.launch import PLACEHOLDER_SHA256, import_file
 from stateset_backend.plan.launch_plan import make_plan
@@ -212,6 +214,48 @@ def test_a_quote_inside_a_comment_opens_nothing(tmp_path, cli_in_process):
     settings = {s["key"]: s["value"] for s in json.loads(proc.stdout)["settings"]}
     assert settings["trainer.project_name"] == "its"
     assert settings["actor_rollout_ref.actor.fsdp_config.param_offload"] is False
+
+
+def _held_mapping_import(tmp_path, cli_in_process, lines: str):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.parquet").write_bytes(b"rows")
+    (tmp_path / "reward.py").write_text("def score(*a, **k):\n    return 0.0\n")
+    script = tmp_path / "run.sh"
+    script.write_text(SCRIPT.replace("    trainer.n_gpus_per_node=4 $@",
+                                     lines + "    trainer.n_gpus_per_node=4"))
+    out = tmp_path / "spec.json"
+    proc = cli_in_process("import", "verl", script, "--engine-version", "0.9.1", "-o", out,
+                          "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["round_trip"].get("error") is None
+    return {s["key"]: s for s in doc["settings"]}, json.loads(out.read_text())
+
+
+KERNEL = "actor_rollout_ref.model.override_config.attn_implementation"
+THETA = "actor_rollout_ref.model.override_config.rope_theta"
+
+
+@pytest.mark.parametrize("lines, says", [
+    # a kernel verl has no code for, alone and beside an override
+    (f"    +{KERNEL}=flex \\\n    actor_rollout_ref.model.use_remove_padding=False \\\n",
+     "which the launch holds"),
+    (f"    +{KERNEL}=flex \\\n    +{THETA}=5000 \\\n"
+     "    actor_rollout_ref.model.use_remove_padding=False \\\n", "which the launch holds"),
+    # a kernel whose requirement the launch does not meet (verl's default is padding-free)
+    (f"    +{KERNEL}=sdpa \\\n    +{THETA}=5000 \\\n",
+     "use_remove_padding to be False (the launch leaves it at the release's default)"),
+])
+def test_a_held_mapping_whose_allowed_part_is_refused_leaves_whole(tmp_path, cli_in_process,
+                                                                  lines, says):
+    """The part a held mapping lets in is still refused at a value the guard refuses: the
+    mapping then leaves the spec whole, each of its keys named not expressible with the
+    guard's reason, and the rest of the launch still plans and reads back."""
+    fates, spec = _held_mapping_import(tmp_path, cli_in_process, lines)
+    assert fates[KERNEL]["fate"] == "not_expressible" and says in fates[KERNEL]["reason"]
+    if THETA in fates:
+        assert fates[THETA]["fate"] == "not_expressible"
+    assert "actor_rollout_ref.model.override_config" not in spec["engine_options"]["verl"]
 
 
 def test_a_held_mapping_keeps_the_part_it_lets_in(tmp_path, cli_in_process):

@@ -264,6 +264,14 @@ def _reward(engine: str, launch: Launch, keys: list[str], base: Path,
     return {"kind": "python", "entrypoint": f"{got[0]}:{function}", "sha256": got[1]}
 
 
+def _fate(key: str, fates: dict[str, tuple[str, str, str | None]],
+          grouped: dict[str, str]) -> tuple[str, str, str | None]:
+    """A setting's fate: a key inside a free mapping shares its mapping's, unless the guards
+    refused it on its own (a part of a held mapping its release does not let in)."""
+    own = fates[key]
+    return own if key not in grouped or own[0] == "not_expressible" else fates[grouped[key]]
+
+
 def import_file(registry: Any, engine: str, path: Path, version: str | None,
                 overrides: list[str] | None = None) -> Imported:
     entry = registry.get(engine)
@@ -333,7 +341,7 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
         except StatesetError as exc:  # the spec is written; what it would launch is not known
             imported.round_trip_error = exc.message
             for key, value in launch.settings.items():
-                fate, reason, src = fates[grouped.get(key, key)]
+                fate, reason, src = _fate(key, fates, grouped)
                 imported.settings.append(Setting(key, value, launch.words.get(key, key), fate,
                                                  src, reason, None))
             return imported
@@ -359,9 +367,8 @@ def import_file(registry: Any, engine: str, path: Path, version: str | None,
                           "experiment digest (the release's default follows a key the plan "
                           "changes)", None)
     spec_doc["engine_options"] = {engine: options} if options else {}
-    for key, mapping in grouped.items():
-        if fates[key][0] != "not_expressible":  # a part of a held mapping refused on its own
-            fates[key] = fates[mapping]
+    for key in grouped:
+        fates[key] = _fate(key, fates, grouped)
     registry = registry_datasets(launch.settings, planned, fates, engine, inputs)
     for key, value in launch.settings.items():
         fate, reason, src = fates[key]

@@ -35,7 +35,8 @@ def plan_dropping(entry: Any, version: str, doc: dict[str, Any], base: Path,
 
     options = dict(doc["engine_options"].get(engine, {}))
     stand_ins: dict[str, str] = {}
-    for _ in range(len(options) + 3):
+    reduced: set[str] = set()  # held mappings already cut to their declared parts
+    for _ in range(2 * len(options) + 3):
         doc["engine_options"] = {engine: options} if options else {}
         planned = _with_stand_ins(doc, stand_ins)
         try:
@@ -43,15 +44,22 @@ def plan_dropping(entry: Any, version: str, doc: dict[str, Any], base: Path,
                              base_dir=base), stand_ins
         except StatesetError as exc:
             prefix = f"engine_options.{engine}."
-            culprit = next((k for k in options if exc.message.startswith(prefix + k + ":")),
-                           None)
+            # the guard names the option, or a key inside a mapping option (a requirement of
+            # the attention kernel given inside verl's config overrides)
+            culprit = next((k for k in options if exc.message.startswith(prefix + k + ":") or
+                            exc.message.startswith(prefix + k + ".")), None)
             if culprit is not None:
-                reason = exc.message.removeprefix(prefix + culprit + ":").strip()
-                kept = _declared_parts(entry, version, culprit, options.pop(culprit))
-                if kept:  # a held mapping: its declared parts stay, the rest is named
+                reason = exc.message.removeprefix(prefix + culprit + ":").strip() \
+                    if exc.message.startswith(prefix + culprit + ":") else \
+                    exc.message.removeprefix(prefix)  # names the key inside the mapping
+                value = options.pop(culprit)
+                kept = None if culprit in reduced else \
+                    _declared_parts(entry, version, culprit, value)
+                if kept and kept[1]:  # a held mapping: its declared parts stay, once
                     options[culprit] = kept[0]
+                    reduced.add(culprit)
                     fates.update({key: ("not_expressible", reason, None) for key in kept[1]})
-                else:
+                else:  # refused whole, or again once cut: no part of it stays
                     fates[culprit] = ("not_expressible", reason, None)
                 continue
             missing = _missing_split(doc, stand_ins, base, exc.message)

@@ -70,19 +70,23 @@ def unmet(options: dict[str, Any], own: dict[str, Any],
         if not declared.requires or value == _read(key, own):
             continue
         for need, allowed in declared.requires:
-            have = _effective(need, options, own)
+            have = _effective(need, options, own, _MISSING)
             if have not in allowed:
+                now = "the launch leaves it at the release's default" if have is _MISSING \
+                    else f"it is {have!r}"
                 return (f"{key}: {value!r} needs {need} to be "
-                        f"{' or '.join(map(repr, allowed))} (it is {have!r}): "
+                        f"{' or '.join(map(repr, allowed))} ({now}): "
                         f"{declared.requires_why}")
     return None
 
 
-def _effective(path: str, options: dict[str, Any], own: dict[str, Any]) -> Any:
+def _effective(path: str, options: dict[str, Any], own: dict[str, Any],
+               missing: Any = None) -> Any:
     """What the engine reads at ``path``: an option naming it, or a mapping option above it
-    that sets it, else the launch's own value, found the same ways."""
+    that sets it, else the launch's own value, found the same ways; ``missing`` where
+    neither sets it (the engine then reads its release's default)."""
     found = _read(path, options, _MISSING)
-    return _read(path, own) if found is _MISSING else found
+    return _read(path, own, missing) if found is _MISSING else found
 
 
 _MISSING = object()

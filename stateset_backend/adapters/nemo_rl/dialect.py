@@ -32,7 +32,7 @@ class NemoRLKeys(DialectKeys):
     min_top_p: float | None = None
     # switches every launch sets to the same value: the features the spec has no name for,
     # each at the value that turns it off (translate says an option reaching one is held)
-    fixed: dict[str, Any] = {}
+    fixed: dict[str, Any]
 
 
 def checkout_version(home: str | None) -> str | None:
