@@ -166,6 +166,11 @@ def test_a_requirement_holds_for_what_the_engine_reads():
     assert unmet({"policy.dyn.enabled": True}, {}, declared) == (
         "policy.dyn.enabled: True needs policy.zero to be 3 (the launch leaves it at the "
         "release's default): sums at 3")
+    # where the release's own default is known, it is what the engine reads
+    assert unmet({"policy.dyn.enabled": True}, {}, declared, {"policy.zero": 3}) is None
+    assert unmet({"policy.dyn.enabled": True}, {}, declared, {"policy.zero": 2}) == (
+        "policy.dyn.enabled: True needs policy.zero to be 3 (it is 2, the release's "
+        "default): sums at 3")
     # the launch's own values are read the same ways: force-added, or inside a mapping
     for spelled in ({"++policy.dyn.enabled": False, "++policy.zero": 2},
                     {"policy": {"dyn": {"enabled": False}, "zero": 2}}):

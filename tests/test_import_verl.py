@@ -216,15 +216,18 @@ def test_a_quote_inside_a_comment_opens_nothing(tmp_path, cli_in_process):
     assert settings["actor_rollout_ref.actor.fsdp_config.param_offload"] is False
 
 
-def _held_mapping_import(tmp_path, cli_in_process, lines: str):
+def _held_mapping_import(tmp_path, cli_in_process, lines: str, version: str = "0.9.1"):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "train.parquet").write_bytes(b"rows")
     (tmp_path / "reward.py").write_text("def score(*a, **k):\n    return 0.0\n")
     script = tmp_path / "run.sh"
-    script.write_text(SCRIPT.replace("    trainer.n_gpus_per_node=4 $@",
-                                     lines + "    trainer.n_gpus_per_node=4"))
+    text = SCRIPT.replace("    trainer.n_gpus_per_node=4 $@",
+                          lines + "    trainer.n_gpus_per_node=4")
+    if version < "0.7":  # the reward function's section before verl moved it under reward
+        text = text.replace("reward.custom_reward_function.", "custom_reward_function.")
+    script.write_text(text)
     out = tmp_path / "spec.json"
-    proc = cli_in_process("import", "verl", script, "--engine-version", "0.9.1", "-o", out,
+    proc = cli_in_process("import", "verl", script, "--engine-version", version, "-o", out,
                           "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -244,7 +247,7 @@ THETA = "actor_rollout_ref.model.override_config.rope_theta"
      "    actor_rollout_ref.model.use_remove_padding=False \\\n", "which the launch holds"),
     # a kernel whose requirement the launch does not meet (verl's default is padding-free)
     (f"    +{KERNEL}=sdpa \\\n    +{THETA}=5000 \\\n",
-     "use_remove_padding to be False (the launch leaves it at the release's default)"),
+     "use_remove_padding to be False (it is True, the release's default)"),
 ])
 def test_a_held_mapping_whose_allowed_part_is_refused_leaves_whole(tmp_path, cli_in_process,
                                                                   lines, says):
@@ -283,3 +286,15 @@ def test_a_held_mapping_keeps_the_part_it_lets_in(tmp_path, cli_in_process):
     assert "only actor_rollout_ref.model.override_config.attn_implementation" in theta["reason"]
     options = json.loads(out.read_text())["engine_options"]["verl"]
     assert options["actor_rollout_ref.model.override_config"] == {"attn_implementation": "sdpa"}
+
+
+def test_a_kernel_whose_requirement_the_release_default_meets_is_kept(tmp_path, cli_in_process):
+    """verl 0.6.1 pads its rows by default: a launch that says so too (a default, which the
+    import leaves out) keeps its attention kernel, read as the release reads it."""
+    fates, spec = _held_mapping_import(
+        tmp_path, cli_in_process,
+        f"    +{KERNEL}=sdpa \\\n    actor_rollout_ref.model.use_remove_padding=False \\\n",
+        "0.6.1")
+    assert (fates[KERNEL]["fate"], fates[KERNEL]["reproduced"]) == ("engine_option", True)
+    assert spec["engine_options"]["verl"]["actor_rollout_ref.model.override_config"] == \
+        {"attn_implementation": "sdpa"}

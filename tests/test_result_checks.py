@@ -179,9 +179,11 @@ def test_an_engine_that_ran_other_execution_options_is_invalid(plan, tmp_path):
     assert status == "invalid" and not checks["execution"].ok
     assert checks["execution"].detail == \
         "ran with sampling.kernels='fast', the plan says 'exact'"
-    collected.execution = {"sampling.threads": 4}
+    # an option the plan does not name is the engine's default, which the plan left to it
+    # (a plan made before the engine had the option): not a difference
+    collected.execution = {"sampling.kernels": "exact", "sampling.threads": 4}
     status, checks, _ = _checks(plan, tmp_path, collected)
-    assert status == "invalid" and "the plan says nothing of it" in checks["execution"].detail
+    assert status == "succeeded" and checks["execution"].ok
 
 
 def test_an_engine_that_reports_no_execution_options_is_not_judged_on_them(plan, tmp_path):

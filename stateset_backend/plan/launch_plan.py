@@ -145,7 +145,8 @@ def make_plan(spec: ExperimentSpec, entry: AdapterEntry, engine_version: str,
             bare = adapter.render(own, spec, ctx)
         guard_engine_options(adapter.name, options,
                              bare.native if bare.native is not None else own.native,
-                             execution_defaults(dialect))
+                             execution_defaults(dialect),
+                             _surface_defaults(adapter.name, engine_version))
     settings, provider_files = _provider_files(provider, provider_settings or {}, adapter,
                                                run_id, spec, Path(base))
     launched = launch.to_json()
@@ -246,8 +247,19 @@ def check_engine_options(entry: AdapterEntry, engine_version: str,
     check_options(entry.adapter.name, engine_version, options, plugin_surface)
 
 
+def _surface_defaults(engine: str, engine_version: str) -> dict[str, Any] | None:
+    """The release's own default of every key of its configuration surface (None for an
+    engine with no recorded surface): what it reads where the launch sets nothing."""
+    shipped = surface(engine, engine_version)
+    if shipped is None:
+        return None
+    return {key: option["default"] for key, option in shipped["options"].items()
+            if isinstance(option, dict) and "default" in option}
+
+
 def guard_engine_options(engine: str, options: dict[str, Any], native: dict[str, Any],
-                         execution: dict[str, ExecutionDefault] | None = None) -> None:
+                         execution: dict[str, ExecutionDefault] | None = None,
+                         defaults: dict[str, Any] | None = None) -> None:
     """``engine_options`` may add what the spec does not describe and change the launch's
     declared execution defaults (``execution``: keys set only for memory, speed or
     placement); it may never reach any other key the launch sets by itself (``native``:
@@ -263,7 +275,7 @@ def guard_engine_options(engine: str, options: dict[str, Any], native: dict[str,
                                "stateset-backend sets for this run's identity, outputs, a spec "
                                "setting or the math (it is not one of this release's "
                                "execution defaults)")
-    problem = unmet(options, native, execution or {})
+    problem = unmet(options, native, execution or {}, defaults)
     if problem is not None:
         raise InvalidInput(f"engine_options.{engine}.{problem}")
 

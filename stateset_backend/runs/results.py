@@ -201,12 +201,13 @@ def _escapes(path: Path, attempt_dir: Path) -> str | None:
 
 
 def _execution_differs(ran: dict[str, Any], planned: dict[str, Any]) -> list[str]:
-    """Each execution option the engine reports running with that the plan did not set so
-    (``key=value, the plan says ...``): an option that speeds a run up or changes its kernels
-    is outside the experiment's identity, but still part of the launch that was reviewed."""
-    return [f"{key}={value!r}, the plan says " + (
-                f"{planned[key]!r}" if key in planned else "nothing of it")
-            for key, value in ran.items() if key not in planned or planned[key] != value]
+    """Each execution option the engine reports running with at another value than the plan
+    sets (``key=value, the plan says ...``): an option that speeds a run up or changes its
+    kernels is outside the experiment's identity, but still part of the launch that was
+    reviewed. An option the plan does not name is the engine's own default, which the plan
+    left to it (a plan made before the engine had the option)."""
+    return [f"{key}={value!r}, the plan says {planned[key]!r}"
+            for key, value in ran.items() if key in planned and planned[key] != value]
 
 
 def evaluate(plan: LaunchPlan, exit_: Exit, collected: Collected | None, attempt_dir: Path,

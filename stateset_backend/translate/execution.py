@@ -59,21 +59,28 @@ def execution_defaults(dialect: Any) -> dict[str, ExecutionDefault]:
 
 
 def unmet(options: dict[str, Any], own: dict[str, Any],
-          execution: dict[str, ExecutionDefault]) -> str | None:
+          execution: dict[str, ExecutionDefault],
+          defaults: dict[str, Any] | None = None) -> str | None:
     """The first requirement of an execution default the options leave unmet, as the line
     that refuses it; None when every one is met. A requirement holds wherever the engine reads
     the default at another value than the launch's own (``own``: the launch without the
     options), judged on what the engine reads: the options given by the exact key or by a
-    mapping above it, over the launch's own values."""
+    mapping above it, over the launch's own values, over the release's ``defaults`` (its
+    configuration surface's: verl 0.6.1 defaults to padded rows, 0.9.1 to padding-free)."""
     for key, declared in execution.items():
         value = _effective(key, options, own)
         if not declared.requires or value == _read(key, own):
             continue
         for need, allowed in declared.requires:
             have = _effective(need, options, own, _MISSING)
+            if have is _MISSING and defaults is not None and need in defaults:
+                have = defaults[need]
+                now = f"it is {have!r}, the release's default"
+            elif have is _MISSING:
+                now = "the launch leaves it at the release's default"
+            else:
+                now = f"it is {have!r}"
             if have not in allowed:
-                now = "the launch leaves it at the release's default" if have is _MISSING \
-                    else f"it is {have!r}"
                 return (f"{key}: {value!r} needs {need} to be "
                         f"{' or '.join(map(repr, allowed))} ({now}): "
                         f"{declared.requires_why}")

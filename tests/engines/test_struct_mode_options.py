@@ -155,9 +155,14 @@ def test_verl_takes_only_the_attention_kernel_and_vllms_compilation_from_a_user(
     with pytest.raises(InvalidInput, match="only actor_rollout_ref.rollout.engine_kwargs.vllm"
                                            r"\.compilation_config may be given"):
         _verl_plan({"actor_rollout_ref.rollout.engine_kwargs.vllm": {"kv_cache_dtype": "fp8"}})
-    # padding-free rows carry no attention mask: only flash-attention keeps them apart
-    with pytest.raises(InvalidInput, match="use_remove_padding to be False"):
-        _verl_plan({"actor_rollout_ref.model.override_config": {"attn_implementation": "sdpa"}})
+    # padding-free rows carry no attention mask: only flash-attention keeps them apart;
+    # 0.9.1 defaults to them, 0.6.1 to padded rows, whose default meets the requirement
+    sdpa = {"actor_rollout_ref.model.override_config": {"attn_implementation": "sdpa"}}
+    with pytest.raises(InvalidInput, match=r"use_remove_padding to be False \(it is True, "
+                                           r"the release's default\)"):
+        _verl_plan(sdpa)
+    assert BUILTIN["verl"](_verl_plan(sdpa, "0.6.1"))[
+        "actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
     with pytest.raises(InvalidInput, match="which the launch holds"):
         _verl_plan({"actor_rollout_ref.model.override_config": {"attn_implementation": "flex"}})
 
