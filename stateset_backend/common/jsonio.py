@@ -173,6 +173,17 @@ def atomic_write_json(path: str | os.PathLike[str], doc: Any, *, durable: bool =
     atomic_write_bytes(path, dumps(doc).encode("utf-8"), durable=durable)
 
 
+def put(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """Set the dotted ``path`` of nested dicts to ``value``, making the mappings on the way
+    (flatten's inverse, one key at a time); returns ``doc``."""
+    node = doc
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return doc
+
+
 def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
     """Nested dicts as dotted keys; lists, empty dicts and scalars are leaves."""
     if isinstance(doc, dict) and doc:

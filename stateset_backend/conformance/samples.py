@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stateset_backend.common.jsonio import put
 from stateset_backend.contracts.capabilities import VOCABULARY, required_capabilities
 from stateset_backend.contracts.loader import Contract, parse_version
 from stateset_backend.spec.files import parse_spec
@@ -229,11 +230,7 @@ def _kl(placement: str | None = None, estimator: str | None = None) -> Change:
 
 def _set(path: str, value: Any) -> Change:
     def change(doc: dict[str, Any], files: SampleFiles) -> None:
-        node = doc
-        *parents, last = path.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = copy.deepcopy(value)
+        put(doc, path, copy.deepcopy(value))
 
     return change
 

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from stateset_backend.common.jsonio import put
 from stateset_backend.contracts.surfaces import surface
 from stateset_backend.importing.roundtrip import PLACEHOLDER_SHA256
 from stateset_backend.translate.reading import inert_under, read_alike
@@ -47,11 +48,7 @@ def whole_mappings(engine: str, version: str, options: dict[str, Any],
             grouped[key] = parent
     for key, mapping in grouped.items():
         whole = options.setdefault(mapping, copy.deepcopy(known[mapping]["default"]))
-        node = whole
-        *inner, last = key[len(mapping) + 1:].split(".")
-        for part in inner:
-            node = node.setdefault(part, {})
-        node[last] = options.pop(key)
+        put(whole, key[len(mapping) + 1:], options.pop(key))
         fates[mapping] = fates[key]
     return grouped
 

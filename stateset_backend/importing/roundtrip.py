@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stateset_backend.common.errors import InvalidInput, StatesetError, Unsupported
-from stateset_backend.common.jsonio import flatten
+from stateset_backend.common.jsonio import flatten, put
 from stateset_backend.contracts.loader import parse_version
 from stateset_backend.importing.solve import bare
 from stateset_backend.spec.model import ExperimentSpec
@@ -49,9 +49,10 @@ def plan_dropping(entry: Any, version: str, doc: dict[str, Any], base: Path,
             culprit = next((k for k in options if exc.message.startswith(prefix + k + ":") or
                             exc.message.startswith(prefix + k + ".")), None)
             if culprit is not None:
-                reason = exc.message.removeprefix(prefix + culprit + ":").strip() \
-                    if exc.message.startswith(prefix + culprit + ":") else \
-                    exc.message.removeprefix(prefix)  # names the key inside the mapping
+                said = exc.message.removeprefix(prefix + culprit)
+                # the guard's words, or whole where they name a key inside the mapping
+                reason = said[1:].strip() if said.startswith(":") else \
+                    exc.message.removeprefix(prefix)
                 value = options.pop(culprit)
                 kept = None if culprit in reduced else \
                     _declared_parts(entry, version, culprit, value)
@@ -84,11 +85,7 @@ def _declared_parts(entry: Any, version: str, key: str,
     rest: list[str] = []
     for name, leaf in flatten(value, key).items():
         if any(name == d or name.startswith(d + ".") for d in declared):
-            node = kept
-            *inner, last = name[len(key) + 1:].split(".")
-            for part in inner:
-                node = node.setdefault(part, {})
-            node[last] = leaf
+            put(kept, name[len(key) + 1:], leaf)
         else:
             rest.append(name)
     return (kept, rest) if kept else None

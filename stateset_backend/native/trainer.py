@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from stateset_backend.common.jsonio import atomic_write_json
+from stateset_backend.common.jsonio import atomic_write_json, put
 from stateset_backend.native import checkpoint, grouped_llama, layout, objectives, options
 from stateset_backend.native.batch import (
     ConversationBatch,
@@ -115,11 +115,7 @@ def load_settings(path: Path) -> RunSettings:
     doc = json.loads(path.read_text(encoding="utf-8"))
     nested: dict[str, Any] = {}
     for key, value in doc["settings"].items():
-        *parents, last = key.split(".")
-        node = nested
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
+        put(nested, key, value)
     spec = parse_spec(nested, source=str(path))
     if experiment_digest(spec) != doc["experiment_digest"]:
         raise SettingsError("the launch config's settings do not hash to the experiment "

@@ -18,6 +18,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from stateset_backend.common.errors import AdapterBug, InvalidInput, Unsupported
+from stateset_backend.common.jsonio import put
 from stateset_backend.conformance import memo
 from stateset_backend.conformance.samples import (
     Sample,
@@ -237,13 +238,7 @@ def _fitted_base(adapter: EngineAdapter, version: str, files: SampleFiles,
 
 
 def _nested(path: str, value: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    node = out
-    *parents, last = path.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = value
-    return out
+    return put({}, path, value)
 
 
 def _has(doc: dict[str, Any], path: str) -> bool:
