@@ -19,6 +19,14 @@ twice: at the model's own widths (the best over token row counts from a decode s
 update's whole batch) and at the best of large square products, the machine's peak. An
 update cannot take less than either floor; how far above the larger one it runs is what an
 engine could still win.
+
+Which work that distance is in: the profiled update's time by kind (the linear layers' matrix
+products, attention, every other operator, and the time outside operators), and the FLOPs of
+the first two. From them, what better product and attention kernels could win at most: the
+update with its products at the machine's rate and its attention free, every other operator
+and the interpreter's time as they are. Where that is still far above the floor, the distance
+is in the many small operators around the products (norms, rotations, the vocabulary's
+softmax, sampling, indexing, the optimizer), which only fusing them into fewer kernels removes.
 """
 
 from __future__ import annotations
@@ -38,6 +46,15 @@ PHASES = {"sampling": "sample", "reference log-probs": "reference_logprobs",
           "learner update": "update"}
 RECORDS = ("log_metrics", "write_receipt", "_write_trajectories", "commit")
 MARK = "anatomy phase: "
+# the operators of each kind of work, by aten name: a linear layer's products are mm (addmm
+# with a bias), forward and backward; attention is torch's fused kernel, forward and
+# backward, or, where the engine writes it out (decoding, short responses), its batched
+# products and softmax; every other operator is "other operators"
+KINDS = {"matrix products": ("aten::mm", "aten::addmm"),
+         "attention": ("aten::bmm", "aten::baddbmm", "aten::_softmax",
+                       "aten::_softmax_backward_data",
+                       "aten::_scaled_dot_product_flash_attention_for_cpu",
+                       "aten::_scaled_dot_product_flash_attention_for_cpu_backward")}
 
 
 def _best_us(fn: Callable[[], Any], repeat: int) -> float:
@@ -111,6 +128,33 @@ def _attention_flops() -> dict[Any, Any]:
             aten._scaled_dot_product_flash_attention_for_cpu_backward: backward}
 
 
+def _kind(op: str) -> str:
+    return next((kind for kind, names in KINDS.items() if op in names), "other operators")
+
+
+def work_by_kind(events: Any, wall_ms: float) -> dict[str, float]:
+    """One profiled update's milliseconds by kind of work (``KINDS``): each operator's own
+    time (its callees' are theirs) on the training thread, and outside operators the rest of
+    the update's wall time (the interpreter, the profiler's own bookkeeping)."""
+    thread = next(e.thread for e in events if e.name.startswith(MARK))
+    spent: dict[str, float] = dict.fromkeys([*KINDS, "other operators"], 0.0)
+    for e in events:
+        if e.thread == thread and e.name.startswith("aten::"):
+            spent[_kind(e.name)] += e.self_cpu_time_total / 1e3
+    spent["outside operators"] = wall_ms - sum(spent.values())
+    return {kind: round(ms, 2) for kind, ms in spent.items()}
+
+
+def gflop_by_kind(counts: dict[Any, int]) -> dict[str, float]:
+    """FlopCounterMode's global counts (operator -> FLOPs) summed by kind of work."""
+    gflop = dict.fromkeys(KINDS, 0.0)
+    for op, flops in counts.items():
+        kind = _kind(str(op).replace(".", "::", 1))
+        if kind in gflop:
+            gflop[kind] += flops / 1e9
+    return {kind: round(g, 3) for kind, g in gflop.items()}
+
+
 def _top_level_ops(events: Any) -> Counter[str]:
     """Top-level operator events per phase mark: an operator inside another is its caller's."""
     counts: Counter[str] = Counter()
@@ -157,6 +201,8 @@ def measure(spec: Any, examples: Path, timed_updates: int) -> dict[str, Any]:
     state = {"update": -1, "started": 0.0}
     events: list[Any] = []
     counted_flops: list[int] = []
+    counted_kinds: list[dict[str, float]] = []
+    profiled_ms: list[float] = []
     walls: list[float] = []
     tokens: list[int] = []
     profiler: list[Any] = []
@@ -186,11 +232,13 @@ def measure(spec: Any, examples: Path, timed_updates: int) -> dict[str, Any]:
             walls.append(now - state["started"])
         for p in profiler:
             p.stop()
+            profiled_ms.append(1e3 * (now - state["started"]))
             events.extend(p.events())
         profiler.clear()
         for f in flops:
             f.__exit__(None, None, None)
             counted_flops.append(f.get_total_flops())
+            counted_kinds.append(gflop_by_kind(f.get_flop_counts().get("Global", {})))
         flops.clear()
         at = state["update"] = at + 1
         if at == warmup + timed_updates:
@@ -233,6 +281,13 @@ def measure(spec: Any, examples: Path, timed_updates: int) -> dict[str, Any]:
     rates = matmul_gflops(int(rows), widths)
     op_us = trivial_op_us()
     total_ops = sum(ops.values())
+    work = work_by_kind(events, profiled_ms[0])
+    kinds_gflop = counted_kinds[0]
+    # the plain update less what its products and attention took under the profiler (large
+    # operators, whose time the profiler's per-operator bookkeeping hardly changes), plus
+    # the products at the machine's rate
+    rest_ms = update_ms - work["matrix products"] - work["attention"]
+    bound_ms = rest_ms + kinds_gflop["matrix products"] / rates["model_shapes"] * 1e3
     return {
         "updates_timed": n, "update_ms": round(update_ms, 2),
         "update_ms_rounds": [round(1e3 * w, 2) for w in walls],
@@ -240,6 +295,9 @@ def measure(spec: Any, examples: Path, timed_updates: int) -> dict[str, Any]:
         "sampling_ms_per_token": round(phases_ms.get("sampling", 0.0) / max(steps, 1), 3),
         "operators": {"total": total_ops, **dict(sorted(ops.items()))},
         "gflop": round(flop_count / 1e9, 3),
+        "work_ms": {"profiled update": round(profiled_ms[0], 2), **work},
+        "gflop_by_kind": kinds_gflop,
+        "products_at_rate_attention_free_ms": round(bound_ms, 2),
         "trivial_op_us": round(op_us, 3), "matmul_gflops": rates,
         "floors_ms": {
             "dispatch": round(total_ops * op_us / 1e3, 2),

@@ -307,7 +307,41 @@ def anatomy_rows(r: dict[str, Any]) -> list[str]:
         "",
         "| shape | an update | sampling | reference log-probs | learner update | records | "
         "operators | GFLOP | dispatch floor | arithmetic floor (at peak) | above the floor |",
-        "|---|---|---|---|---|---|---|---|---|---|---|", *rows]
+        "|---|---|---|---|---|---|---|---|---|---|---|", *rows, *_work_rows(shapes)]
+
+
+def _work_rows(shapes: dict[str, Any]) -> list[str]:
+    """The anatomy's time by kind of work, and what faster products and attention could win
+    at most (anatomy.work_by_kind); none for a profile stored before it was measured."""
+    rows = []
+    for name, a in shapes.items():
+        if "work_ms" not in a:
+            continue
+        w, g = a["work_ms"], a["gflop_by_kind"]
+        at_rate = g["matrix products"] / a["matmul_gflops"]["model_shapes"] * 1e3
+        rows.append(
+            f"| `{name}` | {w['profiled update']:.0f} ms | {w['matrix products']:.0f} ms "
+            f"({g['matrix products']:.2f} GFLOP, {at_rate:.0f} ms at the machine's rate) | "
+            f"{w['attention']:.0f} ms ({g['attention']:.2f} GFLOP) | "
+            f"{w['other operators']:.0f} ms | {w['outside operators']:.0f} ms | "
+            f"{a['products_at_rate_attention_free_ms']:.0f} ms, "
+            f"{a['products_at_rate_attention_free_ms'] / a['update_ms']:.0%} of the update |")
+    if not rows:
+        return []
+    return [
+        "",
+        "The same update by kind of work, under torch's profiler (each operator's own time; "
+        "outside operators, the rest of the update's wall time: the interpreter and the "
+        "profiler's bookkeeping): the linear layers' matrix products, forward and backward; "
+        "attention (the fused kernel, or the batched products and softmax where the engine "
+        "writes it out); every other operator (norms, rotations, the vocabulary's softmax, "
+        "sampling, indexing, the optimizer). The last column is what better product and "
+        "attention kernels could win at most: the plain update with its products at the "
+        "machine's rate and its attention free, the rest as it is.",
+        "",
+        "| shape | an update, profiled | matrix products | attention | other operators | "
+        "outside operators | products at the machine's rate, attention free |",
+        "|---|---|---|---|---|---|---|", *rows]
 
 
 def _trl_cells(native: dict[str, Any], trl: dict[str, Any] | None) -> str:

@@ -251,6 +251,43 @@ def test_the_cold_start_table_is_the_stored_measurement_of_every_command():
                if row["argv"][:2] != ["schema", "spec"])
 
 
+def test_an_update_is_taken_apart_by_the_operators_it_ran():
+    """The anatomy's kinds of work come from the operators a profiled step ran on its own
+    thread: a linear layer's products (forward and backward), torch's fused attention
+    (forward and backward), every other operator, and the wall time outside them."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+    from torch.profiler import profile, record_function
+    from torch.utils.flop_counter import FlopCounterMode
+
+    anatomy = _benchmark("profile_native").anatomy
+    x, w = torch.randn(512, 256, requires_grad=True), torch.randn(256, 256)
+    q = torch.randn(4, 8, 128, 32, requires_grad=True)
+
+    def step() -> None:
+        with record_function(anatomy.MARK + "learner update"):
+            F.scaled_dot_product_attention(q, q, q).sum().backward()
+            F.linear(x, w).relu().sum().backward()
+
+    with FlopCounterMode(display=False, custom_mapping=anatomy._attention_flops()) as flops:
+        step()
+    gflop = anatomy.gflop_by_kind(flops.get_flop_counts()["Global"])
+    assert gflop["matrix products"] == pytest.approx(2 * 2 * 512 * 256 * 256 / 1e9, abs=1e-3)
+    assert gflop["attention"] > 0
+    assert sum(gflop.values()) == pytest.approx(flops.get_total_flops() / 1e9, abs=2e-3)
+    with profile() as prof:
+        start = time.perf_counter()
+        step()
+        wall_ms = 1e3 * (time.perf_counter() - start)
+    work = anatomy.work_by_kind(prof.events(), wall_ms)
+    assert set(work) == {"matrix products", "attention", "other operators",
+                         "outside operators"}
+    assert all(work[k] > 0 for k in ("matrix products", "attention", "other operators"))
+    assert sum(work.values()) == pytest.approx(wall_ms, abs=0.1)
+
+
 def test_the_profile_holds_every_completion_length_against_its_floors():
     """Each completion length's update is taken apart (the model's phases, its operators and
     FLOPs) and held against its two floors measured on the same machine: the dispatch floor
@@ -269,3 +306,12 @@ def test_the_profile_holds_every_completion_length_against_its_floors():
                                               if k != "total") > 0
         assert a["gflop"] > 0 and a["trivial_op_us"] > 0
         assert 0 < max(a["floors_ms"].values()) < a["update_ms"]
+        # the update by kind of work: its FLOPs are the products' and attention's, its time
+        # adds up to the profiled update, and faster kernels alone leave the rest of it
+        work, kinds = a["work_ms"], a["gflop_by_kind"]
+        assert sum(kinds.values()) == pytest.approx(a["gflop"], abs=0.01)
+        assert kinds["matrix products"] > 0 and kinds["attention"] > 0
+        assert sum(v for k, v in work.items() if k != "profiled update") == \
+            pytest.approx(work["profiled update"], abs=0.1)
+        assert min(work.values()) > 0
+        assert 0 < a["products_at_rate_attention_free_ms"] < a["update_ms"]
