@@ -63,7 +63,15 @@ class RegistersExploding:
         register(_Exploding())
 
 
+class ForgotHookimpl:
+    """A plugin whose hook lacks the hookimpl mark: pluggy registers it and calls nothing."""
+
+    def register_adapters(self, register):
+        register(NativeAdapter())
+
+
 raises_in_hook = RaisesInHook()
+forgot_hookimpl = ForgotHookimpl()
 registers_exploding = RegistersExploding()
 takes_native_name = TakesNativeName()
 registers_nonsense = RegistersNonsense()

@@ -278,3 +278,10 @@ def test_a_command_parses_the_same_with_only_its_group(argv):
 
     assert vars(build_parser(_command_word(argv)).parse_args(argv)) == \
         vars(build_parser().parse_args(argv))
+
+
+def test_invalid_json_names_the_fault_without_a_dangling_word(cli, write_json):
+    """json's message for a raw control character ends in " at", before the place it adds."""
+    path = write_json('{"name": "a\tb"}')
+    _one_line_error(cli("validate", path), 2, "column 12: Invalid control character")
+    assert "character at" not in cli("validate", path).stderr

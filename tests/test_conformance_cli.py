@@ -83,3 +83,42 @@ def test_a_range_that_opens_at_a_pre_release_is_checked_at_its_final():
 
     contract = build_registry().get("nemo-rl").adapter.contract
     assert runner.dialect_versions(contract)[0] == "0.5.0"
+
+
+def _entry_with(adapter_cls, **methods):
+    from stateset_backend.engines.registry import AdapterEntry, build_registry
+
+    base = build_registry().get("echo")
+    adapter = type("Patched", (adapter_cls,), methods)()
+    return AdapterEntry(adapter, base.plugin, base.distribution, base.version)
+
+
+def test_the_installed_release_is_among_the_versions_the_kit_checks():
+    """The engine's own run is the one check that watches what the engine does, and it runs
+    only on the installed release: one the contract covers is always among the versions, so
+    a contract whose first releases are not installed cannot have that check skipped."""
+    from stateset_echo_engine.plugin import EchoAdapter
+
+    first = runner.dialect_versions(EchoAdapter().contract)
+    entry = _entry_with(EchoAdapter, installed_version=lambda self, python=None, home=None:
+                        "1.2.7")
+    assert runner.with_installed(list(first), entry, None) == [*first, "1.2.7"]
+    for installed in (first[0], None, "0.0.1"):  # one already there, none, out of range
+        entry = _entry_with(EchoAdapter, installed_version=lambda self, python=None,
+                            home=None, v=installed: v)
+        assert runner.with_installed(list(first), entry, None) == first
+
+
+def test_a_plugin_whose_kit_support_raises_is_one_line_naming_it(tmp_path):
+    import pytest
+    from stateset_echo_engine.plugin import EchoAdapter
+
+    from stateset_backend.common.errors import AdapterBug
+
+    def kit_support(self):
+        raise ModuleNotFoundError("No module named 'echo_kit_helpers'")
+
+    entry = _entry_with(EchoAdapter, kit_support=kit_support)
+    with pytest.raises(AdapterBug, match=r"echo adapter \(plugin 'echo'.*failed in "
+                                         r"kit_support: ModuleNotFoundError"):
+        runner.run_conformance(entry, ["1.2.0"])

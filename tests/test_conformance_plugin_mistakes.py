@@ -96,6 +96,52 @@ class CountsLogRows(EchoAdapter):
         return out
 
 
+class CountsUpdatesFromTheLaunch(EchoAdapter):
+    """Writes the planned updates into a file of its launch and reports them as committed,
+    whatever the engine's log shows."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        planned = json.dumps({"updates": spec.budget.total_updates})
+        return NativeLaunch(launch.argv, {**launch.files, "launch.json": planned},
+                            launch.set_env)
+
+    def collect(self, attempt_dir, ctx) -> Collected:
+        out = super().collect(attempt_dir, ctx)
+        if (attempt_dir / "launch.json").is_file():
+            out.committed_updates = json.loads((attempt_dir / "launch.json").read_text())[
+                "updates"]
+        return out
+
+
+class ReportsTheScoreInPercent(EchoAdapter):
+    """Reads the engine's score as a percentage: every reward a hundred times what it was."""
+
+    def collect(self, attempt_dir, ctx) -> Collected:
+        out = super().collect(attempt_dir, ctx)
+        out.metrics = [{**r, "reward/mean": 100 * r["reward/mean"]} for r in out.metrics]
+        return out
+
+
+class CarriesTheRateNamingItsRun(CarriesTheLearningRate):
+    """CarriesTheLearningRate, with the run's name in the launch's file (as a launch should
+    name its run): that name differs in every plan, the rate in none."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        settings = {**json.loads(launch.files["echo.json"]), "run": ctx.run_name}
+        return NativeLaunch(launch.argv, {"echo.json": json.dumps(settings)}, launch.set_env)
+
+
+class ExpectsNothing(EchoAdapter):
+    """Names an expectation for every key, each answering "not checked" for every spec."""
+
+    def kit_support(self):
+        support = super().kit_support()
+        return dataclasses.replace(support, expectations=tuple(
+            (spellings, lambda spec: None) for spellings, _ in support.expectations))
+
+
 MODULE = '''
 import pytest
 from stateset_backend.conformance import AdapterConformance
@@ -121,11 +167,17 @@ class TestMistake(AdapterConformance):
                              "it must read 'rloo'"),
     (CountsLogRows, "committed_updates is 5, but the outputs show 4 updates"),
     (CarriesTheLearningRate, "optim.lr: planned at 1e-06 and 5e-07, the launch is the same"),
+    (CarriesTheRateNamingItsRun, "optim.lr: planned at 1e-06 and 5e-07, the launch is the "
+                                 "same"),
+    (CountsUpdatesFromTheLaunch, "stopped_early: the result is succeeded, expected invalid"),
+    (ReportsTheScoreInPercent, "healthy: the engine logged reward/mean = 0.2 at update 1, "
+                               "and collect reads 20.0"),
+    (ExpectsNothing, "nothing the engine reads is held to a value"),
     (EchoAdapter, None)])
 def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):
     report = run_kit(tmp_path, MODULE, cls, "::TestMistake",
                      "not plans_agree_across_processes")
-    failed = [c["reason"] for c in report["checks"] if c["state"] == "failed"]
+    failed = [c["reason"] for c in report["checks"] if c["state"] in ("failed", "unverified")]
     if says is None:
         assert not failed and report["counts"]["unverified"] == 0, report["checks"]
         assert report["counts"]["passed"] > 50

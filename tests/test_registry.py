@@ -69,6 +69,32 @@ def test_each_way_a_plugin_can_break_is_contained(monkeypatch, target, error):
     assert reg.adapters["native"].plugin == "builtin"
 
 
+def test_a_hook_without_its_mark_is_named_not_silently_empty(monkeypatch):
+    _with_entry_points(monkeypatch, forgot="plugin_samples:forgot_hookimpl")
+    reg = build_registry(strict=False)
+    assert [f.plugin for f in reg.failures] == ["forgot"]
+    assert "implements no hook" in reg.failures[0].error
+
+
+def test_two_plugins_of_one_name_are_both_refused_by_name(monkeypatch):
+    """Which of two plugins named alike pluggy kept would be the order the environment lists
+    them in: neither loads, and the failure names both, not pluggy's registry dump."""
+    eps = [metadata.EntryPoint(name, value, registry_module.ENTRY_POINT_GROUP)
+           for name, value in (("builtin", "stateset_backend.adapters"),
+                               ("twin", "plugin_samples:no_arguments"),
+                               ("twin", "plugin_samples:takes_native_name"))]
+    monkeypatch.setattr(registry_module.metadata, "entry_points",
+                        lambda group: eps if group == registry_module.ENTRY_POINT_GROUP else [])
+    reg = build_registry(strict=False)
+    assert [f.plugin for f in reg.failures] == ["twin", "twin"]
+    error = reg.failures[0].error
+    assert "registered by 2 installed distributions" in error and "{" not in error
+    assert "plugin_samples:no_arguments" in error and "plugin_samples:takes_native_name" in error
+    assert reg.adapters["native"].plugin == "builtin"
+    with pytest.raises(PluginError, match="registered by 2 installed distributions"):
+        build_registry(strict=True)
+
+
 def test_hook_may_take_fewer_arguments(monkeypatch):
     _with_entry_points(monkeypatch, quiet="plugin_samples:no_arguments")
     assert build_registry(strict=False).failures == []

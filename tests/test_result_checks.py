@@ -189,3 +189,33 @@ def test_an_engine_that_ran_other_execution_options_is_invalid(plan, tmp_path):
 def test_an_engine_that_reports_no_execution_options_is_not_judged_on_them(plan, tmp_path):
     _, checks, _ = _checks(plan, tmp_path, _collected(plan, tmp_path))
     assert "execution" not in checks
+
+
+def test_a_collector_that_raises_or_returns_another_type_is_the_attempts_finding(tmp_path):
+    """Whatever ``collect`` does, the attempt gets a result naming it: the exception it
+    raised, or the type it returned in place of a Collected (never an AttributeError of ours
+    further on), and a rehearsal's unread lines say why they could not be read."""
+    from stateset_backend.engines.adapter import LaunchContext, collect_outputs
+    from stateset_backend.runs.rehearsal.verdict import _from_check
+    from stateset_backend.runs.results import Check, Result
+
+    class Returns(NativeAdapter):
+        def __init__(self, value):
+            self.value = value
+
+        def collect(self, attempt_dir, ctx):
+            if isinstance(self.value, Exception):
+                raise self.value
+            return self.value
+
+    ctx = LaunchContext("run", "sha256:" + "0" * 64, "0.1.0", None)
+    assert collect_outputs(Returns({"run_id": "run"}), tmp_path, ctx) == \
+        (None, "the native adapter's collect returned a dict, not a Collected")
+    assert collect_outputs(Returns(KeyError("val/score")), tmp_path, ctx) == \
+        (None, "KeyError: 'val/score'")
+    found = Collected(run_id="run")
+    assert collect_outputs(Returns(found), tmp_path, ctx) == (found, None)
+    result = Result.model_construct(checks=[Check(name="collect", ok=False,
+                                                  detail="KeyError: 'val/score'")])
+    line = _from_check(result, "identity", "identity")
+    assert line.state == "FAILED" and "KeyError: 'val/score'" in line.detail

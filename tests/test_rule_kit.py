@@ -213,3 +213,16 @@ def test_unrelated_engine_options_pass(minimal):
 
     assert option_conflict("trainer.val_before_train", {"trainer.logger": 1}) is None
     assert option_conflict("actor.clip", {"actor.clip_ratio": 1}) is None
+
+
+def test_rules_that_are_not_a_mapping_are_named_as_such():
+    """An adapter whose rules() returns a list would otherwise read as lacking a rule for
+    the spec's first leaf, which sends its author looking for the wrong mistake."""
+    from stateset_backend.adapters.native.adapter import NativeAdapter
+    from stateset_backend.conformance.specs import MINIMAL
+
+    adapter = NativeAdapter()
+    dialect = adapter.contract.dialects[0]
+    with pytest.raises(AdapterBug, match=r"rules\(\) returned a list, not a mapping"):
+        explain_rows(parse_spec(MINIMAL), list(adapter.rules(dialect).items()), dialect,
+                     "native")

@@ -59,9 +59,9 @@ def loads(text: str, *, source: str = "<input>") -> Any:
         return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
                           object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
-        raise InvalidInput(
-            f"{source}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-        ) from None
+        # json's messages end in " at" before the place it appends to them, given here first
+        raise InvalidInput(f"{source}: invalid JSON at line {exc.lineno}, column {exc.colno}: "
+                           f"{exc.msg.removesuffix(' at')}") from None
     except ValueError as exc:
         raise InvalidInput(f"{source}: {exc}") from None
     except RecursionError:

@@ -155,8 +155,10 @@ class AdapterConformance(KitFixtures):
             # KL, ...), each varied in that sample
             at_base = flatten(base_plan.spec)
             for sample, plan in self._claimed(adapter, engine_version, sample_files):
-                own = {k for k, v in flatten(plan.spec).items()
-                       if k not in at_base or at_base[k] != v}
+                its = flatten(plan.spec)
+                own = {k for k, v in its.items() if k not in at_base or at_base[k] != v}
+                if "evaluation.every" in own:  # validation's decoding counts only here
+                    own |= {k for k in its if k.startswith("evaluation.")}
                 if not own:
                     continue
                 try:
@@ -202,19 +204,28 @@ class AdapterConformance(KitFixtures):
         base, probe_plan = self._base(adapter, engine_version, sample_files, **extra)
         key = self.option_key(adapter, probe_plan)
         engine = adapter.name
+        refusals: list[str] = []
 
         def plan(values: Mapping[str, str]) -> LaunchPlan | None:
             doc = checks.hostile_doc(base, values, key, engine, lora)
             try:
                 return checks.plan_doc(adapter, engine_version, doc, sample_files)
-            except InvalidInput:
+            except InvalidInput as exc:
+                refusals.append(str(exc))
                 return None  # refused as a value the engine cannot carry: exit 2, fine
 
         with reported():
             checks.check_no_free_text_option(adapter, engine_version, base, sample_files, key)
         clean = plan(checks.BENIGN)
         if clean is None:
-            pytest.fail("the benign sample with every string field set does not plan",
+            named = adapter.kit_support().option_key is not None
+            pytest.fail("the benign sample with every string field set does not plan: "
+                        + refusals[-1] + ("" if named else
+                                          f"; the kit put its own probe key {key!r} in "
+                                          "engine_options, as KitSupport names no option_key: "
+                                          "name a free-text key the engine accepts, or give "
+                                          "`option_key=lambda plan: None` when every option "
+                                          "it takes is enumerated (docs/plugins.md)"),
                         pytrace=False)
 
         def read(p: LaunchPlan) -> dict[str, Any]:
@@ -236,7 +247,8 @@ class AdapterConformance(KitFixtures):
                     raise CheckFailed("the plan does not keep name and labels verbatim")
                 checks.check_argv_structure(clean, hostile, values)
                 if parse_launch is not None:
-                    checks.check_read_back(clean_read or {}, read(hostile), values)
+                    checks.check_read_back(clean_read or {}, read(hostile), values,
+                                            hostile.base_dir)
         assert refused < len(checks.rotations()), "every hostile spec was refused"
 
     def test_launch_reads_back_as_declared(
@@ -277,7 +289,7 @@ class AdapterConformance(KitFixtures):
         named here and the check is unverified, never passed: a wrong but self-consistent
         mapping of it would pass every other check."""
         self._version(adapter, engine_version)
-        from stateset_backend.conformance.expectations import expectations_of, unexpected
+        from stateset_backend.conformance.expectations import expectations_of, idle, unexpected
 
         if adapter.name == "native":
             pytest.skip("the native engine's launch is the spec itself")
@@ -286,13 +298,21 @@ class AdapterConformance(KitFixtures):
                        "written from the engine's own documentation and code "
                        "(docs/plugins.md)")
         keys: set[str] = set()
-        for _, plan in self._claimed(adapter, engine_version, sample_files):
+        claimed = self._claimed(adapter, engine_version, sample_files)
+        for _, plan in claimed:
             keys |= {k.lstrip("+") for k in flatten(plan.native)}
         missing = unexpected(adapter, keys)
         if missing:
             unverified(f"{len(missing)} of the {len(keys)} keys the launches set have no "
                        f"expectation written from {adapter.name} itself: "
                        + ", ".join(missing[:12]) + (", ..." if len(missing) > 12 else ""))
+        named = len(keys) - len(missing)
+        unheld = idle(adapter, keys, [plan.validated_spec() for _, plan in claimed])
+        if named and len(unheld) == named:
+            unverified(f"the expectations of all {named} keys the launches set give no value "
+                       f"for any of the kit's {len(claimed)} samples: nothing the engine reads "
+                       "is held to a value (an expectation returns None only where the spec "
+                       "makes its key moot)")
 
     def test_launch_runs_under_an_engine_stub(
             self, adapter: EngineAdapter, engine_version: str, sample_files: SampleFiles,

@@ -27,7 +27,7 @@ from stateset_backend.conformance.checks import CheckFailed, Writer
 from stateset_backend.conformance.samples import REWARD_SOURCE, deep_merge, write_split
 from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import EngineAdapter, LaunchContext
-from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.engines.registry import entry_of
 from stateset_backend.plan.launch_plan import LaunchPlan, make_plan
 from stateset_backend.runs.rehearsal.run import Verdict, rehearse
 from stateset_backend.runs.results import Result
@@ -99,7 +99,8 @@ def watched_doc(adapter: EngineAdapter, version: str, base: dict[str, Any], root
                    "sha256": sums["reward.py"]},
         "optim": {"lr": 1e-3, "schedule": "cosine", "warmup_steps": 1, "min_lr_ratio": 0.1},
         "budget": {"total_updates": UPDATES, "prompts_per_update": 4},
-        "resources": {"nodes": 1, "gpus_per_node": 1}})
+        # one node, the devices the base sample asks (a CPU engine's base may ask none)
+        "resources": {"nodes": 1}})
     if "validation" in claimed:
         doc["data"]["validation"] = split("validation")
         doc["evaluation"] = {"every": 2}
@@ -111,7 +112,7 @@ def watched_doc(adapter: EngineAdapter, version: str, base: dict[str, Any], root
 def run_engine(adapter: EngineAdapter, version: str, doc: dict[str, Any], root: Path, *,
                python: str | None) -> Verdict:
     """The engine's own run of ``doc`` through ``rehearse``, kept under ``root``."""
-    entry = AdapterEntry(adapter, "conformance", "conformance", version)
+    entry = entry_of(adapter)
     plan = make_plan(parse_spec(doc, source="the kit's watched sample"), entry, version,
                      base_dir=root)
     return rehearse(plan, entry, root / "runs", UPDATES, python=python, engine_home=None,

@@ -2,7 +2,8 @@
 ``stateset-backend conformance ENGINE`` does.
 
 A subclass of :class:`AdapterConformance` is generated for the engine (its versions: the ones
-asked for, or the first version of every dialect the contract names), pytest runs it in this
+asked for, or the first version of every dialect the contract names and the release installed
+where the engine runs, when the contract covers it), pytest runs it in this
 process, and each check's outcome is collected. Collection and resume use the output writer
 the adapter supplies through ``kit_support()``, exactly as its own test class does; an adapter
 that supplies none has those checks reported ``unsupported``, never passed.
@@ -17,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from stateset_backend.common.errors import InvalidInput
 from stateset_backend.contracts.loader import Contract, parse_version
 from stateset_backend.engines.registry import AdapterEntry
 
@@ -43,15 +45,36 @@ def dialect_versions(contract: Contract) -> list[str]:
     return out
 
 
+def with_installed(probes: list[str], entry: AdapterEntry, python: str | None) -> list[str]:
+    """``probes`` and the release installed where the engine would run, when the contract
+    covers it and no probe is that release: the engine's own run, the one check that watches
+    what the engine does, runs only on the installed release, so a contract whose first
+    releases are not the installed one would have that check skipped and the rest certified."""
+    with entry.guard("reading the installed release"):
+        installed = entry.adapter.installed_version(python, None)
+    if installed is None:
+        return probes
+    try:
+        version = parse_version(installed)
+    except InvalidInput:  # a release the contract cannot be asked about
+        return probes
+    if not entry.adapter.contract.supports(version) or \
+            any(parse_version(v) == version for v in probes):
+        return probes
+    return [*probes, installed]
+
+
 def data_format_for(entry: AdapterEntry, version: str, root: Path) -> str:
     """The sample data format the engine plans with: jsonl, else parquet."""
     from stateset_backend.conformance.checks import CheckFailed, base_plan
     from stateset_backend.conformance.samples import write_sample_files
 
+    with entry.guard("kit_support"):  # the kit's first call into the plugin
+        base = entry.adapter.kit_support().base
     for fmt in ("jsonl", "parquet"):
         try:
             files = write_sample_files(root / fmt, fmt)
-            base_plan(entry.adapter, version, files, entry.adapter.kit_support().base)
+            base_plan(entry.adapter, version, files, base)
             return fmt
         except (CheckFailed, RuntimeError):
             continue
@@ -110,7 +133,7 @@ def run_conformance(entry: AdapterEntry, versions: list[str] | None = None,
     """The kit for one registered engine (its own run with the interpreter ``python`` where
     it runs here); returns the report with engine and versions."""
     adapter = entry.adapter
-    chosen = versions or dialect_versions(adapter.contract)
+    chosen = versions or with_installed(dialect_versions(adapter.contract), entry, python)
     with tempfile.TemporaryDirectory(prefix="stateset-conformance-") as tmp:
         root = Path(tmp)
         fmt = data_format_for(entry, chosen[0], root / "probe")

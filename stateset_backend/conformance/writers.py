@@ -170,6 +170,13 @@ def write_native(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, A
         (attempt / layout.FINAL_DIR / "model.safetensors").write_bytes(b"final")
 
 
+# canonical metric -> engine name, of each built-in engine the kit writes outputs for: what
+# its writer logs, so what its collector must read back (a plugin's writer logs the reward at
+# least: every engine reports it)
+LOGGED: dict[str, dict[str, str]] = {
+    "verl": VERL_METRICS, "openrlhf": OPENRLHF_METRICS, "nemo-rl": NEMO_RL_METRICS,
+    "native": {name: name for name in VERL_METRICS}}
+
 BUILTIN: dict[str, Callable[[LaunchPlan, dict[str, Any]], Writer]] = {
     "verl": verl, "openrlhf": openrlhf, "nemo-rl": nemo_rl,
     "native": lambda plan, read: write_native}
@@ -182,4 +189,4 @@ def writer_for(engine: str, plan: LaunchPlan, read: Callable[[LaunchPlan], dict[
     return make(plan, read(plan)) if make is not None else declared
 
 
-__all__ = ["BUILTIN", "OTHER_RUN", "tensorboard", "writer_for"]
+__all__ = ["BUILTIN", "LOGGED", "OTHER_RUN", "tensorboard", "writer_for"]

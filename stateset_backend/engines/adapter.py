@@ -448,3 +448,18 @@ def distribution_version(distribution: str, python: str | None = None) -> str | 
         raise InvalidInput(f"--python {python}: cannot query it: {exc}") from None
     version = json.loads(out.strip().splitlines()[-1])
     return str(version) if version is not None else None
+
+
+def collect_outputs(adapter: EngineAdapter, run_dir: Path,
+                    ctx: LaunchContext) -> tuple[Collected | None, str | None]:
+    """(what ``adapter.collect`` read, or None; why not): whatever the adapter raises, or a
+    value that is not a ``Collected``, is the attempt's finding, named, never a crash of
+    ours further on."""
+    try:
+        collected = adapter.collect(run_dir, ctx)
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    if not isinstance(collected, Collected):
+        return None, (f"the {adapter.name} adapter's collect returned a "
+                      f"{type(collected).__name__}, not a Collected")
+    return collected, None

@@ -9,6 +9,7 @@ error and the others keep working, so one broken third-party package cannot take
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 from collections.abc import Iterator
@@ -54,6 +55,25 @@ class AdapterEntry:
             raise AdapterBug(f"the {self.adapter.name} adapter (plugin {self.plugin!r}, "
                              f"{self.distribution} {self.version}) failed in {what}: "
                              f"{_describe(exc)}") from exc
+
+
+def entry_of(adapter: EngineAdapter) -> AdapterEntry:
+    """The registry's entry for an adapter held without one (the conformance kit is handed
+    the adapter alone): its plugin and distribution found from the module that defines it,
+    so a failure the kit reports names the plugin that has it."""
+    plugin, dist, version = _origin(type(adapter).__module__.partition(".")[0])
+    return AdapterEntry(adapter, plugin or adapter.name,
+                        dist or adapter.contract.distribution or adapter.name, version)
+
+
+@functools.cache
+def _origin(package: str) -> tuple[str | None, str | None, str]:
+    """(entry-point name, distribution, its version) of the installed distribution that
+    provides the top-level ``package`` and registers an entry point here."""
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.dist is not None and ep.module.partition(".")[0] == package:
+            return ep.name, ep.dist.metadata["Name"], ep.dist.version
+    return None, None, "unknown"
 
 
 @dataclass(frozen=True)
@@ -133,6 +153,12 @@ def _real_interrupts() -> Iterator[Any]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _ours(name: str, distribution: str | None) -> bool:
+    """This package's own built-ins, which a third party taking their plugin name does not
+    displace."""
+    return name == BUILTIN and distribution == "stateset-backend"
+
+
 def build_registry(*, strict: bool | None = None,
                    only: set[str] | None = None) -> Registry:
     """Load built-in adapters and every selected entry-point plugin."""
@@ -152,6 +178,9 @@ def build_registry(*, strict: bool | None = None,
     # Built-ins first, so a third-party adapter that takes a built-in name is the one refused.
     entry_points = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP),
                           key=lambda ep: (ep.name != BUILTIN, ep.name))
+    claimants: dict[str, list[str]] = {}
+    for ep in entry_points:
+        claimants.setdefault(ep.name, []).append(ep.dist.name if ep.dist else ep.value)
     with _real_interrupts() as interrupted:
         for ep in entry_points:
             if only is not None and ep.name not in only and ep.name != BUILTIN:
@@ -160,9 +189,23 @@ def build_registry(*, strict: bool | None = None,
             meta = ep.dist.metadata if ep.dist is not None else None
             dist_name = meta["Name"] if meta is not None else None
             dist_version = meta["Version"] if meta is not None else "unknown"
+            if len(claimants[ep.name]) > 1 and not _ours(ep.name, dist_name):
+                # which of them pluggy kept would be the order the environment lists them
+                # in: none of the contenders is loaded, and each says why
+                fail(ep.name, dist_name, ValueError(
+                    f"the plugin name {ep.name!r} is registered by "
+                    f"{len(claimants[ep.name])} installed distributions "
+                    f"({', '.join(sorted(claimants[ep.name]))}), so none of them is loaded: "
+                    "uninstall all but one"))
+                continue
             try:
                 plugin = ep.load()
                 pm.register(plugin, name=ep.name)
+                if not pm.get_hookcallers(plugin):
+                    pm.unregister(plugin)
+                    raise ValueError(f"{ep.value} implements no hook: mark its "
+                                     "register_adapters with stateset_backend's hookimpl "
+                                     "(docs/plugins.md)")
                 sources[ep.name] = (dist_name or ep.name, dist_version)
             except BaseException as exc:  # SystemExit too: one plugin cannot stop the CLI
                 if isinstance(exc, KeyboardInterrupt) and interrupted():

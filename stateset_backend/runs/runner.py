@@ -29,6 +29,7 @@ from stateset_backend.engines.adapter import (
     Checkpoint,
     EngineAdapter,
     LaunchContext,
+    collect_outputs,
 )
 from stateset_backend.engines.registry import Registry
 from stateset_backend.plan.launch_plan import LaunchPlan, verify_engine_version
@@ -385,11 +386,7 @@ def collect_and_validate(plan: LaunchPlan, adapter: EngineAdapter, attempt: Atte
     run_dir = attempt.directory.resolve()
     dialect = plan.resolved_dialect()  # what the plan was translated with, not today's contract
     ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version, dialect)
-    collected, collect_error = None, None
-    try:
-        collected = adapter.collect(run_dir, ctx)
-    except Exception as exc:  # whatever the adapter raises, the attempt gets its result
-        collect_error = f"{type(exc).__name__}: {exc}"
+    collected, collect_error = collect_outputs(adapter, run_dir, ctx)
     link, earlier = None, history.History()
     if resume_from is not None:
         source = history.source_attempt(run_dir.parent, resume_from.path)

@@ -252,6 +252,9 @@ def _identity_leaf(path: str) -> bool:
 def explain_rows(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect,
                  engine: str = "the engine") -> list[FieldRow]:
     """Every leaf of the spec resolved to its state on one engine release."""
+    if not isinstance(rules, Mapping):  # else each leaf would be "no rule for" it
+        raise AdapterBug(f"the {engine} adapter's rules() returned a "
+                         f"{type(rules).__name__}, not a mapping of spec paths to rules")
     rows: list[FieldRow] = []
     for path, value in leaves(spec):
         if path in CORE_HANDLED:

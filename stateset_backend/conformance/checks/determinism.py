@@ -10,10 +10,11 @@ import hashlib
 import json
 from pathlib import Path
 
-from stateset_backend.conformance.checks.planning import CheckFailed, entry_for
+from stateset_backend.conformance.checks.planning import CheckFailed
 from stateset_backend.conformance.samples import Sample, SampleFiles
 from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import EngineAdapter, LaunchContext
+from stateset_backend.engines.registry import entry_of
 from stateset_backend.plan.launch_plan import LaunchPlan, make_plan
 from stateset_backend.spec.files import parse_spec
 from stateset_backend.translate.rules import translate
@@ -46,7 +47,7 @@ def check_deterministic_and_pure(adapter: EngineAdapter, version: str, sample: S
     spec = parse_spec(sample.doc)
     before_spec = copy.deepcopy(spec.model_dump(mode="json"))
     before_files = tree(files.root)
-    entry = entry_for(adapter)
+    entry = entry_of(adapter)
     dialect = adapter.contract.dialect(parse_version(version))
     first = make_plan(spec, entry, version, base_dir=files.root)
     second = make_plan(spec, entry, version, base_dir=files.root)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from stateset_backend.common.errors import InvalidInput
 from stateset_backend.common.jsonio import flatten
@@ -24,7 +24,7 @@ from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import EngineAdapter
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.spec.files import parse_spec
-from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.spec.model import VALIDATION_METRICS, ExperimentSpec
 from stateset_backend.spec.modeltree import model_in
 from stateset_backend.translate.rules import explain_rows
 
@@ -54,6 +54,13 @@ def normalize_values(node: Any, plan: LaunchPlan) -> Any:
     if isinstance(node, dict):
         return {k: normalize_values(v, plan) for k, v in node.items()}
     return node
+
+
+def _same_files(a: LaunchPlan, b: LaunchPlan) -> bool:
+    """The two launches write the same files, each plan's own run id and digest aside: a
+    launch that names its run in a file (as a launch should) differs from every other plan's
+    in that name alone, which says nothing of whether a setting reached the engine."""
+    return normalize_values(a.files, a) == normalize_values(b.files, b)
 
 
 def _flat_native(plan: LaunchPlan) -> tuple[dict[str, Any], set[str]]:
@@ -168,7 +175,7 @@ def _variants(value: Any, path: str = "") -> list[Any]:
     if isinstance(value, bool):
         return [not value]
     if value is None:
-        return []
+        return _unset_variants(path)
     tries: list[Any]
     if isinstance(value, int):
         tries = [value + 1, value + 2, value * 2, value + 3, value * 4, value - 1]
@@ -180,6 +187,32 @@ def _variants(value: Any, path: str = "") -> list[Any]:
     else:
         return []
     return [v for v in dict.fromkeys(tries) if v != value]
+
+
+# values to try for a leaf the sample leaves unset (null: "off"), by the field's type: a
+# setting no sample turns on is one whose translation nobody checked (a top-k the launch
+# always drops, a dual clip replaced by none); select_by ranks by a validation metric
+_UNSET = {int: (20, 50, 2, 8), float: (3.0, 5.0, 1.5, 0.5, 0.1)}
+_UNSET_AT = {"evaluation.select_by": VALIDATION_METRICS}
+
+
+def _unset_variants(path: str) -> list[Any]:
+    if path in _UNSET_AT:
+        return list(_UNSET_AT[path])
+    annotation = _annotation(path)
+    if _choices(annotation):
+        return list(_choices(annotation))
+    for arg in get_args(annotation) or (annotation,):
+        kind = get_args(arg)[0] if get_origin(arg) is Annotated else arg
+        if kind in _UNSET:
+            return list(_UNSET[kind])
+    return []
+
+
+# settings the sample's other settings make moot (``_moot``), and what makes them count: such
+# a leaf is varied with those set, or no sample ever checks it (a cosine floor under the
+# base's constant schedule)
+ENABLED_BY = {"optim.min_lr_ratio": {"optim.schedule": "cosine"}}
 
 
 def _claimed(adapter: EngineAdapter, plan: LaunchPlan, path: str) -> set[str]:
@@ -238,17 +271,24 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
                                           spec)
             continue
         _carried(origin, row.path, row.native)
+        context = full
+        baseline: LaunchPlan | None = origin
+        if _moot(row.path, spec) and row.path in ENABLED_BY:
+            for path, value in ENABLED_BY[row.path].items():
+                context = with_leaf(context, path, value)
+            baseline = plan_or_none(adapter, version, context, files)
         plans = []
         for value in _variants(row.value, row.path):
-            plan = plan_or_none(adapter, version, with_leaf(full, row.path, value), files)
+            plan = plan_or_none(adapter, version, with_leaf(context, row.path, value), files)
             if plan is not None:
                 plans.append((value, plan))
             if len(plans) == 2:
                 break
-        if not plans:
+        if not plans or (len(plans) == 1 and baseline is None):
             continue
         if len(plans) == 1:
-            plans.insert(0, (row.value, origin))
+            assert baseline is not None
+            plans.insert(0, (row.value, baseline))
         (a_value, a), (b_value, b) = plans
         read_a = flatten(normalize_values(read(a), a))
         read_b = flatten(normalize_values(read(b), b))
@@ -264,7 +304,8 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
         declared_b, _ = _flat_native(b)
         moved = {k for k in set(declared_a) | set(declared_b)
                  if not same_value(declared_a.get(k), declared_b.get(k))}
-        if not changed & claimed and not _moot(row.path, spec) and a.files == b.files:
+        if not changed & claimed and not _moot(row.path, a.validated_spec()) and \
+                _same_files(a, b):
             raise CheckFailed(f"{row.path}: planned at {a_value!r} and {b_value!r}, the "
                               f"engine reads the same value for every key the translation "
                               f"claims for it ({sorted(claimed)[:4]}): the setting never "
@@ -293,7 +334,7 @@ def _check_carried_rule(adapter: EngineAdapter, version: str, origin: LaunchPlan
             return 0
         same = flatten(normalize_values(read(origin), origin)) == \
             flatten(normalize_values(read(other), other))
-        if same and origin.files == other.files and _flat_native(origin)[0] == \
+        if same and _same_files(origin, other) and _flat_native(origin)[0] == \
                 _flat_native(other)[0]:
             raise CheckFailed(f"{row.path}: planned at {row.value!r} and {value!r}, the launch "
                               "is the same: its rule carries the setting without an engine "

@@ -12,6 +12,7 @@ import copy
 import json
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from stateset_backend.common.errors import InvalidInput
@@ -114,14 +115,17 @@ def check_argv_structure(clean: LaunchPlan, hostile: LaunchPlan,
 
 
 def check_read_back(clean: dict[str, Any], hostile: dict[str, Any],
-                    values: Mapping[str, str]) -> None:
+                    values: Mapping[str, str], base_dir: str | None = None) -> None:
     """What the engine's parser reads from the hostile launch differs from the clean one only
-    in values that are, verbatim, hostile values."""
+    in values that are, verbatim, hostile values (or one joined onto the spec's folder, as a
+    relative path is: the text stays a value, one path below that folder)."""
     a, b = flatten(clean), flatten(hostile)
     if a.keys() != b.keys():
         raise CheckFailed(f"the engine's parser reads other keys from the hostile launch: "
                           f"{sorted(a.keys() ^ b.keys())[:5]}")
     allowed = set(values.values())
+    if base_dir is not None:
+        allowed |= {str(Path(base_dir) / v) for v in values.values()}
     for key, got in b.items():
         if PROBE_SECRET in json.dumps(got):
             raise CheckFailed(f"{key}: the engine reads the value of STATESET_PROBE: an "

@@ -16,8 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from stateset_backend.conformance.checks.planning import CheckFailed, describe
-from stateset_backend.engines.adapter import CannotWrite, EngineAdapter, LaunchContext
+from stateset_backend.conformance.checks.planning import CheckFailed
+from stateset_backend.engines.adapter import (
+    CannotWrite,
+    EngineAdapter,
+    LaunchContext,
+    collect_outputs,
+)
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.providers.local import Exit
 from stateset_backend.runs.results import evaluate
@@ -124,10 +129,53 @@ def _break(path: Path, empty: bool) -> None:
 
 
 def _collect(adapter: EngineAdapter, attempt: Path, ctx: LaunchContext) -> Any:
-    try:
-        return adapter.collect(attempt, ctx), None
-    except Exception as exc:
-        return None, describe(exc)
+    return collect_outputs(adapter, attempt, ctx)
+
+
+def write_launch_files(plan: LaunchPlan, attempt: Path) -> None:
+    """The plan's files in the attempt, as a launch writes them before the engine starts
+    (runs.runner.prepare_attempt): the collector finds what it would find after a real run,
+    and one that takes the updates it reports from the launch's config, not from what the
+    engine wrote, is seen doing so."""
+    for rel, content in plan.files.items():
+        path = attempt / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content, encoding="utf-8")
+
+
+def check_read_as_written(engine: str, case: Case, collected: Any) -> None:
+    """The collector reads back what the writer logged: each metric's value under its
+    canonical name at its update (every one the kit's writer logs for a built-in engine, the
+    reward for a plugin's), and each checkpoint at the update it was saved at. The status
+    alone cannot see a metric read from another of the engine's names (the clip fraction for
+    the policy loss, the KL coefficient for the KL), nor a checkpoint labelled with another
+    update, which a resume or a recommended checkpoint would then pair with other metrics."""
+    from stateset_backend.conformance.writers import LOGGED
+
+    required = set(LOGGED.get(engine, {"reward/mean": ""}))
+    read = {(int(r["step"]), k): v for r in collected.metrics for k, v in r.items()
+            if k != "step"}
+    for row in case.metrics:
+        for name, value in row.items():
+            if name in ("step", "optimizer_step"):
+                continue
+            got = read.get((row["step"], name))
+            if got is None:
+                if name in required:
+                    raise CheckFailed(f"{case.name}: the engine logged {name} = {value} at "
+                                      f"update {row['step']}, and collect reads no {name} "
+                                      "there: it reads another name, or none")
+                continue
+            if not isinstance(got, (int, float)) or \
+                    not math.isclose(got, value, rel_tol=1e-6, abs_tol=1e-9):
+                raise CheckFailed(f"{case.name}: the engine logged {name} = {value} at update "
+                                  f"{row['step']}, and collect reads {got!r}")
+    steps = sorted({a.step for a in collected.artifacts if a.kind == "checkpoint"},
+                   key=lambda s: -1 if s is None else s)
+    if case.checkpoint_step is not None and steps and steps != [case.checkpoint_step]:
+        raise CheckFailed(f"{case.name}: the engine saved a checkpoint at update "
+                          f"{case.checkpoint_step}; collect labels its files with "
+                          f"update(s) {steps}")
 
 
 def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, writer: Writer,
@@ -141,6 +189,7 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
                           "must not change budget.total_updates")
     ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,
                         plan.resolved_dialect(), plan.base_dir)
+    write_launch_files(plan, attempt)
     try:
         writer(attempt, ctx, metrics=copy.deepcopy(case.metrics), identity=case.identity,
                artifacts=case.artifacts, checkpoint_step=case.checkpoint_step)
@@ -182,6 +231,8 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
                 path.symlink_to(target)
         collected, error = _collect(adapter, attempt, ctx)
     status, checks, _ = evaluate(plan, Exit(0), collected, attempt, collect_error=error)
+    if case.name == "healthy" and collected is not None:
+        check_read_as_written(adapter.name, case, collected)
     failed = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
     if case.expect == "succeeded" and collected is not None:
         shown = max((int(r["step"]) for r in case.metrics), default=0)

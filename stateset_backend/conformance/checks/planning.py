@@ -29,7 +29,7 @@ from stateset_backend.conformance.samples import (
 )
 from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import EngineAdapter, unpinned_defaults
-from stateset_backend.engines.registry import AdapterEntry
+from stateset_backend.engines.registry import entry_of
 from stateset_backend.plan.launch_plan import LaunchPlan, make_plan
 from stateset_backend.spec.files import parse_spec
 from stateset_backend.translate.rules import explain_rows
@@ -37,11 +37,6 @@ from stateset_backend.translate.rules import explain_rows
 
 class CheckFailed(AssertionError):
     """The adapter does not conform; the message says where and why."""
-
-
-def entry_for(adapter: EngineAdapter) -> AdapterEntry:
-    dist = adapter.contract.distribution or adapter.name
-    return AdapterEntry(adapter, "conformance", dist, "0")
 
 
 # -- declared gaps ---------------------------------------------------------------------------------
@@ -78,7 +73,7 @@ def plan_doc(adapter: EngineAdapter, version: str, doc: dict[str, Any],
     ask for it (a refusal is asked again: it is cheap, and checks read its details)."""
     spec = parse_spec(doc)
     key = ("plan", memo.adapter_key(adapter), version, repr(spec.model_dump(mode="json")))
-    return memo.once(files, key, lambda: make_plan(spec, entry_for(adapter), version,
+    return memo.once(files, key, lambda: make_plan(spec, entry_of(adapter), version,
                                                    base_dir=files.root))
 
 

@@ -22,7 +22,7 @@ from stateset_backend.conformance.expectations.verl import VERL
 from stateset_backend.engines.adapter import EngineAdapter
 from stateset_backend.spec.model import ExperimentSpec
 
-__all__ = ["BUILTIN", "Expect", "OneOf", "expectations_of", "expected", "unexpected"]
+__all__ = ["BUILTIN", "Expect", "OneOf", "expectations_of", "expected", "idle", "unexpected"]
 
 BUILTIN = {"verl": VERL, "openrlhf": OPENRLHF, "nemo-rl": NEMO_RL, "trl": TRL}
 
@@ -56,3 +56,16 @@ def unexpected(adapter: EngineAdapter, keys: Iterable[str]) -> list[str]:
     covered = {k for spellings, _ in expectations_of(adapter) for k in spellings}
     return sorted(k for k in keys if k not in covered
                   and not any(k.startswith(c + ".") for c in covered))
+
+
+def idle(adapter: EngineAdapter, keys: Iterable[str], specs: Iterable[ExperimentSpec]) -> list[str]:
+    """The keys (as ``unexpected`` takes them) whose expectations give no value for any of
+    ``specs``: each is named, yet for every sample it says "not checked", so the value the
+    launch gives it is held to nothing (an expectation that always answers None would
+    certify a swapped key)."""
+    specs = list(specs)
+    held = {k for spellings, expect in expectations_of(adapter)
+            if any(expect(spec) is not None for spec in specs) for k in spellings}
+    named = set(keys) - set(unexpected(adapter, keys))
+    return sorted(k for k in named if k not in held
+                  and not any(k.startswith(c + ".") for c in held))

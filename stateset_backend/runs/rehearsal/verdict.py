@@ -27,6 +27,12 @@ TAIL_LINES = 20  # of the engine's stderr, when it failed: its own last words
 UNREAD = "not checked: the engine's outputs could not be read"
 
 
+def _unread(result: Result) -> str:
+    """UNREAD, with why where the collector said (its error is the finding)."""
+    failed = next((c for c in result.checks if c.name == "collect" and not c.ok), None)
+    return UNREAD if failed is None else f"{UNREAD} ({failed.detail})"
+
+
 @dataclass(frozen=True)
 class Line:
     check: str
@@ -73,7 +79,7 @@ def launch(exit_: Exit, seconds: float, run_dir: Path) -> Line:
 def _from_check(result: Result, name: str, check: str) -> Line:
     found = next((c for c in result.checks if c.name == name), None)
     if found is None:
-        return Line(check, "FAILED", UNREAD)
+        return Line(check, "FAILED", _unread(result))
     return Line(check, "ok" if found.ok else "FAILED", found.detail)
 
 
@@ -134,7 +140,7 @@ def checkpoints(spec: ExperimentSpec, result: Result, updates: int) -> Line:
     name = "checkpoints"
     hashed = next((c for c in result.checks if c.name == "artifacts"), None)
     if hashed is None:
-        return Line(name, "FAILED", UNREAD)
+        return Line(name, "FAILED", _unread(result))
     saved = Counter(a.step for a in result.artifacts
                     if a.kind == "checkpoint" and a.step is not None)
     others = Counter(a.kind for a in result.artifacts if a.kind != "checkpoint")
