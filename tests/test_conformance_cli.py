@@ -95,18 +95,28 @@ def _entry_with(adapter_cls, **methods):
 
 def test_the_installed_release_is_among_the_versions_the_kit_checks():
     """The engine's own run is the one check that watches what the engine does, and it runs
-    only on the installed release: one the contract covers is always among the versions, so
-    a contract whose first releases are not installed cannot have that check skipped."""
+    only on the installed release: one the contract covers is among the versions of an
+    engine the kit can run (its adapter rehearses), so a contract whose first releases are
+    not installed cannot have that check skipped."""
     from stateset_echo_engine.plugin import EchoAdapter
 
+    def runs(installed):
+        def version(self, python=None, home=None):
+            if isinstance(installed, Exception):
+                raise installed
+            return installed
+        return _entry_with(EchoAdapter, installed_version=version,
+                           rehearse=lambda self, plan: None)
+
     first = runner.dialect_versions(EchoAdapter().contract)
+    assert runner.with_installed(list(first), runs("1.2.7"), None) == [*first, "1.2.7"]
+    # one already there, none, out of range, a probe that fails: the versions as they were
+    for installed in (first[0], None, "0.0.1", RuntimeError("no engine here")):
+        assert runner.with_installed(list(first), runs(installed), None) == first
+    # an engine the kit cannot run here gains nothing from its installed release
     entry = _entry_with(EchoAdapter, installed_version=lambda self, python=None, home=None:
                         "1.2.7")
-    assert runner.with_installed(list(first), entry, None) == [*first, "1.2.7"]
-    for installed in (first[0], None, "0.0.1"):  # one already there, none, out of range
-        entry = _entry_with(EchoAdapter, installed_version=lambda self, python=None,
-                            home=None, v=installed: v)
-        assert runner.with_installed(list(first), entry, None) == first
+    assert runner.with_installed(list(first), entry, None) == first
 
 
 def test_a_plugin_whose_kit_support_raises_is_one_line_naming_it(tmp_path):

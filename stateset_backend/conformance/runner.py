@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stateset_backend.common.errors import InvalidInput
 from stateset_backend.contracts.loader import Contract, parse_version
+from stateset_backend.engines.adapter import EngineAdapter
 from stateset_backend.engines.registry import AdapterEntry
 
 # exit code of `stateset-backend conformance` when a check failed (see docs/plugins.md)
@@ -46,22 +46,24 @@ def dialect_versions(contract: Contract) -> list[str]:
 
 
 def with_installed(probes: list[str], entry: AdapterEntry, python: str | None) -> list[str]:
-    """``probes`` and the release installed where the engine would run, when the contract
-    covers it and no probe is that release: the engine's own run, the one check that watches
-    what the engine does, runs only on the installed release, so a contract whose first
-    releases are not the installed one would have that check skipped and the rest certified."""
-    with entry.guard("reading the installed release"):
-        installed = entry.adapter.installed_version(python, None)
-    if installed is None:
+    """``probes`` and the release installed where the engine would run, for an engine the
+    kit can run here (its adapter has ``rehearse``), when the contract covers the release and
+    no probe is it: the engine's own run, the one check that watches what the engine does,
+    runs only on the installed release, so a contract whose first releases are not the
+    installed one would have that check skipped and the rest certified. A release the
+    adapter cannot name is not added (the engine-run check then says it is not installed)."""
+    adapter = entry.adapter
+    if type(adapter).rehearse is EngineAdapter.rehearse:
         return probes
     try:
-        version = parse_version(installed)
-    except InvalidInput:  # a release the contract cannot be asked about
+        installed = adapter.installed_version(python, None)
+        version = parse_version(installed) if installed else None
+    except Exception:  # the engine-run check reports the probe's error itself
         return probes
-    if not entry.adapter.contract.supports(version) or \
+    if version is None or not adapter.contract.supports(version) or \
             any(parse_version(v) == version for v in probes):
         return probes
-    return [*probes, installed]
+    return [*probes, str(installed)]
 
 
 def data_format_for(entry: AdapterEntry, version: str, root: Path) -> str:

@@ -12,12 +12,14 @@ import contextlib
 import functools
 import os
 import signal
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 import pluggy
+from packaging.utils import canonicalize_name
 
 from stateset_backend.common.errors import AdapterBug, InvalidInput, StatesetError
 from stateset_backend.engines import hookspecs
@@ -59,21 +61,42 @@ class AdapterEntry:
 
 def entry_of(adapter: EngineAdapter) -> AdapterEntry:
     """The registry's entry for an adapter held without one (the conformance kit is handed
-    the adapter alone): its plugin and distribution found from the module that defines it,
-    so a failure the kit reports names the plugin that has it."""
-    plugin, dist, version = _origin(type(adapter).__module__.partition(".")[0])
-    return AdapterEntry(adapter, plugin or adapter.name,
-                        dist or adapter.contract.distribution or adapter.name, version)
+    the adapter alone), so that a failure the kit reports names the plugin that has it: the
+    entry a registry gave it, else the installed plugin whose module is the longest prefix of
+    the module that defines it."""
+    try:
+        found = _ENTRIES.get(adapter)
+    except TypeError:  # an adapter that cannot be weakly referenced or hashed
+        found = None
+    if found is not None:
+        return found
+    module = type(adapter).__module__
+    plugin, dist, version = _origin(module)
+    return AdapterEntry(adapter, plugin or adapter.name, dist or module.partition(".")[0],
+                        version)
 
 
-@functools.cache
-def _origin(package: str) -> tuple[str | None, str | None, str]:
-    """(entry-point name, distribution, its version) of the installed distribution that
-    provides the top-level ``package`` and registers an entry point here."""
+# the entry each adapter of a registry belongs to
+_ENTRIES: weakref.WeakKeyDictionary[EngineAdapter, AdapterEntry] = \
+    weakref.WeakKeyDictionary()
+
+
+@functools.cache  # cleared by each build_registry, which reads the entry points anew
+def _origin(module: str) -> tuple[str | None, str | None, str]:
+    """(entry-point name, distribution, version) of the installed plugin whose entry point's
+    module shares the most leading parts with ``module`` (at least its package)."""
+    parts = module.split(".")
+    best: tuple[int, str | None, str | None, str] = (0, None, None, "unknown")
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.dist is not None and ep.module.partition(".")[0] == package:
-            return ep.name, ep.dist.metadata["Name"], ep.dist.version
-    return None, None, "unknown"
+        if ep.dist is None:
+            continue
+        theirs = ep.module.split(".")
+        shared = next((i for i, (a, b) in enumerate(zip(parts, theirs, strict=False))
+                       if a != b),
+                      min(len(parts), len(theirs)))
+        if shared > best[0]:
+            best = (shared, ep.name, ep.dist.metadata["Name"], ep.dist.version)
+    return best[1], best[2], best[3]
 
 
 @dataclass(frozen=True)
@@ -156,7 +179,8 @@ def _real_interrupts() -> Iterator[Any]:
 def _ours(name: str, distribution: str | None) -> bool:
     """This package's own built-ins, which a third party taking their plugin name does not
     displace."""
-    return name == BUILTIN and distribution == "stateset-backend"
+    return name == BUILTIN and distribution is not None and \
+        canonicalize_name(distribution) == "stateset-backend"
 
 
 def build_registry(*, strict: bool | None = None,
@@ -164,6 +188,7 @@ def build_registry(*, strict: bool | None = None,
     """Load built-in adapters and every selected entry-point plugin."""
     strict = _env_flag("STATESET_BACKEND_STRICT_PLUGINS") if strict is None else strict
     only = _selected_plugins() if only is None else only
+    _origin.cache_clear()
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     registry = Registry()
@@ -191,11 +216,14 @@ def build_registry(*, strict: bool | None = None,
             dist_version = meta["Version"] if meta is not None else "unknown"
             if len(claimants[ep.name]) > 1 and not _ours(ep.name, dist_name):
                 # which of them pluggy kept would be the order the environment lists them
-                # in: none of the contenders is loaded, and each says why
+                # in: none of the contenders is loaded (the built-ins keep their own name),
+                # and each says why
+                kept = "this package's built-ins keep it" if ep.name == BUILTIN else \
+                    "none of them is loaded"
                 fail(ep.name, dist_name, ValueError(
                     f"the plugin name {ep.name!r} is registered by "
                     f"{len(claimants[ep.name])} installed distributions "
-                    f"({', '.join(sorted(claimants[ep.name]))}), so none of them is loaded: "
+                    f"({', '.join(sorted(claimants[ep.name]))}), so {kept}: "
                     "uninstall all but one"))
                 continue
             try:
@@ -240,5 +268,8 @@ def build_registry(*, strict: bool | None = None,
             fail(plugin_name, dist, exc)
             continue
         for adapter in staged:  # all or nothing per plugin
-            registry.adapters[adapter.name] = AdapterEntry(adapter, plugin_name, dist, version)
+            entry = AdapterEntry(adapter, plugin_name, dist, version)
+            registry.adapters[adapter.name] = entry
+            with contextlib.suppress(TypeError):
+                _ENTRIES[adapter] = entry
     return registry

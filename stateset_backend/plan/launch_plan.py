@@ -96,6 +96,14 @@ class LaunchPlan(BaseModel):
             del doc["unread_defaults"]
         return doc
 
+    def write_files(self, directory: Path) -> None:
+        """The plan's files into an attempt's directory, each written whole (a launch reads
+        them when it starts; the conformance kit's collection cases hold them too)."""
+        from stateset_backend.common.jsonio import atomic_write_bytes
+
+        for rel, content in self.files.items():
+            atomic_write_bytes(directory / rel, content.encode("utf-8"))
+
     def validated_spec(self) -> ExperimentSpec:
         return parse_spec(self.spec, source="plan.spec", stored=True)
 

@@ -359,8 +359,7 @@ def prepare_attempt(plan: LaunchPlan, adapter: EngineAdapter, attempt: Attempt,
     user text: specs cannot hold them)."""
     run_dir = attempt.directory.resolve()
     interpreter = python or sys.executable
-    for rel, content in plan.files.items():
-        atomic_write_bytes(run_dir / rel, content.encode("utf-8"))
+    plan.write_files(run_dir)
     set_env = {k: fill_placeholders(v, run_dir, interpreter, engine_home)
                for k, v in plan.set_env.items()}
     env = {**os.environ, **set_env}

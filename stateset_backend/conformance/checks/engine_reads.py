@@ -24,7 +24,7 @@ from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import EngineAdapter
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.spec.files import parse_spec
-from stateset_backend.spec.model import VALIDATION_METRICS, ExperimentSpec
+from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.spec.modeltree import model_in
 from stateset_backend.translate.rules import explain_rows
 
@@ -60,7 +60,10 @@ def _same_files(a: LaunchPlan, b: LaunchPlan) -> bool:
     """The two launches write the same files, each plan's own run id and digest aside: a
     launch that names its run in a file (as a launch should) differs from every other plan's
     in that name alone, which says nothing of whether a setting reached the engine."""
-    return normalize_values(a.files, a) == normalize_values(b.files, b)
+    def named(plan: LaunchPlan) -> Any:
+        return normalize_values([[k, v] for k, v in sorted(plan.files.items())], plan)
+
+    return named(a) == named(b)
 
 
 def _flat_native(plan: LaunchPlan) -> tuple[dict[str, Any], set[str]]:
@@ -191,14 +194,12 @@ def _variants(value: Any, path: str = "") -> list[Any]:
 
 # values to try for a leaf the sample leaves unset (null: "off"), by the field's type: a
 # setting no sample turns on is one whose translation nobody checked (a top-k the launch
-# always drops, a dual clip replaced by none); select_by ranks by a validation metric
-_UNSET = {int: (20, 50, 2, 8), float: (3.0, 5.0, 1.5, 0.5, 0.1)}
-_UNSET_AT = {"evaluation.select_by": VALIDATION_METRICS}
+# always drops, a dual clip replaced by none); counts start within the samples' 4 updates,
+# where an interval or a retention still means something
+_UNSET = {int: (2, 3, 20, 50), float: (3.0, 5.0, 1.5, 0.5, 0.1)}
 
 
 def _unset_variants(path: str) -> list[Any]:
-    if path in _UNSET_AT:
-        return list(_UNSET_AT[path])
     annotation = _annotation(path)
     if _choices(annotation):
         return list(_choices(annotation))
@@ -211,8 +212,10 @@ def _unset_variants(path: str) -> list[Any]:
 
 # settings the sample's other settings make moot (``_moot``), and what makes them count: such
 # a leaf is varied with those set, or no sample ever checks it (a cosine floor under the
-# base's constant schedule)
-ENABLED_BY = {"optim.min_lr_ratio": {"optim.schedule": "cosine"}}
+# base's constant schedule, a validation top-p under greedy decoding)
+ENABLED_BY: dict[str, dict[str, Any]] = {
+    "optim.min_lr_ratio": {"optim.schedule": "cosine"},
+    "evaluation.top_p": {"evaluation.temperature": 0.7}}
 
 
 def _claimed(adapter: EngineAdapter, plan: LaunchPlan, path: str) -> set[str]:
@@ -232,7 +235,8 @@ def _claimed(adapter: EngineAdapter, plan: LaunchPlan, path: str) -> set[str]:
 def _moot(path: str, spec: Any) -> bool:
     """Settings the spec's own meaning makes moot in this sample, whatever the engine (the
     kit's knowledge of the spec, not of any adapter): a launch may pin them at anything."""
-    return path == "optim.min_lr_ratio" and spec.optim.schedule == "constant"
+    return (path == "optim.min_lr_ratio" and spec.optim.schedule == "constant") or \
+        (path == "evaluation.top_p" and spec.evaluation.temperature == 0)  # greedy
 
 
 # Leaves whose other values may launch alike: an objective names a recipe of other settings
@@ -334,8 +338,12 @@ def _check_carried_rule(adapter: EngineAdapter, version: str, origin: LaunchPlan
             return 0
         same = flatten(normalize_values(read(origin), origin)) == \
             flatten(normalize_values(read(other), other))
-        if same and _same_files(origin, other) and _flat_native(origin)[0] == \
-                _flat_native(other)[0]:
+        # alike where one of the two runs a deviation its release declares for the setting:
+        # the plan says so (declared_deviations_run holds that claim to the launch)
+        declared = {d.get("setting") for plan in (origin, other) for d in plan.deviations}
+        if same and row.path not in declared and _same_files(origin, other) and \
+                normalize_values(_flat_native(origin)[0], origin) == \
+                normalize_values(_flat_native(other)[0], other):
             raise CheckFailed(f"{row.path}: planned at {row.value!r} and {value!r}, the launch "
                               "is the same: its rule carries the setting without an engine "
                               f"key ({row.reason or 'carried'}), so the engine runs both "

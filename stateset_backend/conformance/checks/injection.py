@@ -125,7 +125,8 @@ def check_read_back(clean: dict[str, Any], hostile: dict[str, Any],
                           f"{sorted(a.keys() ^ b.keys())[:5]}")
     allowed = set(values.values())
     if base_dir is not None:
-        allowed |= {str(Path(base_dir) / v) for v in values.values()}
+        folders = {Path(base_dir), Path(base_dir).resolve()}
+        allowed |= {str(f / v) for f in folders for v in values.values()}
     for key, got in b.items():
         if PROBE_SECRET in json.dumps(got):
             raise CheckFailed(f"{key}: the engine reads the value of STATESET_PROBE: an "
