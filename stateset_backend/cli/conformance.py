@@ -21,7 +21,8 @@ def add_parsers(commands: Commands) -> None:
     p.set_defaults(func=cmd_conformance)
     p.add_argument("engine", nargs="*", metavar="ENGINE")
     p.add_argument("--engine-version", action="append", metavar="V",
-                   help="check this version (repeatable; default: every dialect's first)")
+                   help="check this version (repeatable; default: every dialect's first, "
+                        "and the installed release where the kit can run the engine)")
     p.add_argument("--python", metavar="PY",
                    help="the interpreter of the engine's own environment: the kit runs the "
                         "engine there where it can run on this machine")
