@@ -155,10 +155,7 @@ class AdapterConformance(KitFixtures):
             # KL, ...), each varied in that sample
             at_base = flatten(base_plan.spec)
             for sample, plan in self._claimed(adapter, engine_version, sample_files):
-                its = flatten(plan.spec)
-                own = {k for k, v in its.items() if k not in at_base or at_base[k] != v}
-                if "evaluation.every" in own:  # validation's decoding counts only here
-                    own |= {k for k in its if k.startswith("evaluation.")}
+                own = checks.own_leaves(flatten(plan.spec), at_base)
                 if not own:
                     continue
                 try:
@@ -210,23 +207,15 @@ class AdapterConformance(KitFixtures):
             doc = checks.hostile_doc(base, values, key, engine, lora)
             try:
                 return checks.plan_doc(adapter, engine_version, doc, sample_files)
-            except InvalidInput as exc:
+            except InvalidInput as exc:  # a value the engine cannot carry: exit 2, fine
                 refusals.append(str(exc))
-                return None  # refused as a value the engine cannot carry: exit 2, fine
+                return None
 
         with reported():
             checks.check_no_free_text_option(adapter, engine_version, base, sample_files, key)
         clean = plan(checks.BENIGN)
         if clean is None:
-            named = adapter.kit_support().option_key is not None
-            pytest.fail("the benign sample with every string field set does not plan: "
-                        + refusals[-1] + ("" if named else
-                                          f"; the kit put its own probe key {key!r} in "
-                                          "engine_options, as KitSupport names no option_key: "
-                                          "name a free-text key the engine accepts, or give "
-                                          "`option_key=lambda plan: None` when every option "
-                                          "it takes is enumerated (docs/plugins.md)"),
-                        pytrace=False)
+            pytest.fail(checks.benign_refused(refusals[-1], key, adapter), pytrace=False)
 
         def read(p: LaunchPlan) -> dict[str, Any]:
             assert parse_launch is not None
@@ -234,7 +223,7 @@ class AdapterConformance(KitFixtures):
                 env.setenv("STATESET_PROBE", checks.PROBE_SECRET)
                 return dict(checks.normalize_values(parse_launch(p), p))
 
-        clean_read = read(clean) if parse_launch is not None else None
+        clean_read = read(clean) if parse_launch is not None else {}
         refused = 0
         with reported():
             for values in checks.rotations():
@@ -247,8 +236,7 @@ class AdapterConformance(KitFixtures):
                     raise CheckFailed("the plan does not keep name and labels verbatim")
                 checks.check_argv_structure(clean, hostile, values)
                 if parse_launch is not None:
-                    checks.check_read_back(clean_read or {}, read(hostile), values,
-                                            hostile.base_dir)
+                    checks.check_read_back(clean_read, read(hostile), values, hostile.base_dir)
         assert refused < len(checks.rotations()), "every hostile spec was refused"
 
     def test_launch_reads_back_as_declared(
@@ -297,22 +285,15 @@ class AdapterConformance(KitFixtures):
             unverified("no expectations of the engine's keys: give KitSupport.expectations, "
                        "written from the engine's own documentation and code "
                        "(docs/plugins.md)")
-        keys: set[str] = set()
         claimed = self._claimed(adapter, engine_version, sample_files)
-        for _, plan in claimed:
-            keys |= {k.lstrip("+") for k in flatten(plan.native)}
+        keys = {k.lstrip("+") for _, plan in claimed for k in flatten(plan.native)}
         missing = unexpected(adapter, keys)
         if missing:
             unverified(f"{len(missing)} of the {len(keys)} keys the launches set have no "
                        f"expectation written from {adapter.name} itself: "
                        + ", ".join(missing[:12]) + (", ..." if len(missing) > 12 else ""))
-        named = len(keys) - len(missing)
-        unheld = idle(adapter, keys, [plan.validated_spec() for _, plan in claimed])
-        if named and len(unheld) == named:
-            unverified(f"the expectations of all {named} keys the launches set give no value "
-                       f"for any of the kit's {len(claimed)} samples: nothing the engine reads "
-                       "is held to a value (an expectation returns None only where the spec "
-                       "makes its key moot)")
+        if (why := idle(adapter, keys, [plan.validated_spec() for _, plan in claimed])):
+            unverified(why)
 
     def test_launch_runs_under_an_engine_stub(
             self, adapter: EngineAdapter, engine_version: str, sample_files: SampleFiles,

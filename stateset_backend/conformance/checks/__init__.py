@@ -32,6 +32,7 @@ from stateset_backend.conformance.checks.engine_reads import (
     check_reads_as_declared,
     check_sensitivity,
     normalize_values,
+    own_leaves,
     same_value,
 )
 from stateset_backend.conformance.checks.injection import (
@@ -39,6 +40,7 @@ from stateset_backend.conformance.checks.injection import (
     HOSTILE,
     PROBE_SECRET,
     STRING_FIELDS,
+    benign_refused,
     check_argv_structure,
     check_namespace_keys,
     check_no_free_text_option,
@@ -84,6 +86,7 @@ __all__ = [
     "CheckFailed",
     "Writer",
     "base_plan",
+    "benign_refused",
     "check_argv_structure",
     "check_capability",
     "check_collection",
@@ -107,6 +110,7 @@ __all__ = [
     "hostile_doc",
     "normalize_values",
     "normalized",
+    "own_leaves",
     "owned_keys",
     "plan_doc",
     "plannable_sample",

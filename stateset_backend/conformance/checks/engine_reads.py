@@ -246,6 +246,16 @@ def _moot(path: str, spec: Any) -> bool:
 HELD_APART = frozenset({"algorithm.objective", "environment.kind"})
 
 
+def own_leaves(leaves: dict[str, Any], at_base: dict[str, Any]) -> set[str]:
+    """The leaves a capability's sample sets apart from the base sample (``leaves`` and
+    ``at_base`` flattened): the settings varied in that sample, and with validation on,
+    validation's decoding, which counts only there."""
+    own = {k for k, v in leaves.items() if k not in at_base or at_base[k] != v}
+    if "evaluation.every" in own:
+        own |= {k for k in leaves if k.startswith("evaluation.")}
+    return own
+
+
 def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any],
                       files: SampleFiles, read: Callable[[LaunchPlan], dict[str, Any]],
                       also_read: Callable[[str], bool] = lambda key: False,

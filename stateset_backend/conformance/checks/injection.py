@@ -63,6 +63,17 @@ def check_no_free_text_option(adapter: EngineAdapter, version: str, base: dict[s
                               f"engine_options 'stateset_conformance_probe': {value!r} planned")
 
 
+def benign_refused(reason: str, option_key: str | None, adapter: EngineAdapter) -> str:
+    """The failure of a benign sample that does not plan: the planner's reason, and where the
+    kit's own probe key is what it refused, what the author gives instead."""
+    if adapter.kit_support().option_key is not None:
+        return f"the benign sample with every string field set does not plan: {reason}"
+    return (f"the benign sample with every string field set does not plan: {reason}; the kit "
+            f"put its own probe key {option_key!r} in engine_options, as KitSupport names no "
+            "option_key: name a free-text key the engine accepts, or give `option_key=lambda "
+            "plan: None` when every option it takes is enumerated (docs/plugins.md)")
+
+
 def rotations() -> list[dict[str, str]]:
     """Each string field gets every hostile value once over the rotations."""
     return [{f: HOSTILE[(i + j) % len(HOSTILE)] for i, f in enumerate(STRING_FIELDS)}

@@ -58,14 +58,20 @@ def unexpected(adapter: EngineAdapter, keys: Iterable[str]) -> list[str]:
                   and not any(k.startswith(c + ".") for c in covered))
 
 
-def idle(adapter: EngineAdapter, keys: Iterable[str], specs: Iterable[ExperimentSpec]) -> list[str]:
-    """The keys (as ``unexpected`` takes them) whose expectations give no value for any of
-    ``specs``: each is named, yet for every sample it says "not checked", so the value the
-    launch gives it is held to nothing (an expectation that always answers None would
-    certify a swapped key)."""
+def idle(adapter: EngineAdapter, keys: Iterable[str], specs: Iterable[ExperimentSpec]) -> \
+        str | None:
+    """Why nothing is held, when the expectations of every key the launches set (``keys``)
+    give no value for any of ``specs``: each says "not checked" for every sample, so the
+    values the launch gives are held to nothing (expectations that always answer None would
+    certify a swapped key). An expectation returns None only where a spec makes its key
+    moot, so one such key among others is no finding. None when something is held."""
     specs = list(specs)
+    named = set(keys) - set(unexpected(adapter, keys))
     held = {k for spellings, expect in expectations_of(adapter)
             if any(expect(spec) is not None for spec in specs) for k in spellings}
-    named = set(keys) - set(unexpected(adapter, keys))
-    return sorted(k for k in named if k not in held
-                  and not any(k.startswith(c + ".") for c in held))
+    if not named or any(k in held or any(k.startswith(c + ".") for c in held)
+                        for k in named):
+        return None
+    return (f"the expectations of all {len(named)} keys the launches set give no value for "
+            f"any of the kit's {len(specs)} samples: nothing the engine reads is held to a "
+            "value (an expectation returns None only where the spec makes its key moot)")
