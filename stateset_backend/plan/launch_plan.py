@@ -17,7 +17,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stateset_backend.common.errors import AdapterBug, InvalidInput, Unsupported
-from stateset_backend.common.jsonio import atomic_write_json, read_json, utc_now
+from stateset_backend.common.jsonio import (
+    atomic_write_bytes,
+    atomic_write_json,
+    read_json,
+    utc_now,
+)
 from stateset_backend.contracts.capabilities import required_capabilities
 from stateset_backend.contracts.loader import Dialect, check, parse_version
 from stateset_backend.contracts.surfaces import check_options, surface
@@ -99,8 +104,6 @@ class LaunchPlan(BaseModel):
     def write_files(self, directory: Path) -> None:
         """The plan's files into an attempt's directory, each written whole (a launch reads
         them when it starts; the conformance kit's collection cases hold them too)."""
-        from stateset_backend.common.jsonio import atomic_write_bytes
-
         for rel, content in self.files.items():
             atomic_write_bytes(directory / rel, content.encode("utf-8"))
 

@@ -201,8 +201,9 @@ _UNSET = {int: (2, 3, 20, 50), float: (3.0, 5.0, 1.5, 0.5, 0.1)}
 
 def _unset_variants(path: str) -> list[Any]:
     annotation = _annotation(path)
-    if _choices(annotation):
-        return list(_choices(annotation))
+    choices = _choices(annotation)
+    if choices:
+        return list(choices)
     for arg in get_args(annotation) or (annotation,):
         kind = get_args(arg)[0] if get_origin(arg) is Annotated else arg
         if kind in _UNSET:

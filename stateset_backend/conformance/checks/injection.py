@@ -128,16 +128,16 @@ def check_argv_structure(clean: LaunchPlan, hostile: LaunchPlan,
 def check_read_back(clean: dict[str, Any], hostile: dict[str, Any],
                     values: Mapping[str, str], base_dir: str | None = None) -> None:
     """What the engine's parser reads from the hostile launch differs from the clean one only
-    in values that are, verbatim, hostile values (or one joined onto the spec's folder, as a
-    relative path is: the text stays a value, one path below that folder)."""
+    in values that are, verbatim, hostile values; the model's value may also be joined onto
+    the spec's folder, as a relative model path is (the text stays a value, one path below
+    that folder). No other field's text may become a location."""
     a, b = flatten(clean), flatten(hostile)
     if a.keys() != b.keys():
         raise CheckFailed(f"the engine's parser reads other keys from the hostile launch: "
                           f"{sorted(a.keys() ^ b.keys())[:5]}")
     allowed = set(values.values())
-    if base_dir is not None:
-        folders = {Path(base_dir), Path(base_dir).resolve()}
-        allowed |= {str(f / v) for f in folders for v in values.values()}
+    if base_dir is not None and "model" in values:
+        allowed |= {str(f / values["model"]) for f in (Path(base_dir), Path(base_dir).resolve())}
     for key, got in b.items():
         if PROBE_SECRET in json.dumps(got):
             raise CheckFailed(f"{key}: the engine reads the value of STATESET_PROBE: an "
