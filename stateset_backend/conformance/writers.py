@@ -18,17 +18,53 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from stateset_backend.engines.adapter import CannotWrite, LaunchContext
 from stateset_backend.plan.launch_plan import LaunchPlan
+from stateset_backend.spec.schedule import NEXT_LR
 
 OTHER_RUN = "20990101T000000Z-ffffffff.someone-elses-run"  # outputs of an unrelated run
 
-# canonical metric -> the name each engine logs it under (its trainer's own metric keys)
+# canonical metric -> the name each engine logs it under (its trainer's own metric keys):
+# every metric the hub reads from it, so that a collector reading one under another's name
+# reads a wrong value
 VERL_METRICS = {"reward/mean": "critic/score/mean", "loss/policy": "actor/pg_loss",
-                "kl": "actor/kl_loss"}
+                "kl": "actor/kl_loss", "entropy": "actor/entropy",
+                "clip_fraction": "actor/pg_clipfrac", "grad_norm": "actor/grad_norm",
+                "lr": "actor/lr", "response_length/mean": "response_length/mean",
+                "tokens_per_second": "perf/throughput"}
+# verl 0.8's engine workers step the scheduler and then log its rate: from that release on,
+# actor/lr at an update is the rate of the next one
+VERL_NEXT_RATE_FROM = Version("0.8.0")
 OPENRLHF_METRICS = {"reward/mean": "train/reward", "loss/policy": "train/policy_loss",
-                    "kl": "train/kl"}
-NEMO_RL_METRICS = {"reward/mean": "train/reward", "loss/policy": "train/loss"}
+                    "kl": "train/kl", "entropy": "train/entropy_loss",
+                    "grad_norm": "train/actor_grad_norm", "lr": "train/actor_lr",
+                    "response_length/mean": "train/response_length",
+                    "val/reward/mean": "eval/reward"}
+NEMO_RL_METRICS = {"reward/mean": "train/reward", "loss/policy": "train/loss",
+                   "grad_norm": "train/grad_norm",
+                   "response_length/mean": "train/mean_gen_tokens_per_sample",
+                   "val/reward/mean": "validation/accuracy"}
+# the native engine logs canonical names
+NATIVE_METRICS = {name: name for name in (*VERL_METRICS, "val/reward/mean")}
+
+
+def logged(plan: LaunchPlan) -> dict[str, str] | None:
+    """Canonical metric -> the engine's name, for each metric the kit's writer logs for
+    ``plan``'s built-in engine at its release; None for a plugin's engine (its own writer
+    logs the reward at least: every engine reports it)."""
+    if plan.engine == "verl":
+        try:
+            next_rate = Version(plan.engine_version) >= VERL_NEXT_RATE_FROM
+        except InvalidVersion:
+            next_rate = False
+        if next_rate:
+            return {(NEXT_LR if c == "lr" else c): n for c, n in VERL_METRICS.items()}
+        return dict(VERL_METRICS)
+    names = {"openrlhf": OPENRLHF_METRICS, "nemo-rl": NEMO_RL_METRICS,
+             "native": NATIVE_METRICS}.get(plan.engine)
+    return None if names is None else dict(names)
 
 
 def tensorboard(log_dir: Path, metrics: list[dict[str, Any]], names: dict[str, str],
@@ -68,6 +104,7 @@ def verl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
     trainer saves ``<default_local_dir>/global_step_N/actor`` and records the step in
     ``latest_checkpointed_iteration.txt``."""
     loggers = read.get("trainer.logger") or []
+    names = logged(plan) or {}
 
     def write(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, Any]],
               identity: bool, artifacts: bool, checkpoint_step: int | None,
@@ -80,13 +117,12 @@ def verl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
             log = _other(log, ctx, identity)
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_text("".join(json.dumps({"step": r["step"], "data": {
-                VERL_METRICS[k]: v for k, v in r.items() if k in VERL_METRICS}}) + "\n"
-                for r in metrics))
+                names[k]: v for k, v in r.items() if k in names}}) + "\n" for r in metrics))
         elif "tensorboard" in loggers:
             given = plan.set_env.get("TENSORBOARD_DIR")
             folder = _in(attempt, given) if given else \
                 attempt / "tensorboard_log" / project / experiment
-            tensorboard(_other(folder, ctx, identity), metrics, VERL_METRICS)
+            tensorboard(_other(folder, ctx, identity), metrics, names)
         else:
             raise CannotWrite(f"the launch asks for no logger the kit writes ({loggers})")
         if artifacts and checkpoint_step is not None:
@@ -170,13 +206,6 @@ def write_native(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, A
         (attempt / layout.FINAL_DIR / "model.safetensors").write_bytes(b"final")
 
 
-# canonical metric -> engine name, of each built-in engine the kit writes outputs for: what
-# its writer logs, so what its collector must read back (a plugin's writer logs the reward at
-# least: every engine reports it)
-LOGGED: dict[str, dict[str, str]] = {
-    "verl": VERL_METRICS, "openrlhf": OPENRLHF_METRICS, "nemo-rl": NEMO_RL_METRICS,
-    "native": {name: name for name in VERL_METRICS}}
-
 BUILTIN: dict[str, Callable[[LaunchPlan, dict[str, Any]], Writer]] = {
     "verl": verl, "openrlhf": openrlhf, "nemo-rl": nemo_rl,
     "native": lambda plan, read: write_native}
@@ -189,4 +218,4 @@ def writer_for(engine: str, plan: LaunchPlan, read: Callable[[LaunchPlan], dict[
     return make(plan, read(plan)) if make is not None else declared
 
 
-__all__ = ["BUILTIN", "LOGGED", "OTHER_RUN", "tensorboard", "writer_for"]
+__all__ = ["BUILTIN", "OTHER_RUN", "logged", "tensorboard", "writer_for"]

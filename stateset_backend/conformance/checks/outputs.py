@@ -27,6 +27,7 @@ from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.providers.local import Exit
 from stateset_backend.runs.results import evaluate
 from stateset_backend.runs.weights_files import WEIGHT_SUFFIXES
+from stateset_backend.spec.schedule import NEXT_LR
 
 
 class Writer(Protocol):
@@ -41,6 +42,30 @@ class Writer(Protocol):
 # the base sample's budget: 4 updates (samples.base_doc)
 HEALTHY = [{"step": s, "reward/mean": 0.2 * s, "loss/policy": 0.5 / s, "kl": 0.01}
            for s in (1, 2, 3, 4)]
+
+
+def _every_metric(plan: LaunchPlan, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For a built-in engine, whose writer the kit owns, each training row also carries every
+    other metric the engine logs, each at a value of its own at each update (validation's at
+    every other update, as an engine validates): a collector that reads one metric under
+    another's name, or the next update's rate as this one's, then reads a wrong value. A
+    plugin's writer is given the rows as they are, which its docs name."""
+    from stateset_backend.conformance.writers import logged
+
+    names = logged(plan)
+    if names is None:
+        return rows
+    return [{**{k: v for k, v in _more(r["step"]).items() if k in names}, **r}
+            if "loss/policy" in r else r for r in rows]
+
+
+def _more(step: int) -> dict[str, float]:
+    more = {"entropy": 1.0 + 0.1 * step, "clip_fraction": 0.002 + 0.03 * step,
+            "grad_norm": 2.0 + 0.25 * step, "lr": 1e-4 * step, NEXT_LR: 1e-4 * (step + 1),
+            "response_length/mean": 40.0 + step, "tokens_per_second": 1000.0 + 10 * step}
+    if step % 2 == 0:
+        more["val/reward/mean"] = 0.05 + 0.15 * step
+    return more
 
 
 def _with(rows: list[dict[str, Any]], step: int, name: str, value: Any) -> list[dict[str, Any]]:
@@ -135,23 +160,23 @@ def _collect(adapter: EngineAdapter, attempt: Path, ctx: LaunchContext) -> Any:
     return collect_outputs(adapter, attempt, ctx)
 
 
-def check_read_as_written(plan: LaunchPlan, case: Case, collected: Any) -> None:
-    """The collector reads back what the writer logged: each metric's value under its
-    canonical name at its update (every one the kit's writer logs for a built-in engine, a
-    plugin's reward), and the checkpoint at the update it was saved at. The status alone
+def check_read_as_written(plan: LaunchPlan, case: Case, rows: list[dict[str, Any]],
+                          collected: Any) -> None:
+    """The collector reads back what the writer logged (``rows``): each metric's value under
+    its canonical name at its update (every one the kit's writer logs for a built-in engine,
+    a plugin's reward), and the checkpoint at the update it was saved at. The status alone
     cannot see a metric read from another of the engine's names (the clip fraction for the
     policy loss, the KL coefficient for the KL), nor a checkpoint labelled with another
     update, which a resume or a recommended checkpoint would then pair with other metrics.
     Values agree to a part in 10,000: an engine may log text with four decimals."""
-    from stateset_backend.conformance.writers import LOGGED
+    from stateset_backend.conformance.writers import logged
     from stateset_backend.spec.model import SUPERVISED
 
-    engine = plan.engine
     rewarded = plan.validated_spec().algorithm.objective != SUPERVISED
-    required = set(LOGGED.get(engine, {"reward/mean": ""} if rewarded else {}))
+    required = set(logged(plan) or ({"reward/mean"} if rewarded else set()))
     read = {(r["step"], k): v for r in collected.metrics
             if isinstance(r.get("step"), int) for k, v in r.items() if k != "step"}
-    for row in case.metrics:
+    for row in rows:
         for name, value in row.items():
             if name in ("step", "optimizer_step"):
                 continue
@@ -191,8 +216,9 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
     # as a launch leaves them: a collector that takes its counts from the launch's config,
     # not from what the engine wrote, is seen doing so
     plan.write_files(attempt)
+    rows = _every_metric(plan, case.metrics)
     try:
-        writer(attempt, ctx, metrics=copy.deepcopy(case.metrics), identity=case.identity,
+        writer(attempt, ctx, metrics=copy.deepcopy(rows), identity=case.identity,
                artifacts=case.artifacts, checkpoint_step=case.checkpoint_step)
     except (KeyError, TypeError, ValueError) as exc:
         if "optimizer_step" not in str(exc):
@@ -245,5 +271,5 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
         raise CheckFailed(f"{case.name}: the result is {status}, expected {case.expect}"
                           + (f" ({'; '.join(failed)})" if failed else ""))
     if case.name == "healthy" and collected is not None:
-        check_read_as_written(plan, case, collected)
+        check_read_as_written(plan, case, rows, collected)
     return f"{status}" + (f" ({failed[0]})" if failed else "")

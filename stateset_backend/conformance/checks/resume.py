@@ -22,6 +22,7 @@ from stateset_backend.conformance.checks.determinism import tree
 from stateset_backend.conformance.checks.outputs import HEALTHY, Writer, _collect
 from stateset_backend.conformance.checks.planning import CheckFailed, describe
 from stateset_backend.engines.adapter import RUN_DIR, EngineAdapter, LaunchContext
+from stateset_backend.native.layout import checkpoint_name
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.providers.local import Exit
 from stateset_backend.runs.results import evaluate
@@ -38,7 +39,8 @@ def check_resume(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, tmp: 
     writer(earlier, ctx, metrics=copy.deepcopy(HEALTHY), identity=True, artifacts=True,
            checkpoint_step=3)
     _add_older_checkpoint(writer, ctx, earlier, tmp / "older")
-    found = _newest(adapter, plan, earlier)
+    cut = _add_cut_checkpoint(plan.engine, writer, ctx, earlier, tmp / "cut")
+    found = _newest(adapter, plan, earlier, cut)
     before = tree(earlier)
     resumed, staged = _resume(adapter, plan, found, earlier, new)
     if tree(earlier) != before:
@@ -50,15 +52,16 @@ def check_resume(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, tmp: 
     return unread or untold
 
 
-def _newest(adapter: EngineAdapter, plan: LaunchPlan, earlier: Path) -> Any:
+def _newest(adapter: EngineAdapter, plan: LaunchPlan, earlier: Path, cut: bool) -> Any:
+    beside = "one of update 2 is beside it" + (
+        ", and a save of update 4 that a crash cut short" if cut else "")
     found = adapter.latest_checkpoint(earlier)
     if found is None:
         raise CheckFailed("resume:exact is claimed, but latest_checkpoint finds no checkpoint "
-                          "in an attempt the writer gave one (update 3)")
+                          f"in an attempt the writer gave one (update 3; {beside})")
     if found.update != 3:
         raise CheckFailed(f"latest_checkpoint reports update {found.update}, where the newest "
-                          "checkpoint the writer wrote is of update 3 (one of update 2 is "
-                          "beside it)")
+                          f"whole checkpoint the writer wrote is of update 3 ({beside})")
     problem = adapter.checkpoint_problem(found, plan.experiment_digest)
     if problem is not None:
         raise CheckFailed(f"a whole checkpoint of this experiment is refused: {problem}")
@@ -109,6 +112,35 @@ def _add_older_checkpoint(writer: Writer, ctx: LaunchContext, attempt: Path,
     writer(scratch, ctx, metrics=copy.deepcopy(HEALTHY[:2]), identity=True, artifacts=True,
            checkpoint_step=2)
     _join(scratch, attempt)
+
+
+# how a crash leaves each built-in engine's save of update 4: verl and DeepSpeed (under
+# OpenRLHF) write the folder, then the tracker beside it (latest_checkpointed_iteration.txt,
+# `latest`), which still names update 3; NeMo RL and the native engine write a temporary
+# folder and rename it into place once it is whole (None: the folder as it is; else its
+# name, and the name it still has)
+CUT_SAVE: dict[str, tuple[str, str] | None] = {
+    "verl": None, "openrlhf": None, "nemo-rl": ("step_4", "tmp_step_4"),
+    "native": (checkpoint_name(4), f".{checkpoint_name(4)}.cut")}
+
+
+def _add_cut_checkpoint(engine: str, writer: Writer, ctx: LaunchContext, attempt: Path,
+                        scratch: Path) -> bool:
+    """A save of update 4 beside the newest whole checkpoint, as a crash during it leaves
+    it: a resume from it would load a half-written model. Only for a built-in engine, whose
+    saves the kit knows; returns whether it was added."""
+    if engine not in CUT_SAVE:
+        return False
+    scratch.mkdir(parents=True)
+    writer(scratch, ctx, metrics=copy.deepcopy(HEALTHY), identity=True, artifacts=True,
+           checkpoint_step=4)
+    renamed = CUT_SAVE[engine]
+    if renamed is not None:
+        for path in list(scratch.rglob(renamed[0])):
+            if path.is_dir():
+                path.rename(path.with_name(renamed[1]))
+    _join(scratch, attempt)
+    return True
 
 
 def _join(source: Path, target: Path) -> None:
