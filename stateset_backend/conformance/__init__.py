@@ -482,19 +482,19 @@ class AdapterConformance(KitFixtures):
                     tmp_path: Path,
                     parse_launch: Callable[[LaunchPlan], dict[str, Any]] | None) -> None:
         self._version(adapter, engine_version)
-        if "resume:exact" not in adapter.contract.provided(parse_version(engine_version)):
+        provided = adapter.contract.provided(parse_version(engine_version))
+        if "resume:exact" not in provided:
             unsupported(f"resume:exact is not claimed by {adapter.name} {engine_version}")
-        gap = self._gap(adapter, "resume:exact", engine_version)
-        if gap is not None:
+        if (gap := self._gap(adapter, "resume:exact", engine_version)) is not None:
             unsupported(f"resume:exact: {gap}")
         if write_outputs is None:
             unsupported("the adapter's kit_support() supplies no write_outputs: resume is "
                         "not checked")
-        provided = adapter.contract.provided(parse_version(engine_version))
         extra = {"checkpoint": {"every": 1}} if "checkpoint" in provided else {}
-        _, plan = self._base(adapter, engine_version, sample_files, **extra)
         with reported():
-            missing = checks.check_resume(adapter, plan, self._writer(
-                adapter, plan, write_outputs, parse_launch), tmp_path, parse_launch)
-        if missing:
-            unverified(missing)
+            plans = self._resume_plans(adapter, engine_version, sample_files, extra)
+            missing = [checks.check_resume(adapter, plan, self._writer(
+                adapter, plan, write_outputs, parse_launch), tmp_path / str(i), parse_launch)
+                for i, plan in enumerate(plans)]
+        if any(missing):
+            unverified("; ".join(m for m in missing if m))

@@ -217,3 +217,10 @@ class KitFixtures:
         with reported():
             return checks.base_plan(adapter, version, files, self._overrides(adapter), **extra)
         raise AssertionError("unreachable")
+
+    def _resume_plans(self, adapter: EngineAdapter, version: str, files: SampleFiles,
+                      extra: dict[str, Any]) -> list[LaunchPlan]:
+        """The resume check's base, and its critic's sample where the kit's writer saves the
+        engine's critic."""
+        return [self._base(adapter, version, files, **extra)[1],
+                *checks.critic_plan(adapter, version, files, self._overrides(adapter), extra)]

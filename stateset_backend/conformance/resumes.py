@@ -90,6 +90,30 @@ BUILTIN: dict[str, Resumes] = {"verl": verl, "openrlhf": openrlhf, "nemo-rl": ne
                                "native": native}
 
 
+def verl_critic(argv: list[str], read: dict[str, Any], attempt: Path) -> Path | None:
+    """verl's critic worker loads ``critic`` in the step folder the actor loads from."""
+    folder = verl(argv, read, attempt)
+    return None if folder is None else folder / "critic"
+
+
+def openrlhf_critic(argv: list[str], read: dict[str, Any], attempt: Path) -> Path | None:
+    """OpenRLHF's critic (``trainer/ray/ppo_critic.py``): the same load switch; DeepSpeed
+    loads the tag ``<ckpt path>/_critic/latest`` names."""
+    actor = openrlhf(argv, read, attempt)
+    if actor is None:
+        return None
+    latest = actor.parent.parent / "_critic" / "latest"
+    if not latest.is_file():
+        return None  # the critic starts from critic_pretrain
+    folder = latest.parent / latest.read_text().strip()
+    return folder if folder.is_dir() else None
+
+
+# where each built-in engine's critic resumes from, for the engines whose critic the kit's
+# writers save (a separate critic model: PPO with gae)
+CRITICS: dict[str, Resumes] = {"verl": verl_critic, "openrlhf": openrlhf_critic}
+
+
 def resumes_for(engine: str, declared: Resumes | None) -> Resumes | None:
     """The kit's own rule for a built-in engine, else the one the plugin declares."""
     return BUILTIN.get(engine, declared)

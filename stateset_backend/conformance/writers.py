@@ -97,6 +97,12 @@ def _other(path: Path, ctx: LaunchContext, identity: bool) -> Path:
 Writer = Callable[..., None]
 
 
+def critic_weights(update: int) -> bytes:
+    """The critic's weights file of ``update``, as the kit's writers save it: a resume check
+    tells from its bytes which update's critic an engine would load."""
+    return f"critic weights of update {update}".encode()
+
+
 def verl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
     """verl's loggers and checkpoints: FileLogger writes ``{"step", "data"}`` lines to
     VERL_FILE_LOGGER_PATH (else ``<root>/<project>/<experiment>.jsonl``); the TensorBoard
@@ -130,6 +136,11 @@ def verl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
             ckpt = root / f"global_step_{checkpoint_step}" / "actor"
             ckpt.mkdir(parents=True)
             (ckpt / "model_world_size_1_rank_0.pt").write_bytes(b"weights")
+            if read.get("algorithm.adv_estimator") == "gae":  # verl's need_critic
+                critic = ckpt.parent / "critic"
+                critic.mkdir()
+                (critic / "model_world_size_1_rank_0.pt").write_bytes(
+                    critic_weights(checkpoint_step))
             (root / "latest_checkpointed_iteration.txt").write_text(str(checkpoint_step))
 
     return write
@@ -149,11 +160,17 @@ def openrlhf(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
         tensorboard(board / (name if identity else OTHER_RUN), metrics, OPENRLHF_METRICS)
         if artifacts and checkpoint_step is not None:
             root = _in(attempt, str(flag("--ckpt_path", "--ckpt.path")))
-            ckpt = root / "_actor" / f"global_step{checkpoint_step}"
-            ckpt.mkdir(parents=True)
-            (ckpt / "mp_rank_00_model_states.pt").write_bytes(b"weights")
-            # DeepSpeed's save_checkpoint names the whole checkpoint once it is written
-            (root / "_actor" / "latest").write_text(ckpt.name)
+            # the critic (a gae estimator's: critic_pretrain defaults to the policy) saves
+            # under _critic as the actor does under _actor
+            gae = flag("--advantage_estimator", "--algo.advantage.estimator") == "gae"
+            for role, weights in (("_actor", b"weights"),
+                                  *([("_critic", critic_weights(checkpoint_step))] if gae
+                                    else [])):
+                ckpt = root / role / f"global_step{checkpoint_step}"
+                ckpt.mkdir(parents=True)
+                (ckpt / "mp_rank_00_model_states.pt").write_bytes(weights)
+                # DeepSpeed's save_checkpoint names the whole checkpoint once it is written
+                (root / role / "latest").write_text(ckpt.name)
 
     return write
 
@@ -218,4 +235,4 @@ def writer_for(engine: str, plan: LaunchPlan, read: Callable[[LaunchPlan], dict[
     return make(plan, read(plan)) if make is not None else declared
 
 
-__all__ = ["BUILTIN", "OTHER_RUN", "logged", "tensorboard", "writer_for"]
+__all__ = ["BUILTIN", "OTHER_RUN", "critic_weights", "logged", "tensorboard", "writer_for"]

@@ -71,7 +71,7 @@ from stateset_backend.conformance.checks.planning import (
     plannable_sample,
     reasons_of,
 )
-from stateset_backend.conformance.checks.resume import check_resume
+from stateset_backend.conformance.checks.resume import check_resume, critic_plan
 
 __all__ = [
     "BENIGN",
@@ -105,6 +105,7 @@ __all__ = [
     "check_resume",
     "check_sensitivity",
     "claimed_plans",
+    "critic_plan",
     "declared_unsupported",
     "fitted_base",
     "hostile_doc",

@@ -20,7 +20,13 @@ from typing import Any
 from stateset_backend.common.jsonio import flatten
 from stateset_backend.conformance.checks.determinism import tree
 from stateset_backend.conformance.checks.outputs import HEALTHY, Writer, _collect
-from stateset_backend.conformance.checks.planning import CheckFailed, describe
+from stateset_backend.conformance.checks.planning import (
+    CheckFailed,
+    describe,
+    fitted_base,
+    plan_doc,
+)
+from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import RUN_DIR, EngineAdapter, LaunchContext
 from stateset_backend.native.layout import checkpoint_name
 from stateset_backend.plan.launch_plan import LaunchPlan
@@ -186,7 +192,51 @@ def _engine_resumes(adapter: EngineAdapter, plan: LaunchPlan, resumed: list[str]
     if Path(target).resolve() not in loads:
         raise CheckFailed(f"the engine would resume from {target}, not from the checkpoint "
                           f"of update {found.update} ({found.path})")
+    _critic_resumes(plan, resumed, read, new, found.update)
     return None
+
+
+def _critic_resumes(plan: LaunchPlan, resumed: list[str], read: dict[str, Any], new: Path,
+                    update: int) -> None:
+    """With a separate critic (PPO with gae, on an engine whose critic the kit's writers
+    save): the engine, reading the resumed launch, loads the critic saved with ``update``.
+    A critic left behind starts from its initial weights while the policy continues: the
+    first advantages after the resume come from an untrained value function, and nothing
+    else in the run says so."""
+    from stateset_backend.conformance.resumes import CRITICS
+    from stateset_backend.conformance.writers import critic_weights
+
+    rule = CRITICS.get(plan.engine)
+    if rule is None or plan.validated_spec().algorithm.gae is None:
+        return
+    try:
+        folder = rule(resumed, read, new)
+    except Exception as exc:
+        raise CheckFailed(f"reading where the resumed launch's critic resumes from: "
+                          f"{describe(exc)}") from None
+    files = [p for p in folder.rglob("*") if p.is_file()] if folder is not None else []
+    if not files:
+        raise CheckFailed(f"the engine, reading the resumed launch as its code does, loads no "
+                          f"critic checkpoint: the critic would start afresh while the policy "
+                          f"continues from update {update}")
+    if any(p.read_bytes() != critic_weights(update) for p in files):
+        raise CheckFailed(f"the engine would load its critic from {folder}, not the critic "
+                          f"saved with update {update}")
+
+
+def critic_plan(adapter: EngineAdapter, version: str, files: Any, overrides: Any,
+                extra: dict[str, Any]) -> list[LaunchPlan]:
+    """The critic's sample (PPO with gae) on the resume check's base, where the release
+    claims a critic and the kit's writer saves the engine's critic; else none."""
+    from stateset_backend.conformance.resumes import CRITICS
+    from stateset_backend.conformance.samples import deep_merge, samples_for
+
+    if adapter.name not in CRITICS or \
+            "critic" not in adapter.contract.provided(parse_version(version)):
+        return []
+    base = deep_merge(fitted_base(adapter, version, files, overrides), extra)
+    found = samples_for(adapter.contract, version, "critic", files, overrides, base=base)
+    return [plan_doc(adapter, version, found[0].doc, files)] if found else []
 
 
 def _continued(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, ctx: LaunchContext,
