@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 from kit_runs import assert_one_check, run_kit
 from stateset_echo_engine.plugin import EchoAdapter
 
 from stateset_backend.contracts.loader import Contract
-from stateset_backend.engines.adapter import Collected, NativeLaunch
+from stateset_backend.engines.adapter import Collected, InvalidInput, NativeLaunch
 from stateset_backend.translate.rules import RuleSet, carried, to
 
 
@@ -142,6 +143,18 @@ class ExpectsNothing(EchoAdapter):
             (spellings, lambda spec: None) for spellings, _ in support.expectations))
 
 
+class RefusesAModelFolderNotHere(EchoAdapter):
+    """Fails fast on a local model folder that does not exist on the planning machine."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        path = Path(spec.model.path)
+        if not path.is_absolute() and ctx.base_dir is not None:
+            path = Path(ctx.base_dir) / path
+        if spec.model.path.startswith("/") and not path.is_dir():
+            raise InvalidInput(f"model.path: no model folder at {spec.model.path}")
+        return super().render(translation, spec, ctx)
+
+
 MODULE = '''
 import pytest
 from stateset_backend.conformance import AdapterConformance
@@ -173,6 +186,8 @@ class TestMistake(AdapterConformance):
     (ReportsTheScoreInPercent, "healthy: the engine logged reward/mean = 0.2 at update 1, "
                                "and collect reads 20.0"),
     (ExpectsNothing, "nothing the engine reads is held to a value"),
+    (RefusesAModelFolderNotHere, "refuse a model path for its text, not for being absent "
+                                 "here"),
     (EchoAdapter, None)])
 def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):
     report = run_kit(tmp_path, MODULE, cls, "::TestMistake",
