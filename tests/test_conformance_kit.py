@@ -85,3 +85,17 @@ def test_writers_write_what_they_are_given(tmp_path):
     write_native(tmp_path, ctx, metrics=[{"step": 1, "reward/mean": math.nan}], identity=True,
                  artifacts=False, checkpoint_step=None)
     assert math.isnan(adapter.collect(tmp_path, ctx).metrics[0]["reward/mean"])
+
+
+def test_every_metric_the_kit_writes_has_a_value_of_its_own():
+    """The read-back check tells a metric read under another's name, or at another update,
+    only while no two values it writes could be read as each other."""
+    from stateset_backend.conformance.checks.outputs import HEALTHY, _more
+
+    rows = [{**_more(r["step"]), **r} for r in HEALTHY]
+    for row in rows:
+        values = [v for k, v in row.items() if k != "step"]
+        assert not any(math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-5)
+                       for i, a in enumerate(values) for b in values[i + 1:]), row
+    for name in ("lr", "lr/next"):
+        assert len({row[name] for row in rows}) == len(rows)

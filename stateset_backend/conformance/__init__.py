@@ -497,4 +497,4 @@ class AdapterConformance(KitFixtures):
                 adapter, plan, write_outputs, parse_launch), tmp_path / str(i), parse_launch)
                 for i, plan in enumerate(plans)]
         if any(missing):
-            unverified("; ".join(m for m in missing if m))
+            unverified("; ".join(dict.fromkeys(m for m in missing if m)))

@@ -221,6 +221,7 @@ class KitFixtures:
     def _resume_plans(self, adapter: EngineAdapter, version: str, files: SampleFiles,
                       extra: dict[str, Any]) -> list[LaunchPlan]:
         """The resume check's base, and its critic's sample where the kit's writer saves the
-        engine's critic."""
-        return [self._base(adapter, version, files, **extra)[1],
-                *checks.critic_plan(adapter, version, files, self._overrides(adapter), extra)]
+        engine's critic (unless a gap is declared for it)."""
+        critic = [] if self._gap(adapter, "critic", version) is not None else \
+            checks.critic_plan(adapter, version, files, self._overrides(adapter), extra)
+        return [self._base(adapter, version, files, **extra)[1], *critic]

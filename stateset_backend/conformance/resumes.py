@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # (the launch's argv as launched, the engine's reading of it, the attempt folder it runs in)
 Resumes = Callable[[list[str], dict[str, Any], Path], Path | None]
@@ -90,28 +90,52 @@ BUILTIN: dict[str, Resumes] = {"verl": verl, "openrlhf": openrlhf, "nemo-rl": ne
                                "native": native}
 
 
+def verl_runs_critic(read: dict[str, Any]) -> bool:
+    """verl's ``need_critic`` (``trainer/ppo/utils.py``, 0.6 on; before it, gae alone):
+    ``critic.enable`` where set, else a gae advantage estimator."""
+    enable = read.get("critic.enable")
+    return bool(enable) if enable is not None else read.get("algorithm.adv_estimator") == "gae"
+
+
 def verl_critic(argv: list[str], read: dict[str, Any], attempt: Path) -> Path | None:
     """verl's critic worker loads ``critic`` in the step folder the actor loads from."""
     folder = verl(argv, read, attempt)
     return None if folder is None else folder / "critic"
 
 
+def openrlhf_runs_critic(read: dict[str, Any]) -> bool:
+    """OpenRLHF builds a critic for a gae estimator (``cli/train_ppo_ray.py``: its
+    ``critic_pretrain`` then defaults to the reward model, else the policy)."""
+    estimator = read.get("--algo.advantage.estimator", read.get("--advantage_estimator"))
+    return estimator == "gae"
+
+
 def openrlhf_critic(argv: list[str], read: dict[str, Any], attempt: Path) -> Path | None:
-    """OpenRLHF's critic (``trainer/ray/ppo_critic.py``): the same load switch; DeepSpeed
-    loads the tag ``<ckpt path>/_critic/latest`` names."""
+    """The critic's DeepSpeed tag, named by ``<ckpt path>/_critic/latest``, under the same
+    load switch as the actor's (``trainer/ray/ppo_critic.py``; without it the critic starts
+    from its pretrained weights, or, in 0.9.8, the load fails)."""
     actor = openrlhf(argv, read, attempt)
     if actor is None:
         return None
     latest = actor.parent.parent / "_critic" / "latest"
     if not latest.is_file():
-        return None  # the critic starts from critic_pretrain
+        return None
     folder = latest.parent / latest.read_text().strip()
     return folder if folder.is_dir() else None
 
 
-# where each built-in engine's critic resumes from, for the engines whose critic the kit's
-# writers save (a separate critic model: PPO with gae)
-CRITICS: dict[str, Resumes] = {"verl": verl_critic, "openrlhf": openrlhf_critic}
+class Critic(NamedTuple):
+    """An engine's own rules for a separate critic: whether the launch, as the engine reads
+    it, runs one, and the folder a resumed launch loads it from."""
+
+    runs: Callable[[dict[str, Any]], bool]
+    resumes: Resumes
+
+
+# the engines whose critic the kit's writers save: a resume that left the critic behind would
+# train the policy on advantages from an untrained value function, and say nothing
+CRITICS: dict[str, Critic] = {"verl": Critic(verl_runs_critic, verl_critic),
+                              "openrlhf": Critic(openrlhf_runs_critic, openrlhf_critic)}
 
 
 def resumes_for(engine: str, declared: Resumes | None) -> Resumes | None:

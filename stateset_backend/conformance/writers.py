@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
+from stateset_backend.conformance.resumes import openrlhf_runs_critic, verl_runs_critic
+from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import CannotWrite, LaunchContext
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.spec.schedule import NEXT_LR
@@ -35,19 +35,25 @@ VERL_METRICS = {"reward/mean": "critic/score/mean", "loss/policy": "actor/pg_los
                 "lr": "actor/lr", "response_length/mean": "response_length/mean",
                 "tokens_per_second": "perf/throughput"}
 # verl 0.8's engine workers step the scheduler and then log its rate: from that release on,
-# actor/lr at an update is the rate of the next one
-VERL_NEXT_RATE_FROM = Version("0.8.0")
+# actor/lr at an update is the rate of the next one (the verl collector keeps the same
+# boundary; the kit keeps its own, so that a collector that moves it is seen)
+VERL_NEXT_RATE_FROM = parse_version("0.8.0")
+# OpenRLHF (0.9.8 to 0.11.2): ppo_actor reads actor_lr after DeepSpeed's engine stepped the
+# scheduler, so it is the next update's rate; compute_eval_metrics logs pass@1 per data source,
+# eval_<source>_pass1, a row without a "datasource" being "default"
 OPENRLHF_METRICS = {"reward/mean": "train/reward", "loss/policy": "train/policy_loss",
                     "kl": "train/kl", "entropy": "train/entropy_loss",
-                    "grad_norm": "train/actor_grad_norm", "lr": "train/actor_lr",
+                    "grad_norm": "train/actor_grad_norm", NEXT_LR: "train/actor_lr",
                     "response_length/mean": "train/response_length",
-                    "val/reward/mean": "eval/reward"}
+                    "val/reward/mean": "eval/eval_default_pass1"}
 NEMO_RL_METRICS = {"reward/mean": "train/reward", "loss/policy": "train/loss",
                    "grad_norm": "train/grad_norm",
                    "response_length/mean": "train/mean_gen_tokens_per_sample",
                    "val/reward/mean": "validation/accuracy"}
-# the native engine logs canonical names
-NATIVE_METRICS = {name: name for name in (*VERL_METRICS, "val/reward/mean")}
+# the native engine logs canonical names: the rate each update ran at
+NATIVE_METRICS = {name: name for name in (
+    "reward/mean", "loss/policy", "kl", "entropy", "clip_fraction", "grad_norm", "lr",
+    "response_length/mean", "tokens_per_second", "val/reward/mean")}
 
 
 def logged(plan: LaunchPlan) -> dict[str, str] | None:
@@ -55,11 +61,7 @@ def logged(plan: LaunchPlan) -> dict[str, str] | None:
     ``plan``'s built-in engine at its release; None for a plugin's engine (its own writer
     logs the reward at least: every engine reports it)."""
     if plan.engine == "verl":
-        try:
-            next_rate = Version(plan.engine_version) >= VERL_NEXT_RATE_FROM
-        except InvalidVersion:
-            next_rate = False
-        if next_rate:
+        if parse_version(plan.engine_version) >= VERL_NEXT_RATE_FROM:
             return {(NEXT_LR if c == "lr" else c): n for c, n in VERL_METRICS.items()}
         return dict(VERL_METRICS)
     names = {"openrlhf": OPENRLHF_METRICS, "nemo-rl": NEMO_RL_METRICS,
@@ -136,7 +138,7 @@ def verl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
             ckpt = root / f"global_step_{checkpoint_step}" / "actor"
             ckpt.mkdir(parents=True)
             (ckpt / "model_world_size_1_rank_0.pt").write_bytes(b"weights")
-            if read.get("algorithm.adv_estimator") == "gae":  # verl's need_critic
+            if verl_runs_critic(read):
                 critic = ckpt.parent / "critic"
                 critic.mkdir()
                 (critic / "model_world_size_1_rank_0.pt").write_bytes(
@@ -160,11 +162,10 @@ def openrlhf(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
         tensorboard(board / (name if identity else OTHER_RUN), metrics, OPENRLHF_METRICS)
         if artifacts and checkpoint_step is not None:
             root = _in(attempt, str(flag("--ckpt_path", "--ckpt.path")))
-            # the critic (a gae estimator's: critic_pretrain defaults to the policy) saves
-            # under _critic as the actor does under _actor
-            gae = flag("--advantage_estimator", "--algo.advantage.estimator") == "gae"
+            # the critic saves under _critic as the actor does under _actor
+            critic = openrlhf_runs_critic(read)
             for role, weights in (("_actor", b"weights"),
-                                  *([("_critic", critic_weights(checkpoint_step))] if gae
+                                  *([("_critic", critic_weights(checkpoint_step))] if critic
                                     else [])):
                 ckpt = root / role / f"global_step{checkpoint_step}"
                 ckpt.mkdir(parents=True)

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from optional_installs import VERL_WHEELS_MISSING
+from optional_installs import OPENRLHF_WHEELS_MISSING, VERL_WHEELS_MISSING
 from packaging.version import Version
 from test_openrlhf import golden as openrlhf_golden
 from test_verl import VERL_PYTHON, VERL_WHEELS, needs_verl
@@ -93,6 +93,54 @@ def test_openrlhf_tensorboard_is_collected_and_checked(tmp_path):
     status, checks, artifacts = evaluate(_budget(plan, 4), Exit(0), got, tmp_path)
     assert status == "succeeded", checks
     assert artifacts[0].path.endswith("global_step4/mp_rank_00_model_states.pt")
+
+
+OPENRLHF_WHEELS = os.environ.get("STATESET_TEST_OPENRLHF_WHEELS")
+
+
+def _openrlhf_logger(version: str, tmp_path: Path):
+    """OpenRLHF's own logging module, from the release's wheel (it needs nothing the wheel
+    cannot bring without CUDA)."""
+    import importlib.util
+    import zipfile
+
+    (wheel,) = Path(OPENRLHF_WHEELS or "").glob(f"openrlhf-{version}-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith("openrlhf/utils/logging_utils.py")]
+        path = tmp_path / f"openrlhf_logging_{version.replace('.', '_')}.py"
+        path.write_bytes(archive.read(name))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(OPENRLHF_WHEELS is None, reason=OPENRLHF_WHEELS_MISSING)
+@pytest.mark.parametrize("version", ["0.10.2", "0.11.2"])
+def test_openrlhf_own_logger_is_read_back_with_its_rate_and_validation(version, tmp_path):
+    """What OpenRLHF's TensorboardLogger writes, as ppo_trainer hands it the rows: training
+    statuses after each update (actor_lr read after the optimizer step: the next update's
+    rate) and compute_eval_metrics' pass@1 of the one data source the hub's rows make
+    ("default"), which is the validation reward."""
+    from types import SimpleNamespace
+
+    adapter = OpenRLHFAdapter()
+    ctx = _ctx(adapter, version)
+    board = tmp_path / "tensorboard"
+    logger = _openrlhf_logger(version, tmp_path).TensorboardLogger(SimpleNamespace(
+        logger=SimpleNamespace(tensorboard_dir=str(board),
+                               wandb=SimpleNamespace(run_name=ctx.run_name))))
+    for step in (1, 2):
+        logger.log_train(step, {"policy_loss": 0.1 * step, "reward": 0.2 * step,
+                                "actor_lr": 1e-4 * (step + 1), "actor_grad_norm": 0.5})
+    logger.log_eval(2, {"eval_default_pass1": 0.65, "eval_default_pass4": 0.9,
+                        "eval_response_length_mean": 12.0})
+    logger.close()
+    got = adapter.collect(tmp_path, ctx)
+    assert got.metrics[0]["lr/next"] == pytest.approx(2e-4) and "lr" not in got.metrics[0]
+    assert [r["val/reward/mean"] for r in got.metrics if "val/reward/mean" in r] == \
+        [pytest.approx(0.65)]
 
 
 def test_openrlhf_nan_metric_makes_the_result_invalid(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from stateset_backend.adapters.openrlhf.render import CHECKPOINTS, TENSORBOARD
 from stateset_backend.plugin import (
+    NEXT_LR,
     Checkpoint,
     Collected,
     LaunchContext,
@@ -20,11 +21,15 @@ from stateset_backend.plugin import (
     stage_checkpoint,
 )
 
-# canonical metric -> OpenRLHF's TensorBoard tag
+# canonical metric -> OpenRLHF's TensorBoard tag. actor_lr is read after the optimizer step
+# (ppo_actor's training_step), whose DeepSpeed engine has stepped the scheduler: it is the
+# rate of the next update. Evaluation logs each data source's pass@1 as eval_<source>_pass1
+# (ppo_trainer's compute_eval_metrics), the source a row's "datasource", else "default": the
+# hub's rows name none.
 METRICS = {"reward/mean": "train/reward", "loss/policy": "train/policy_loss", "kl": "train/kl",
            "entropy": "train/entropy_loss", "grad_norm": "train/actor_grad_norm",
-           "lr": "train/actor_lr", "response_length/mean": "train/response_length",
-           "val/reward/mean": "eval/reward"}
+           NEXT_LR: "train/actor_lr", "response_length/mean": "train/response_length",
+           "val/reward/mean": "eval/eval_default_pass1"}
 
 
 def outputs(attempt_dir: Path, ctx: LaunchContext) -> Collected:

@@ -67,10 +67,11 @@ def benign_refused(reason: str, option_key: str | None, adapter: EngineAdapter) 
     """The failure of a benign sample that does not plan: the planner's reason, and where the
     kit's own probe key is what it refused, what the author gives instead."""
     if BENIGN["model"] in reason:
-        return (f"the benign sample with every string field set does not plan: {reason}; a "
-                "plan names the model's folder without opening it (it may be made on another "
-                "machine than the run, and the hub checks inputs before a run): refuse a model "
-                "path for its text, not for being absent here (docs/plugins.md)")
+        return (f"the benign sample with every string field set does not plan: {reason}; if "
+                "that is because no such folder is on this machine: a plan names the model's "
+                "folder without opening it (it may be made on another machine than the run, "
+                "and the hub checks inputs before a run), so refuse a model path for its text, "
+                "not for being absent here (docs/plugins.md)")
     if adapter.kit_support().option_key is not None:
         return f"the benign sample with every string field set does not plan: {reason}"
     return (f"the benign sample with every string field set does not plan: {reason}; the kit "

@@ -60,6 +60,9 @@ def _every_metric(plan: LaunchPlan, rows: list[dict[str, Any]]) -> list[dict[str
 
 
 def _more(step: int) -> dict[str, float]:
+    """The other metrics' values at ``step``: no two in a row alike (nor alike with the
+    reward's, the loss's or the KL's), and the rate different at each update, so that
+    reading any of them under another's name, or at another update, reads a wrong value."""
     more = {"entropy": 1.0 + 0.1 * step, "clip_fraction": 0.002 + 0.03 * step,
             "grad_norm": 2.0 + 0.25 * step, "lr": 1e-4 * step, NEXT_LR: 1e-4 * (step + 1),
             "response_length/mean": 40.0 + step, "tokens_per_second": 1000.0 + 10 * step}

@@ -206,11 +206,16 @@ def _critic_resumes(plan: LaunchPlan, resumed: list[str], read: dict[str, Any], 
     from stateset_backend.conformance.resumes import CRITICS
     from stateset_backend.conformance.writers import critic_weights
 
-    rule = CRITICS.get(plan.engine)
-    if rule is None or plan.validated_spec().algorithm.gae is None:
+    critic = CRITICS.get(plan.engine)
+    if critic is None or plan.validated_spec().algorithm.gae is None:
         return
     try:
-        folder = rule(resumed, read, new)
+        if not critic.runs(read):
+            raise CheckFailed("the spec's PPO learns a critic (algorithm.gae), but the engine, "
+                              "reading the resumed launch, runs none")
+        folder = critic.resumes(resumed, read, new)
+    except CheckFailed:
+        raise
     except Exception as exc:
         raise CheckFailed(f"reading where the resumed launch's critic resumes from: "
                           f"{describe(exc)}") from None
@@ -227,7 +232,9 @@ def _critic_resumes(plan: LaunchPlan, resumed: list[str], read: dict[str, Any], 
 def critic_plan(adapter: EngineAdapter, version: str, files: Any, overrides: Any,
                 extra: dict[str, Any]) -> list[LaunchPlan]:
     """The critic's sample (PPO with gae) on the resume check's base, where the release
-    claims a critic and the kit's writer saves the engine's critic; else none."""
+    claims a critic and the kit's writer saves the engine's: a resume is only proven whole
+    when every model it trains continues. CheckFailed when the release claims a critic and
+    no such sample plans (the capability check names the same refusal)."""
     from stateset_backend.conformance.resumes import CRITICS
     from stateset_backend.conformance.samples import deep_merge, samples_for
 
@@ -235,8 +242,14 @@ def critic_plan(adapter: EngineAdapter, version: str, files: Any, overrides: Any
             "critic" not in adapter.contract.provided(parse_version(version)):
         return []
     base = deep_merge(fitted_base(adapter, version, files, overrides), extra)
-    found = samples_for(adapter.contract, version, "critic", files, overrides, base=base)
-    return [plan_doc(adapter, version, found[0].doc, files)] if found else []
+    errors = []
+    for sample in samples_for(adapter.contract, version, "critic", files, overrides, base=base):
+        try:
+            return [plan_doc(adapter, version, sample.doc, files)]
+        except Exception as exc:
+            errors.append(describe(exc))
+    raise CheckFailed(f"{adapter.name} {version} claims a critic, but no sample with one plans "
+                      "for the resume check" + (f": {' | '.join(errors)}" if errors else ""))
 
 
 def _continued(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, ctx: LaunchContext,
