@@ -490,9 +490,8 @@ class AdapterConformance(KitFixtures):
         if write_outputs is None:
             unsupported("the adapter's kit_support() supplies no write_outputs: resume is "
                         "not checked")
-        extra = {"checkpoint": {"every": 1}} if "checkpoint" in provided else {}
         with reported():
-            plans = self._resume_plans(adapter, engine_version, sample_files, extra)
+            plans = self._resume_plans(adapter, engine_version, sample_files, provided)
             missing = [checks.check_resume(adapter, plan, self._writer(
                 adapter, plan, write_outputs, parse_launch), tmp_path / str(i), parse_launch)
                 for i, plan in enumerate(plans)]

@@ -219,9 +219,12 @@ class KitFixtures:
         raise AssertionError("unreachable")
 
     def _resume_plans(self, adapter: EngineAdapter, version: str, files: SampleFiles,
-                      extra: dict[str, Any]) -> list[LaunchPlan]:
+                      provided: frozenset[str]) -> list[LaunchPlan]:
         """The resume check's base, and its critic's sample where the kit's writer saves the
-        engine's critic (unless a gap is declared for it)."""
+        engine's critic (unless a gap is declared for it): run for the check's updates,
+        saving at every one where the release can be asked to."""
+        extra = {"budget": {"total_updates": checks.RESUME_UPDATES},
+                 **({"checkpoint": {"every": 1}} if "checkpoint" in provided else {})}
         critic = [] if self._gap(adapter, "critic", version) is not None else \
             checks.critic_plan(adapter, version, files, self._overrides(adapter), extra)
         return [self._base(adapter, version, files, **extra)[1], *critic]

@@ -71,6 +71,7 @@ from stateset_backend.conformance.checks.planning import (
     plannable_sample,
     reasons_of,
 )
+from stateset_backend.conformance.checks.resume import UPDATES as RESUME_UPDATES
 from stateset_backend.conformance.checks.resume import check_resume, critic_plan
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "HOSTILE",
     "OBJECTIVE_CLASSES",
     "PROBE_SECRET",
+    "RESUME_UPDATES",
     "STRING_FIELDS",
     "Case",
     "CheckFailed",

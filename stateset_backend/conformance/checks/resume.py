@@ -19,7 +19,7 @@ from typing import Any
 
 from stateset_backend.common.jsonio import flatten
 from stateset_backend.conformance.checks.determinism import tree
-from stateset_backend.conformance.checks.outputs import HEALTHY, Writer, _collect
+from stateset_backend.conformance.checks.outputs import Writer, _collect
 from stateset_backend.conformance.checks.planning import (
     CheckFailed,
     describe,
@@ -33,17 +33,25 @@ from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.providers.local import Exit
 from stateset_backend.runs.results import evaluate
 
+# the resume check's run: 12 updates, the newest whole checkpoint of update 10 with one of
+# update 9 beside it (and, for a built-in engine, a save of update 11 a crash cut short):
+# numbers whose folder names sort otherwise as text ("global_step_10" < "global_step_9")
+UPDATES, OLDER, NEWEST, CUT = 12, 9, 10, 11
+ROWS = [{"step": s, "reward/mean": 0.05 * s, "loss/policy": 0.5 / s, "kl": 0.01}
+        for s in range(1, UPDATES + 1)]
+
 
 def check_resume(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, tmp: Path,
                  parse_launch: Any = None) -> str | None:
-    """The resume of an earlier attempt holding checkpoints of updates 2 and 3; returns what
-    could not be verified (the row is then ``unverified``), or None when everything was."""
+    """The resume of an earlier attempt holding checkpoints of updates 9 and 10 of a planned
+    12 (``plan``'s budget); returns what could not be verified (the row is then
+    ``unverified``), or None when everything was."""
     earlier, new = tmp / "attempts" / "1", tmp / "attempts" / "2"
     ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,
                         plan.resolved_dialect(), plan.base_dir)
     earlier.mkdir(parents=True)
-    writer(earlier, ctx, metrics=copy.deepcopy(HEALTHY), identity=True, artifacts=True,
-           checkpoint_step=3)
+    writer(earlier, ctx, metrics=copy.deepcopy(ROWS), identity=True, artifacts=True,
+           checkpoint_step=NEWEST)
     _add_older_checkpoint(writer, ctx, earlier, tmp / "older")
     cut = _add_cut_checkpoint(plan.engine, writer, ctx, earlier, tmp / "cut")
     found = _newest(adapter, plan, earlier, cut)
@@ -59,15 +67,15 @@ def check_resume(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, tmp: 
 
 
 def _newest(adapter: EngineAdapter, plan: LaunchPlan, earlier: Path, cut: bool) -> Any:
-    beside = "one of update 2 is beside it" + (
-        ", and a save of update 4 that a crash cut short" if cut else "")
+    beside = f"one of update {OLDER} is beside it" + (
+        f", and a save of update {CUT} that a crash cut short" if cut else "")
     found = adapter.latest_checkpoint(earlier)
     if found is None:
         raise CheckFailed("resume:exact is claimed, but latest_checkpoint finds no checkpoint "
-                          f"in an attempt the writer gave one (update 3; {beside})")
-    if found.update != 3:
+                          f"in an attempt the writer gave one (update {NEWEST}; {beside})")
+    if found.update != NEWEST:
         raise CheckFailed(f"latest_checkpoint reports update {found.update}, where the newest "
-                          f"whole checkpoint the writer wrote is of update 3 ({beside})")
+                          f"whole checkpoint the writer wrote is of update {NEWEST} ({beside})")
     problem = adapter.checkpoint_problem(found, plan.experiment_digest)
     if problem is not None:
         raise CheckFailed(f"a whole checkpoint of this experiment is refused: {problem}")
@@ -110,36 +118,36 @@ def _resume(adapter: EngineAdapter, plan: LaunchPlan, found: Any, earlier: Path,
 
 def _add_older_checkpoint(writer: Writer, ctx: LaunchContext, attempt: Path,
                           scratch: Path) -> None:
-    """An older checkpoint (update 2) beside the newest, as an engine that keeps several
+    """An older checkpoint (update 9) beside the newest, as an engine that keeps several
     leaves them: the writer writes it into a scratch attempt, and the files that attempt has
     and ``attempt`` lacks (that checkpoint's folder) join it, so the newest checkpoint's
     records (a tracker file, the logs) stay the newest's."""
     scratch.mkdir(parents=True)
-    writer(scratch, ctx, metrics=copy.deepcopy(HEALTHY[:2]), identity=True, artifacts=True,
-           checkpoint_step=2)
+    writer(scratch, ctx, metrics=copy.deepcopy(ROWS[:OLDER]), identity=True, artifacts=True,
+           checkpoint_step=OLDER)
     _join(scratch, attempt)
 
 
-# how a crash leaves each built-in engine's save of update 4: verl and DeepSpeed (under
+# how a crash leaves each built-in engine's save of update 11: verl and DeepSpeed (under
 # OpenRLHF) write the folder, then the tracker beside it (latest_checkpointed_iteration.txt,
-# `latest`), which still names update 3; NeMo RL and the native engine write a temporary
+# `latest`), which still names update 10; NeMo RL and the native engine write a temporary
 # folder and rename it into place once it is whole (None: the folder as it is; else its
 # name, and the name it still has)
 CUT_SAVE: dict[str, tuple[str, str] | None] = {
-    "verl": None, "openrlhf": None, "nemo-rl": ("step_4", "tmp_step_4"),
-    "native": (checkpoint_name(4), f".{checkpoint_name(4)}.cut")}
+    "verl": None, "openrlhf": None, "nemo-rl": (f"step_{CUT}", f"tmp_step_{CUT}"),
+    "native": (checkpoint_name(CUT), f".{checkpoint_name(CUT)}.cut")}
 
 
 def _add_cut_checkpoint(engine: str, writer: Writer, ctx: LaunchContext, attempt: Path,
                         scratch: Path) -> bool:
-    """A save of update 4 beside the newest whole checkpoint, as a crash during it leaves
+    """A save of update 11 beside the newest whole checkpoint, as a crash during it leaves
     it: a resume from it would load a half-written model. Only for a built-in engine, whose
     saves the kit knows; returns whether it was added."""
     if engine not in CUT_SAVE:
         return False
     scratch.mkdir(parents=True)
-    writer(scratch, ctx, metrics=copy.deepcopy(HEALTHY), identity=True, artifacts=True,
-           checkpoint_step=4)
+    writer(scratch, ctx, metrics=copy.deepcopy(ROWS), identity=True, artifacts=True,
+           checkpoint_step=CUT)
     renamed = CUT_SAVE[engine]
     if renamed is not None:
         for path in list(scratch.rglob(renamed[0])):
@@ -259,7 +267,7 @@ def _continued(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, ctx: La
     continued from ``update``: an adapter reporting another resume point, or none, would have
     the hub call a real resume invalid. A writer that cannot be told the attempt resumed (no
     ``resumed_from``) whose outputs read otherwise leaves it unverified."""
-    rows = [dict(r) for r in HEALTHY if r["step"] > update]
+    rows = [dict(r) for r in ROWS if r["step"] > update]
     collected, error, status, checks = _read_back(adapter, plan, writer, ctx, new, outputs,
                                                   rows, told, update)
     if status == "succeeded":
@@ -282,7 +290,7 @@ def _fresh_start(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, ctx: 
     attempt.mkdir(parents=True)
     adapter.resume_argv(found, [a.replace(RUN_DIR, str(attempt)) for a in plan.argv], attempt)
     _, _, status, _ = _read_back(adapter, plan, writer, ctx, attempt, outputs,
-                                 copy.deepcopy(HEALTHY), told, None, found.update)
+                                 copy.deepcopy(ROWS), told, None, found.update)
     if status == "succeeded":
         raise CheckFailed(f"an attempt resumed from update {found.update} whose outputs show "
                           "every update from the first (the engine started afresh) reads as a "
