@@ -61,10 +61,16 @@ def openrlhf(argv: list[str], read: dict[str, Any], attempt: Path) -> Path | Non
     root = _path(read.get("--ckpt.path", read.get("--ckpt_path")), attempt)
     if load is not True or root is None:
         return None
-    latest = root / "_actor" / "latest"
+    return _deepspeed_tag(root / "_actor")
+
+
+def _deepspeed_tag(role: Path) -> Path | None:
+    """The folder DeepSpeed's ``load_checkpoint`` loads for one model: the tag its ``latest``
+    file names; none without it (DeepSpeed: "No checkpoint found", trained from scratch)."""
+    latest = role / "latest"
     if not latest.is_file():
-        return None  # DeepSpeed finds no tag: "No checkpoint found", trained from scratch
-    folder = root / "_actor" / latest.read_text().strip()
+        return None
+    folder = role / latest.read_text().strip()
     return folder if folder.is_dir() else None
 
 
@@ -115,13 +121,7 @@ def openrlhf_critic(argv: list[str], read: dict[str, Any], attempt: Path) -> Pat
     load switch as the actor's (``trainer/ray/ppo_critic.py``; without it the critic starts
     from its pretrained weights, or, in 0.9.8, the load fails)."""
     actor = openrlhf(argv, read, attempt)
-    if actor is None:
-        return None
-    latest = actor.parent.parent / "_critic" / "latest"
-    if not latest.is_file():
-        return None
-    folder = latest.parent / latest.read_text().strip()
-    return folder if folder.is_dir() else None
+    return None if actor is None else _deepspeed_tag(actor.parent.parent / "_critic")
 
 
 class Critic(NamedTuple):

@@ -217,13 +217,11 @@ def _critic_resumes(plan: LaunchPlan, resumed: list[str], read: dict[str, Any], 
     critic = CRITICS.get(plan.engine)
     if critic is None or plan.validated_spec().algorithm.gae is None:
         return
+    if not critic.runs(read):
+        raise CheckFailed("the spec's PPO learns a critic (algorithm.gae), but the engine, "
+                          "reading the resumed launch, runs none")
     try:
-        if not critic.runs(read):
-            raise CheckFailed("the spec's PPO learns a critic (algorithm.gae), but the engine, "
-                              "reading the resumed launch, runs none")
         folder = critic.resumes(resumed, read, new)
-    except CheckFailed:
-        raise
     except Exception as exc:
         raise CheckFailed(f"reading where the resumed launch's critic resumes from: "
                           f"{describe(exc)}") from None
