@@ -403,6 +403,33 @@ def test_the_kit_varies_each_setting(tmp_path, cls, says):
                  "test_launch_reads_back_as_declared", says, checks=2)
 
 
+
+class SizesTheTokenBudgetFromTheResponse(VerlAdapter):
+    """Sizes verl's token budget from the response limit alone, as if the prompt were not in
+    the sequence: the right budget while both limits sum under verl's 16384 floor."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        budget = {"actor_rollout_ref.actor.ppo_max_token_len_per_gpu":
+                  max(16384, 2 * spec.data.max_response_tokens)}
+        return super().render(Translation({**translation.native, **budget},
+                                          translation.sources, translation.rows), spec, ctx)
+
+
+@pytest.mark.parametrize("cls, says", [
+    (SizesTheTokenBudgetFromTheResponse, "limits past 16K tokens: actor_rollout_ref.actor."
+                                         "ppo_max_token_len_per_gpu: verl 0.9.1 reads 16384"),
+    (VerlAdapter, None)])
+def test_the_kit_reads_launches_at_awkward_numbers(tmp_path, cls, says):
+    """A rule that is right only at round numbers passes every claimed sample and fails at
+    the awkward ones."""
+    pytest.importorskip("hydra")
+    report = run_kit(tmp_path, VERL_MODULE.replace("{version}", "0.9.1"), cls, "::TestBroken",
+                     "test_launch_reads_back_at_awkward or test_launch_reads_back_as_declared")
+    states = {c["check"]: (c["state"], c["reason"]) for c in report["checks"]}
+    assert states["launch_reads_back_as_declared"][0] == "passed", states
+    awkward = states["launch_reads_back_at_awkward_numbers"]
+    assert awkward[0] == "passed" if says is None else says in awkward[1], states
+
 class ClaimsGspoForEveryRelease(VerlAdapter):
     """Claims GSPO (and its sequence-level ratio) from verl's first release on: 0.5.0's
     config takes ``loss_mode=gspo`` without a word, and its loss registry has no such loss."""

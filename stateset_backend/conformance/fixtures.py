@@ -185,6 +185,31 @@ class KitFixtures:
                         "is translated", pytrace=False)
         return samples
 
+    def _read_back(self, adapter: EngineAdapter, version: str,
+                   parse_launch: Callable[[LaunchPlan], dict[str, Any]] | None,
+                   plans: list[tuple[str, LaunchPlan]]) -> None:
+        """Each named plan's launch, read by the engine's own reader (unverified without
+        one), holds the keys and values it declares, in the release's surface, and the
+        values the kit's expectations say the engine must read for its spec."""
+        if parse_launch is None:
+            unverified("no launch reader: give KitSupport.parse_launch, the engine's own "
+                       "reading of a launch (docs/plugins.md)")
+        from stateset_backend.spec.model import ExperimentSpec
+        from stateset_backend.spec.modeltree import all_leaf_paths
+
+        # the native engine's launch is the spec: every leaf is read
+        leaves = set(all_leaf_paths(ExperimentSpec)) if adapter.name == "native" else set()
+        known = self._surface(adapter, version)
+        with reported():
+            for name, plan in plans:
+                try:
+                    read = flatten(parse_launch(plan))
+                    checks.check_reads_as_declared(adapter, plan, read, known,
+                                                   also_read=leaves.__contains__)
+                    checks.check_expected(adapter, plan, read, known)
+                except (CheckFailed, readers.LaunchUnreadable) as exc:
+                    raise CheckFailed(f"{name}: {exc}") from None
+
     def _first_samples(self, adapter: EngineAdapter, files: SampleFiles) -> dict[str, Sample]:
         """Each checked version's first claimed sample, for checks that serve every version
         at once; a version whose samples do not plan is left to its own checks."""

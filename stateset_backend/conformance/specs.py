@@ -90,3 +90,33 @@ del FULL_SFT["data"]["max_total_tokens"]  # a budget for sampled responses: sft 
 
 SAMPLES: dict[str, dict[str, Any]] = {"minimal": MINIMAL, "full_dapo": FULL_DAPO,
                                       "full_ppo": FULL_PPO, "full_sft": FULL_SFT}
+
+# Numbers where a unit slip or a rounding rule shows, each merged onto the kit's base sample
+# (one with ``evaluation`` also gets the kit's validation split). The base's round numbers hide
+# them: a budget sized from the response limit alone equals the right one under an engine's
+# 16K floor, a micro-batch sized from the whole update divides one optimizer step too when
+# every count is a power of two, and W/T is the engine's own warmup rounding when it is exact.
+# Settings apart are varied one at a time elsewhere; these also vary the ones that interact
+# (a cosine with its warmup, validation sampled apart from the rollout's top-k). Every one
+# needs at most the kit's 64 training rows (``samples.TRAIN_ROWS``): a run of one pass.
+AWKWARD: dict[str, dict[str, Any]] = {
+    "limits past 16K tokens": {"data": {"max_prompt_tokens": 20000,
+                                        "max_response_tokens": 3000}},
+    "mini-batches that split a group": {"budget": {"prompts_per_update": 6, "mini_batches": 4}},
+    "odd groups in three mini-batches": {"algorithm": {"group_size": 5},
+                                         "budget": {"prompts_per_update": 12, "mini_batches": 3}},
+    "warmup of an inexact share": {"budget": {"total_updates": 25, "prompts_per_update": 2},
+                                   "optim": {"warmup_steps": 7}},
+    "warmup of an inexact share, three epochs of two mini-batches": {
+        "budget": {"total_updates": 25, "prompts_per_update": 2, "mini_batches": 2,
+                   "ppo_epochs": 3},
+        "optim": {"warmup_steps": 7}},
+    "cosine after warmup": {"budget": {"total_updates": 25, "prompts_per_update": 2},
+                            "optim": {"schedule": "cosine", "warmup_steps": 7,
+                                      "min_lr_ratio": 0.1}},
+    "validation sampled apart from the rollout": {
+        "rollout": {"temperature": 0.8, "top_p": 0.9, "top_k": 20},
+        "evaluation": {"every": 3, "temperature": 0.6, "top_p": 0.9}},
+    "validation of three samples a prompt": {
+        "evaluation": {"every": 3, "temperature": 0.6, "samples": 3}},
+}

@@ -24,6 +24,7 @@ ORL_RULES = f"{ORL}/rules.py"
 ORL_ALGORITHM = f"{ORL}/algorithm_rules.py"
 ORL_TRAINING = f"{ORL}/training_rules.py"
 ORL_RENDER = f"{ORL}/render.py"
+ORL_BUDGET = f"{ORL}/budget.py"
 ORL_COLLECT = f"{ORL}/collect.py"
 ORL_CONTRACT = "stateset_backend/contracts/openrlhf.json"
 NEMO = "stateset_backend/adapters/nemo_rl"
@@ -406,4 +407,22 @@ MUTANTS: list[Mutant] = [
       (VERL_COLLECT, "out.artifacts += checkpoint_artifacts(attempt_dir, step_dir, step)",
        "out.artifacts += checkpoint_artifacts(attempt_dir, step_dir, step - 1)"),
       kind="collection"),
+    # -- right at round numbers only: the kit's awkward samples ----------------------------------
+    m("verl: token budget sized from the response limit only", "verl", "0.9.1",
+      (VERL_RENDER, "tokens = spec.data.max_prompt_tokens + spec.data.max_response_tokens",
+       "tokens = spec.data.max_response_tokens")),
+    m("verl: mini-batch evenness checked in samples, size still in prompts", "verl", "0.9.1",
+      (VERL_TRAINING, 'return even_split(prompts, value, "prompts") or \\',
+       'return even_split(prompts * spec.algorithm.group_size, value, "samples") or \\')),
+    m("verl: validation inherits the rollout's top_k", "verl", "0.9.1",
+      (VERL_TRAINING, 'f"{VAL}.top_k": -1})',
+       'f"{VAL}.top_k": -1 if spec.rollout.top_k is None else spec.rollout.top_k})')),
+    m("openrlhf: warmup ratio simplified to W / T", "openrlhf", "0.11.2",
+      (ORL_BUDGET, "ratio = (steps - 0.5) / total\n    assert math.ceil(total * ratio) == steps",
+       "ratio = steps / total")),
+    m("openrlhf: train micro-batch sized from the whole update", "openrlhf", "0.11.2",
+      (ORL_RENDER, "share = max(1, samples // spec.budget.mini_batches // processes)",
+       "share = max(1, samples // processes)")),
+    m("nemo-rl: cosine decays over the whole run, warmup included", "nemo-rl", "0.7.0",
+      (NEMO_TRAINING, '"kwargs": {"T_max": decay,', '"kwargs": {"T_max": total,')),
 ]

@@ -3,6 +3,13 @@ package (or of the TRL plugin), the kit run on its engine through the CLI, kille
 fails. Prints the kill rate per engine and every survivor.
 
     python tests/mutation/mutation_run.py [--jobs 2] [--only SUBSTRING] [--json OUT]
+                                          [--no-hints | --write-first-kills]
+
+A mutant is first run on the check that killed it last (``first_kills.json``): a failure there
+is a kill as sound as any, and most mutants die in a few seconds instead of after every check
+before it. A mutant that survives its check, or has none recorded, runs the whole kit.
+``--write-first-kills`` runs every mutant on the whole kit and records the check that killed
+each (the kit runs its checks in order and stops at the first failure).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ sys.path.insert(0, str(HERE))
 from mutants import MUTANTS, Mutant  # noqa: E402
 
 TRL_PLUGIN = ROOT / "examples" / "plugins" / "stateset-trl-engine"
+FIRST_KILLS = HERE / "first_kills.json"
 
 
 class StaleMutant(ValueError):
@@ -59,44 +67,65 @@ def _other_plugins_off() -> list[str]:
             if not ep.value.startswith("stateset_backend.")]
 
 
-def run_one(mutant: Mutant, timeout: float = 600) -> dict[str, object]:
-    """Apply one mutant to a fresh copy and run the kit; killed when it does not exit 0."""
+def first_kills() -> dict[str, str]:
+    return json.loads(FIRST_KILLS.read_text()) if FIRST_KILLS.is_file() else {}
+
+
+def run_one(mutant: Mutant, timeout: float = 600, first: str | None = None) -> dict[str, object]:
+    """Apply one mutant to a fresh copy and run the kit; killed when it does not exit 0. With
+    ``first`` (a check's name), that check runs first, the whole kit only if it passes."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="stateset-mutant-") as tmp_name:
         tmp = Path(tmp_name)
         _copy(tmp)
         apply(mutant, tmp)
-        # one failing check kills the mutant, so the kit stops at the first (pytest's -x: the
-        # kit's in-process pytest reads PYTEST_ADDOPTS); a survivor still runs every check
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(tmp), *filter(None, [os.environ.get("PYTHONPATH")])]),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            # the engine's own run (engine_runs_as_the_spec_asks) has its suite of consistent
-            # mistakes (tests/test_kit_watches_the_engine.py); here it would add a TRL training
-            # run to every TRL mutant the description checks already kill
-            "PYTEST_ADDOPTS": " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-x",
-                                                     "-k", "'not engine_runs'",
-                                                     *_other_plugins_off()]))}
-        report_path = tmp / "report.json"
-        proc = subprocess.run(
-            [sys.executable, "-m", "stateset_backend", "conformance", mutant.engine,
-             "--engine-version", mutant.version, "--json", str(report_path)],
-            capture_output=True, text=True, env=env, cwd=tmp, timeout=timeout)
-        reasons: list[str] = []
-        if report_path.is_file():
-            report = json.loads(report_path.read_text())
-            reasons = [f"{c['check']}: {c['reason']}"[:300] for c in report["checks"]
-                       if c["state"] in ("failed", "unverified")]
-        elif proc.returncode:
-            reasons = [(proc.stderr.strip().splitlines() or ["(no output)"])[-1][:300]]
+        hinted = False
+        if first:
+            proc, reasons = _kit(mutant, tmp, first, timeout)
+            # killed by that check itself: a renamed check selects nothing, and pytest's
+            # "no tests ran" fails the kit without any check failing
+            hinted = proc.returncode != 0 and any(r.split(":", 1)[0] == first for r in reasons)
+        if not hinted:
+            proc, reasons = _kit(mutant, tmp, "", timeout)
     return {"name": mutant.name, "engine": mutant.engine, "kind": mutant.kind,
             "killed": proc.returncode != 0, "exit": proc.returncode,
-            "reasons": reasons[:3], "seconds": round(time.monotonic() - started, 1)}
+            "reasons": reasons[:3], "first": first if hinted else None,
+            "seconds": round(time.monotonic() - started, 1)}
 
 
-def _run_or_stale(mutant: Mutant) -> dict[str, object]:
+def _kit(mutant: Mutant, tmp: Path, only: str,
+         timeout: float) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """The kit on the mutated copy in ``tmp``: every check, or those ``only`` names."""
+    # the engine's own run (engine_runs_as_the_spec_asks) has its suite of consistent
+    # mistakes (tests/test_kit_watches_the_engine.py); here it would add a TRL training run
+    # to every TRL mutant the description checks already kill
+    chosen = f"'{only} and not engine_runs'" if only else "'not engine_runs'"
+    # one failing check kills the mutant, so the kit stops at the first (pytest's -x: the
+    # kit's in-process pytest reads PYTEST_ADDOPTS); a survivor still runs every check
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTEST_ADDOPTS": " ".join(filter(None, [os.environ.get("PYTEST_ADDOPTS"), "-x",
+                                                 "-k", chosen, *_other_plugins_off()]))}
+    report_path = tmp / "report.json"
+    report_path.unlink(missing_ok=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stateset_backend", "conformance", mutant.engine,
+         "--engine-version", mutant.version, "--json", str(report_path)],
+        capture_output=True, text=True, env=env, cwd=tmp, timeout=timeout)
+    reasons: list[str] = []
+    if report_path.is_file():
+        report = json.loads(report_path.read_text())
+        reasons = [f"{c['check']}: {c['reason']}"[:300] for c in report["checks"]
+                   if c["state"] in ("failed", "unverified")]
+    elif proc.returncode:
+        reasons = [(proc.stderr.strip().splitlines() or ["(no output)"])[-1][:300]]
+    return proc, reasons
+
+
+def _run_or_stale(mutant: Mutant, first: str | None = None) -> dict[str, object]:
     try:
-        return run_one(mutant)
+        return run_one(mutant, first=first)
     except StaleMutant as exc:
         return {"name": mutant.name, "engine": mutant.engine, "kind": mutant.kind,
                 "killed": None, "exit": None, "reasons": [str(exc)], "seconds": 0}
@@ -110,9 +139,11 @@ def baselines(mutants: list[Mutant]) -> list[Mutant]:
             for engine, version in pairs]
 
 
-def run_all(mutants: list[Mutant], jobs: int = 2) -> list[dict[str, object]]:
+def run_all(mutants: list[Mutant], jobs: int = 2,
+            hints: bool = True) -> list[dict[str, object]]:
+    first = first_kills() if hints else {}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(_run_or_stale, mutants))
+        return list(pool.map(lambda mu: _run_or_stale(mu, first.get(mu.name)), mutants))
 
 
 def table(results: list[dict[str, object]]) -> str:
@@ -142,9 +173,19 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", default="")
     parser.add_argument("--json", type=Path)
+    hints = parser.add_mutually_exclusive_group()
+    hints.add_argument("--no-hints", action="store_true",
+                       help="run every mutant on the whole kit")
+    hints.add_argument("--write-first-kills", action="store_true",
+                       help="run every mutant on the whole kit and record the check that "
+                            "killed it in first_kills.json")
     args = parser.parse_args()
     chosen = [mu for mu in MUTANTS if args.only in mu.name]
-    results = run_all(chosen, args.jobs)
+    results = run_all(chosen, args.jobs, hints=not (args.no_hints or args.write_first_kills))
+    if args.write_first_kills:
+        kills = {**first_kills(), **{str(r["name"]): str(r["reasons"][0]).split(":", 1)[0]
+                                     for r in results if r["killed"] and r["reasons"]}}
+        FIRST_KILLS.write_text(json.dumps(dict(sorted(kills.items())), indent=1) + "\n")
     print(table(results))
     for r in results:
         if r["killed"]:

@@ -37,3 +37,17 @@ def test_the_kit_kills_every_realistic_adapter_bug(capsys):
 @pytest.mark.skipif(not trl_plugin_installed(), reason=TRL_PLUGIN_MISSING)
 def test_the_kit_kills_every_realistic_bug_of_the_trl_plugin(capsys):
     _kills([m for m in MUTANTS if m.engine == "trl"], capsys)
+
+
+def test_first_kills_name_mutants_and_checks_that_exist():
+    """A hint naming a mutant or a check no longer there only costs time, so nothing else
+    notices it: held here instead."""
+    from mutation_run import first_kills
+
+    from stateset_backend.conformance import AdapterConformance
+
+    checks = {name.removeprefix("test_") for name in dir(AdapterConformance)
+              if name.startswith("test_")}
+    hints = first_kills()
+    assert set(hints) <= {m.name for m in MUTANTS}
+    assert set(hints.values()) <= checks, set(hints.values()) - checks

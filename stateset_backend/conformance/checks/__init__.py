@@ -61,6 +61,7 @@ from stateset_backend.conformance.checks.outputs import (
 )
 from stateset_backend.conformance.checks.planning import (
     CheckFailed,
+    awkward_plans,
     base_plan,
     check_capability,
     check_no_silent_drop,
@@ -87,6 +88,7 @@ __all__ = [
     "Case",
     "CheckFailed",
     "Writer",
+    "awkward_plans",
     "base_plan",
     "benign_refused",
     "check_argv_structure",

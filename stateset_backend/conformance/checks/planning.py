@@ -195,6 +195,26 @@ def claimed_plans(adapter: EngineAdapter, version: str, files: SampleFiles,
     return out
 
 
+def awkward_plans(adapter: EngineAdapter, version: str, files: SampleFiles,
+                  overrides: dict[str, Any] | None) -> list[tuple[str, LaunchPlan]]:
+    """The fitted base at each of the kit's awkward numbers (``specs.AWKWARD``) that plans, by
+    name. One the release refuses (exit 2 or 3: a capability it does not claim, a batch it
+    cannot split) is left out; any other exception is the adapter's failure."""
+    from stateset_backend.conformance.specs import AWKWARD
+
+    base, out = fitted_base(adapter, version, files, overrides), []
+    for name, numbers in AWKWARD.items():
+        if "evaluation" in numbers:
+            numbers = deep_merge(numbers, {"data": {"validation": files.split("validation")}})
+        try:
+            out.append((name, plan_doc(adapter, version, deep_merge(base, numbers), files)))
+        except (InvalidInput, Unsupported):
+            continue
+        except Exception as exc:
+            raise CheckFailed(f"{name}: {describe(exc)}") from None
+    return out
+
+
 # -- the base sample -------------------------------------------------------------------------------
 def fitted_base(adapter: EngineAdapter, version: str, files: SampleFiles,
                 overrides: dict[str, Any] | None = None) -> dict[str, Any]:

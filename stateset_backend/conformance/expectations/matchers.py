@@ -68,7 +68,9 @@ class AtMost(AtLeast):
 
 class Satisfies(_Matcher):
     """Any value the engine accepts for a knob that does not change the math, where its own
-    code admits several (the condition is the engine's, quoted in ``text``)."""
+    code admits several, or the value its code needs for the spec's count, where that is a
+    condition (and none at all when nothing meets it): the condition, quoted in ``text``, is
+    the engine's."""
 
     def __init__(self, test: Any, text: str) -> None:
         self.test, self.text = test, text
