@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -71,9 +72,11 @@ def first_kills() -> dict[str, str]:
     return json.loads(FIRST_KILLS.read_text()) if FIRST_KILLS.is_file() else {}
 
 
-def run_one(mutant: Mutant, timeout: float = 600, first: str | None = None) -> dict[str, object]:
-    """Apply one mutant to a fresh copy and run the kit; killed when it does not exit 0. With
-    ``first`` (a check's name), that check runs first, the whole kit only if it passes."""
+def run_one(mutant: Mutant, zygote: Zygote, timeout: float = 600,
+            first: str | None = None) -> dict[str, object]:
+    """Apply one mutant to a fresh copy and run the kit (forked from ``zygote``); killed when
+    it does not exit 0. With ``first`` (a check's name), that check runs first, the whole kit
+    only if it passes."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="stateset-mutant-") as tmp_name:
         tmp = Path(tmp_name)
@@ -81,20 +84,20 @@ def run_one(mutant: Mutant, timeout: float = 600, first: str | None = None) -> d
         apply(mutant, tmp)
         hinted = False
         if first:
-            proc, reasons = _kit(mutant, tmp, first, timeout)
+            code, reasons = _kit(mutant, zygote, tmp, first, timeout)
             # killed by that check itself: a renamed check selects nothing, and pytest's
             # "no tests ran" fails the kit without any check failing
-            hinted = proc.returncode != 0 and any(r.split(":", 1)[0] == first for r in reasons)
+            hinted = code != 0 and any(r.split(":", 1)[0] == first for r in reasons)
         if not hinted:
-            proc, reasons = _kit(mutant, tmp, "", timeout)
+            code, reasons = _kit(mutant, zygote, tmp, "", timeout)
     return {"name": mutant.name, "engine": mutant.engine, "kind": mutant.kind,
-            "killed": proc.returncode != 0, "exit": proc.returncode,
+            "killed": code != 0, "exit": code,
             "reasons": reasons[:3], "first": first if hinted else None,
             "seconds": round(time.monotonic() - started, 1)}
 
 
-def _kit(mutant: Mutant, tmp: Path, only: str,
-         timeout: float) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+def _kit(mutant: Mutant, zygote: Zygote, tmp: Path, only: str,
+         timeout: float) -> tuple[int, list[str]]:
     """The kit on the mutated copy in ``tmp``: every check, or those ``only`` names."""
     # the engine's own run (engine_runs_as_the_spec_asks) has its suite of consistent
     # mistakes (tests/test_kit_watches_the_engine.py); here it would add a TRL training run
@@ -109,23 +112,55 @@ def _kit(mutant: Mutant, tmp: Path, only: str,
                                                  "-k", chosen, *_other_plugins_off()]))}
     report_path = tmp / "report.json"
     report_path.unlink(missing_ok=True)
-    proc = subprocess.run(
-        [sys.executable, "-m", "stateset_backend", "conformance", mutant.engine,
-         "--engine-version", mutant.version, "--json", str(report_path)],
-        capture_output=True, text=True, env=env, cwd=tmp, timeout=timeout)
+    code = zygote.run(["conformance", mutant.engine, "--engine-version", mutant.version,
+                       "--json", str(report_path)], cwd=tmp, env=env, timeout=timeout)
     reasons: list[str] = []
     if report_path.is_file():
         report = json.loads(report_path.read_text())
         reasons = [f"{c['check']}: {c['reason']}"[:300] for c in report["checks"]
                    if c["state"] in ("failed", "unverified")]
-    elif proc.returncode:
-        reasons = [(proc.stderr.strip().splitlines() or ["(no output)"])[-1][:300]]
-    return proc, reasons
+    elif code:
+        stderr = (tmp / "kit.stderr").read_text(errors="replace").strip()
+        reasons = [(stderr.splitlines() or ["(no output)"])[-1][:300]]
+    return code, reasons
 
 
-def _run_or_stale(mutant: Mutant, first: str | None = None) -> dict[str, object]:
+class Zygote:
+    """A ``zygote.py`` process: the kit's third-party imports done once, each kit run a fork
+    of it that imports the mutated copy (its files' output in ``kit.stdout`` and
+    ``kit.stderr`` beside the copy)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "zygote.py"), "--trl"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     cwd=tempfile.gettempdir())
+        assert self.proc.stdout is not None
+        ready = self.proc.stdout.readline()
+        if not ready:
+            raise RuntimeError(f"the zygote did not start (exit {self.proc.wait()})")
+
+    def run(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> int:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "path": [str(cwd)],
+                   "stdout": str(cwd / "kit.stdout"), "stderr": str(cwd / "kit.stderr"),
+                   "timeout": timeout}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the zygote stopped (exit {self.proc.wait()})")
+        return int(json.loads(answer)["exit"])
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def _run_or_stale(mutant: Mutant, zygote: Zygote,
+                  first: str | None = None) -> dict[str, object]:
     try:
-        return run_one(mutant, first=first)
+        return run_one(mutant, zygote, first=first)
     except StaleMutant as exc:
         return {"name": mutant.name, "engine": mutant.engine, "kind": mutant.kind,
                 "killed": None, "exit": None, "reasons": [str(exc)], "seconds": 0}
@@ -142,8 +177,24 @@ def baselines(mutants: list[Mutant]) -> list[Mutant]:
 def run_all(mutants: list[Mutant], jobs: int = 2,
             hints: bool = True) -> list[dict[str, object]]:
     first = first_kills() if hints else {}
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda mu: _run_or_stale(mu, first.get(mu.name)), mutants))
+    zygotes: queue.Queue[Zygote] = queue.Queue()
+    started = [Zygote() for _ in range(jobs)]
+    for zygote in started:
+        zygotes.put(zygote)
+
+    def one(mutant: Mutant) -> dict[str, object]:
+        zygote = zygotes.get()
+        try:
+            return _run_or_stale(mutant, zygote, first.get(mutant.name))
+        finally:
+            zygotes.put(zygote)
+
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(one, mutants))
+    finally:
+        for zygote in started:
+            zygote.close()
 
 
 def table(results: list[dict[str, object]]) -> str:
