@@ -281,7 +281,7 @@ class AsShipped(plugin.TRLAdapter):
     (AsShipped, None)])
 def test_the_kit_holds_loss_types_to_what_grpo_trainer_implements(tmp_path, cls, says):
     report = run_kit(tmp_path, trl_module("test_trl_plugin", VERSION), cls, "::TestMistake",
-                     "launch_reads_back")
+                     "launch_reads_back_as_declared")
     assert_one_check(report, says)
 
 
