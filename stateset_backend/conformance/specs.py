@@ -94,17 +94,25 @@ SAMPLES: dict[str, dict[str, Any]] = {"minimal": MINIMAL, "full_dapo": FULL_DAPO
 # Numbers where a unit slip or a rounding rule shows, each merged onto the kit's base sample
 # (one with ``evaluation`` also gets the kit's validation split). The base's round numbers hide
 # them: a budget sized from the response limit alone equals the right one under an engine's
-# 16K floor, a micro-batch sized from the whole update divides one optimizer step too when
-# every count is a power of two, and W/T is the engine's own warmup rounding when it is exact.
-# Settings apart are varied one at a time elsewhere; these also vary the ones that interact
-# (a cosine with its warmup, validation sampled apart from the rollout's top-k). Every one
-# needs at most the kit's 64 training rows (``samples.TRAIN_ROWS``): a run of one pass.
+# 16K floor, a micro-batch sized from the whole update (or one node's ranks) divides one
+# optimizer step too when every count is a power of two, and W/T is the engine's own warmup
+# rounding when it is exact. Settings apart are varied one at a time elsewhere; these also
+# vary the ones that interact (a cosine with its warmup, checkpoints with several optimizer
+# steps an update, validation sampled apart from the rollout). Every one needs at most the
+# kit's 64 training rows (``samples.TRAIN_ROWS``): a run of one pass. Mini-batches of unequal
+# sizes are a spec verl, OpenRLHF and NeMo RL refuse: an adapter that plans it is held to the
+# equal split its engine needs, which no size gives.
 AWKWARD: dict[str, dict[str, Any]] = {
     "limits past 16K tokens": {"data": {"max_prompt_tokens": 20000,
                                         "max_response_tokens": 3000}},
     "mini-batches that split a group": {"budget": {"prompts_per_update": 6, "mini_batches": 4}},
+    "mini-batches of unequal sizes": {"algorithm": {"group_size": 3},
+                                      "budget": {"prompts_per_update": 5, "mini_batches": 2}},
     "odd groups in three mini-batches": {"algorithm": {"group_size": 5},
                                          "budget": {"prompts_per_update": 12, "mini_batches": 3}},
+    "two nodes of two ranks, three samples a rank a step": {
+        "resources": {"nodes": 2, "gpus_per_node": 2},
+        "budget": {"prompts_per_update": 6, "mini_batches": 2}},
     "warmup of an inexact share": {"budget": {"total_updates": 25, "prompts_per_update": 2},
                                    "optim": {"warmup_steps": 7}},
     "warmup of an inexact share, three epochs of two mini-batches": {
@@ -114,9 +122,14 @@ AWKWARD: dict[str, dict[str, Any]] = {
     "cosine after warmup": {"budget": {"total_updates": 25, "prompts_per_update": 2},
                             "optim": {"schedule": "cosine", "warmup_steps": 7,
                                       "min_lr_ratio": 0.1}},
-    "validation sampled apart from the rollout": {
-        "rollout": {"temperature": 0.8, "top_p": 0.9, "top_k": 20},
-        "evaluation": {"every": 3, "temperature": 0.6, "top_p": 0.9}},
+    "checkpoints every 3 updates of two optimizer steps": {
+        "budget": {"total_updates": 7, "mini_batches": 2},
+        "checkpoint": {"every": 3, "keep": 2}},
+    "validation apart from the rollout's top-k": {
+        "rollout": {"top_k": 20}, "evaluation": {"every": 3, "temperature": 0.6}},
+    "validation at its own temperature and top-p": {
+        "rollout": {"temperature": 0.8, "top_p": 0.9},
+        "evaluation": {"every": 3, "temperature": 0.6, "top_p": 0.95}},
     "validation of three samples a prompt": {
         "evaluation": {"every": 3, "temperature": 0.6, "samples": 3}},
 }

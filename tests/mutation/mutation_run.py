@@ -33,6 +33,7 @@ ROOT = Path(os.environ.get("STATESET_MUTATION_ROOT") or HERE.parents[1])
 sys.path.insert(0, str(HERE))
 
 from mutants import MUTANTS, Mutant  # noqa: E402
+from zygote import TIMED_OUT  # noqa: E402
 
 TRL_PLUGIN = ROOT / "examples" / "plugins" / "stateset-trl-engine"
 FIRST_KILLS = HERE / "first_kills.json"
@@ -40,6 +41,10 @@ FIRST_KILLS = HERE / "first_kills.json"
 
 class StaleMutant(ValueError):
     """A mutant whose text is no longer in the file: the suite's definition needs updating."""
+
+
+class KitDidNotFinish(RuntimeError):
+    """The kit's run timed out or was killed: neither a kill nor a survival."""
 
 
 def _copy(tmp: Path) -> None:
@@ -86,10 +91,15 @@ def run_one(mutant: Mutant, zygote: Zygote, timeout: float = 600,
         if first:
             code, reasons = _kit(mutant, zygote, tmp, first, timeout)
             # killed by that check itself: a renamed check selects nothing, and pytest's
-            # "no tests ran" fails the kit without any check failing
-            hinted = code != 0 and any(r.split(":", 1)[0] == first for r in reasons)
+            # "no tests ran" fails the kit without any check failing; a baseline of one check
+            # runs that check alone
+            hinted = mutant.kind == "baseline" or \
+                (code != 0 and any(r.split(":", 1)[0] == first for r in reasons))
         if not hinted:
             code, reasons = _kit(mutant, zygote, tmp, "", timeout)
+    if code < 0:  # a timeout or a signal says nothing of the mutant: an error, not a kill
+        raise KitDidNotFinish(f"{mutant.name}: the kit " + (
+            "ran past its timeout" if code == TIMED_OUT else f"was ended by signal {-code}"))
     return {"name": mutant.name, "engine": mutant.engine, "kind": mutant.kind,
             "killed": code != 0, "exit": code,
             "reasons": reasons[:3], "first": first if hinted else None,
@@ -117,8 +127,11 @@ def _kit(mutant: Mutant, zygote: Zygote, tmp: Path, only: str,
     reasons: list[str] = []
     if report_path.is_file():
         report = json.loads(report_path.read_text())
-        reasons = [f"{c['check']}: {c['reason']}"[:300] for c in report["checks"]
-                   if c["state"] in ("failed", "unverified")]
+        # failed checks first: -x stops at the first, while an unverified one (a skip) does
+        # not stop the kit, so the first failed check is the one that killed
+        reasons = [f"{c['check']}: {c['reason']}"[:300]
+                   for state in ("failed", "unverified") for c in report["checks"]
+                   if c["state"] == state]
     elif code:
         stderr = (tmp / "kit.stderr").read_text(errors="replace").strip()
         reasons = [(stderr.splitlines() or ["(no output)"])[-1][:300]]
@@ -154,42 +167,57 @@ class Zygote:
     def close(self) -> None:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def _run_or_stale(mutant: Mutant, zygote: Zygote,
                   first: str | None = None) -> dict[str, object]:
     try:
         return run_one(mutant, zygote, first=first)
-    except StaleMutant as exc:
+    except (StaleMutant, KitDidNotFinish) as exc:
         return {"name": mutant.name, "engine": mutant.engine, "kind": mutant.kind,
                 "killed": None, "exit": None, "reasons": [str(exc)], "seconds": 0}
 
 
 def baselines(mutants: list[Mutant]) -> list[Mutant]:
     """Each engine and version the mutants are run at, unmutated: the kit must pass them, or
-    a kill says nothing about the mutant."""
+    a kill says nothing about the mutant. Each check a mutant there runs first
+    (``first_kills.json``) runs alone too (its name in ``notes``): a kill by that check alone is
+    sound only if the check alone passes unmutated."""
     pairs = sorted({(m.engine, m.version) for m in mutants})
-    return [Mutant(f"unmutated {engine} {version}", engine, version, (), "baseline")
-            for engine, version in pairs]
+    hints = first_kills()
+    alone = sorted({(m.engine, m.version, hints[m.name]) for m in mutants if m.name in hints})
+    return [*(Mutant(f"unmutated {engine} {version}", engine, version, (), "baseline")
+              for engine, version in pairs),
+            *(Mutant(f"unmutated {engine} {version}, {check} alone", engine, version, (),
+                     "baseline", notes=check) for engine, version, check in alone)]
 
 
 def run_all(mutants: list[Mutant], jobs: int = 2,
             hints: bool = True) -> list[dict[str, object]]:
-    first = first_kills() if hints else {}
+    hinted = first_kills() if hints else {}
+
+    def first(mutant: Mutant) -> str | None:
+        return (mutant.notes or None) if mutant.kind == "baseline" else hinted.get(mutant.name)
+
     zygotes: queue.Queue[Zygote] = queue.Queue()
-    started = [Zygote() for _ in range(jobs)]
-    for zygote in started:
-        zygotes.put(zygote)
+    started: list[Zygote] = []
 
     def one(mutant: Mutant) -> dict[str, object]:
         zygote = zygotes.get()
         try:
-            return _run_or_stale(mutant, zygote, first.get(mutant.name))
+            return _run_or_stale(mutant, zygote, first(mutant))
         finally:
             zygotes.put(zygote)
 
     try:
+        for _ in range(jobs):
+            started.append(Zygote())
+            zygotes.put(started[-1])
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             return list(pool.map(one, mutants))
     finally:
@@ -211,7 +239,8 @@ def table(results: list[dict[str, object]]) -> str:
     lines.append(f"| all | {sum(total.values())} | {sum(killed.values())} | "
                  f"{100 * sum(killed.values()) / max(1, sum(total.values())):.0f}% |")
     if stale:
-        lines.append(f"\n{len(stale)} mutant(s) do not apply to this tree (not counted)")
+        lines.append(f"\n{len(stale)} mutant(s) not counted: their text is not in this tree, "
+                     "or the kit ran past its timeout or was killed")
     survivors = [r for r in results if not r["killed"]]
     if survivors:
         lines.append("")

@@ -5,7 +5,8 @@ TRL, whose imports cost a mutant's run more than most of the checks that kill it
 
 The parent (``mutation_run``) writes one JSON request a line: ``{"argv", "cwd", "env",
 "path", "stdout", "stderr", "timeout"}``; the zygote answers ``{"exit": code}`` once the
-child is done (-9 when it ran past ``timeout`` and was killed).
+child is done (``TIMED_OUT`` when it ran past ``timeout`` and was killed with its process
+group; a negative code is the signal that ended it).
 
     python tests/mutation/zygote.py [--trl]
 """
@@ -27,6 +28,7 @@ PRELOAD = ("pydantic", "jsonschema", "pluggy", "packaging.version", "packaging.s
            "pandas", "pyarrow.parquet", "torch", "safetensors.torch",
            "torch.utils.tensorboard", "tensorboard.backend.event_processing.event_accumulator",
            "tensorboard.plugins.hparams.metadata")
+TIMED_OUT = -999  # not an exit status: the run was ended at its timeout
 # the TRL plugin reads its configuration surface from TRL's own GRPOConfig
 TRL_PRELOAD = ("trl.trainer.grpo_config", "transformers", "peft", "datasets")
 
@@ -42,11 +44,18 @@ def _preload(names: tuple[str, ...]) -> None:
 
 
 def _child(request: dict) -> int:
+    # its own process group, so a timeout ends whatever the kit started (stubs, interpreters)
+    os.setsid()
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    sys.dont_write_bytecode = os.environ.get("PYTHONDONTWRITEBYTECODE") == "1"
     sys.path[:0] = request["path"]
     importlib.invalidate_caches()
+    # the zygote's stdin carries the requests: nothing the kit starts may read them
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
     for fd, name in ((1, "stdout"), (2, "stderr")):
         target = os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
@@ -84,9 +93,9 @@ def _run(request: dict) -> int:
         if done:
             return os.waitstatus_to_exitcode(status)
         if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return -9
+            return TIMED_OUT
         time.sleep(0.02)
 
 

@@ -83,8 +83,13 @@ def describe(exc: BaseException) -> str:
 
 def plan_or_none(adapter: EngineAdapter, version: str, doc: dict[str, Any],
                  files: SampleFiles) -> LaunchPlan | None:
+    """The plan, or None where the release refuses the document (exit 2 or 3). An adapter
+    that raises is failed, not taken for a refusal: the planner reports any exception from
+    an adapter as an ``AdapterBug`` (exit 1 for a user), which is an ``Unsupported``."""
     try:
         return plan_doc(adapter, version, doc, files)
+    except AdapterBug as exc:
+        raise CheckFailed(describe(exc)) from None
     except (InvalidInput, Unsupported):
         return None
 
@@ -199,7 +204,7 @@ def awkward_plans(adapter: EngineAdapter, version: str, files: SampleFiles,
                   overrides: dict[str, Any] | None) -> list[tuple[str, LaunchPlan]]:
     """The fitted base at each of the kit's awkward numbers (``specs.AWKWARD``) that plans, by
     name. One the release refuses (exit 2 or 3: a capability it does not claim, a batch it
-    cannot split) is left out; any other exception is the adapter's failure."""
+    cannot split) is left out; an adapter that raises fails."""
     from stateset_backend.conformance.specs import AWKWARD
 
     base, out = fitted_base(adapter, version, files, overrides), []
@@ -207,11 +212,11 @@ def awkward_plans(adapter: EngineAdapter, version: str, files: SampleFiles,
         if "evaluation" in numbers:
             numbers = deep_merge(numbers, {"data": {"validation": files.split("validation")}})
         try:
-            out.append((name, plan_doc(adapter, version, deep_merge(base, numbers), files)))
-        except (InvalidInput, Unsupported):
-            continue
-        except Exception as exc:
-            raise CheckFailed(f"{name}: {describe(exc)}") from None
+            plan = plan_or_none(adapter, version, deep_merge(base, numbers), files)
+        except CheckFailed as exc:
+            raise CheckFailed(f"{name}: {exc}") from None
+        if plan is not None:
+            out.append((name, plan))
     return out
 
 

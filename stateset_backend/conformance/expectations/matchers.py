@@ -82,6 +82,13 @@ class Satisfies(_Matcher):
         return f"<{self.text}>"
 
 
+def equal_split(total: int, count: int, unit: str) -> Satisfies:
+    """The size of each of ``count`` equal parts of ``total`` ``unit``: engines split a batch
+    into chunks of a given size, a remainder one more and smaller, so only that size gives
+    ``count`` equal optimizer steps; where none does, the release must refuse the spec."""
+    return Satisfies(lambda m: m * count == total, f"m with {count} x m == {total} {unit}")
+
+
 # a clip range no reward, value or ratio of a run reaches: the engine clips nothing
 UNBOUNDED = 1e9
 

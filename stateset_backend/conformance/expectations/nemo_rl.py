@@ -26,6 +26,7 @@ from stateset_backend.conformance.expectations.matchers import (
     InRunDir,
     RunName,
     _Matcher,
+    equal_split,
 )
 from stateset_backend.spec.model import ExperimentSpec, LoRA, Overlong
 
@@ -248,7 +249,8 @@ NEMO_RL: list[tuple[tuple[str, ...], Expect]] = [
      else None),
     # samples per optimizer step (policy.train: the step's samples in gbs-sized batches)
     (("policy.train_global_batch_size",),
-     lambda s: s.budget.prompts_per_update * s.algorithm.group_size // s.budget.mini_batches),
+     lambda s: equal_split(s.budget.prompts_per_update * s.algorithm.group_size,
+                           s.budget.mini_batches, "samples")),
     # -- the optimizer ------------------------------------------------------------------------
     (("policy.optimizer.name",), lambda s: "torch.optim.AdamW"),
     (("policy.optimizer.kwargs.lr",), lambda s: s.optim.lr),

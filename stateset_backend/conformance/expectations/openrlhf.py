@@ -32,6 +32,7 @@ from stateset_backend.conformance.expectations.matchers import (
     Satisfies,
     SplitPath,
     _Matcher,
+    equal_split,
 )
 from stateset_backend.spec.environment_protocol import TASK_FIELD
 from stateset_backend.spec.inputs import REWARD_SHIM_FILE
@@ -303,7 +304,8 @@ OPENRLHF: list[tuple[tuple[str, ...], Expect]] = [
     # -- the budget ---------------------------------------------------------------------------
     (("--rollout_batch_size", "--rollout.batch_size"), lambda s: s.budget.prompts_per_update),
     # OpenRLHF's train batch is counted in samples (prompts x samples per prompt)
-    (("--train_batch_size", "--train.batch_size"), _train_batch),
+    (("--train_batch_size", "--train.batch_size"),
+     lambda s: equal_split(_samples(s), s.budget.mini_batches, "samples")),
     (("--max_epochs", "--train.max_epochs"), lambda s: s.budget.ppo_epochs),
     # ppo_trainer.fit: one pass (episode) over the dataset capped at max_samples prompts, an
     # update per rollout_batch_size prompts, a partial last batch dropped (is_exhausted):

@@ -116,14 +116,17 @@ def _validation(expect: Callable[[ExperimentSpec, Any], Any]) -> Expect:
     return read
 
 
-# TRL: GRPOConfig's fields (TRL's epsilon pair is CISPO's weight cap there: not checked); an sft
-# spec runs SFTTrainer, whose SFTConfig fields the TRL plugin names sft.<field>
+# TRL: GRPOConfig's fields; an sft spec runs SFTTrainer, whose SFTConfig fields the TRL plugin
+# names sft.<field>
 TRL: list[tuple[tuple[str, ...], Expect]] = [
     (("num_generations",), rl(lambda s: s.algorithm.group_size)),
+    # CISPO (grpo_trainer._compute_loss): the weight is clamp(ratio, max=epsilon_high), the
+    # spec's 1 + clip.high; epsilon, its lower bound elsewhere, is read by no CISPO code
     (("epsilon",), rl(lambda s: None if s.algorithm.objective == "cispo"
                        else s.algorithm.clip.low)),
     (("epsilon_high",),
-     rl(lambda s: None if s.algorithm.objective == "cispo" else s.algorithm.clip.high)),
+     rl(lambda s: 1.0 + s.algorithm.clip.high if s.algorithm.objective == "cispo"
+        else s.algorithm.clip.high)),
     # two-sided clipping: coef_1 = clamp(ratio, max=delta) in the unclipped term, so a token
     # with A < 0 loses at most -A * delta (dual clip); None = none
     (("delta",), rl(lambda s: s.algorithm.clip.dual_clip

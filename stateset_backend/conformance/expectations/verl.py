@@ -17,7 +17,7 @@ from stateset_backend.conformance.expectations.common import (
     sequence_tokens,
     single_turn,
 )
-from stateset_backend.conformance.expectations.matchers import Satisfies
+from stateset_backend.conformance.expectations.matchers import equal_split
 from stateset_backend.engines.adapter import RUN_DIR
 from stateset_backend.spec.digest import experiment_digest
 from stateset_backend.spec.inputs import REWARD_SHIM_FILE
@@ -49,16 +49,6 @@ A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.rollout"
 REF = "actor_rollout_ref.ref"
 
-
-
-def _mini_batch(s: ExperimentSpec) -> Satisfies:
-    """verl counts its mini-batch in prompts (it multiplies by rollout.n itself) and splits an
-    update's batch into chunks of that size (``DataProto.split``), a remainder one more and
-    smaller: only a size that divides the prompts evenly gives the spec's count, and where
-    none does the release must refuse the spec."""
-    prompts, count = s.budget.prompts_per_update, s.budget.mini_batches
-    return Satisfies(lambda m: m * count == prompts,
-                     f"m with {count} mini-batches of m prompts == {prompts} prompts")
 
 def _ppo(expect: Expect) -> Expect:
     """A critic key: verl builds a critic only for GAE (ray_trainer.need_critic)."""
@@ -186,7 +176,10 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
      lambda s: s.data.max_response_tokens if single_turn(s)
      else sequence_tokens(s) - s.data.max_prompt_tokens),
     (("data.train_batch_size",), lambda s: s.budget.prompts_per_update),
-    ((f"{A}.ppo_mini_batch_size",), _mini_batch),
+    # verl counts its mini-batch in prompts (it multiplies by rollout.n itself) and splits the
+    # update into chunks of it (DataProto.split)
+    ((f"{A}.ppo_mini_batch_size",),
+     lambda s: equal_split(s.budget.prompts_per_update, s.budget.mini_batches, "prompts")),
     ((f"{A}.ppo_epochs",), lambda s: s.budget.ppo_epochs),
     ((f"{A}.optim.lr",), lambda s: s.optim.lr),
     ((f"{A}.optim.weight_decay",), lambda s: s.optim.weight_decay),
