@@ -330,13 +330,12 @@ class LaunchesAnotherEntryPoint(VerlAdapter):
 
 
 class NeverRunsTheClampDeviation(VerlAdapter):
-    """verl clamps k3 at 10 whatever the spec asks; this adapter says it honours any clamp."""
+    """verl clamps k3 at 10 whatever the spec asks; this adapter says verl honours any clamp
+    on its own."""
 
     def rules(self, dialect) -> RuleSet:
-        from stateset_backend.translate.rules import Pinned
-
         return {**super().rules(dialect),
-                "algorithm.kl.clamp": lambda value, spec: Pinned({})}
+                "algorithm.kl.clamp": carried("verl's k3 estimator clamps as asked")}
 
 
 VERL_MODULE = '''

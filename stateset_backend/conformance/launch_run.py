@@ -24,6 +24,7 @@ from stateset_backend.runs.results import evaluate
 from stateset_backend.runs.runner import fill_placeholders
 
 # the kit's sample reward (samples.REWARD_SOURCE) scores 1 when the answer is in the response
+# and the prompt is not empty
 CASES = [{"prompt": "Route: my card was charged twice", "response": "billing, I think",
           "answer": "billing"},
          {"prompt": "Route: my card was charged twice", "response": "shipping",

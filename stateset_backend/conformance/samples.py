@@ -38,11 +38,12 @@ SAMPLE_FROM_RUN = {"run_id": "20260101T000000Z-00000000", "checkpoint": "update-
                    "sha256": "e" * 64}
 TRAIN_ROWS = 64
 VALIDATION_ROWS = 16
-REWARD_SOURCE = '''"""Conformance sample reward: 1 when the answer appears in the response."""
+REWARD_SOURCE = '''"""Conformance sample reward: 1 when the answer appears in the response to a
+prompt (a shim that hands the reward no prompt scores nothing)."""
 
 
 def score(prompt, response, answer):
-    return float(str(answer) in str(response))
+    return float(bool(str(prompt).strip()) and str(answer) in str(response))
 '''
 ENVIRONMENT_SOURCE = '''"""Conformance sample environments (docs/environments.md)."""
 

@@ -442,4 +442,7 @@ MUTANTS: list[Mutant] = [
        "return Pinned({f.epsilon_high: value})")),
     m("trl: save_steps counted in updates, not optimizer steps", "trl", "1.16.0",
       (TRL, 'f.save_steps: value * steps_per_update(spec)})', 'f.save_steps: value})')),
+    m("verl: reward shim reads the prompt from extra_info.question", "verl", "0.9.1",
+      (VERL_RENDER, 'prompt = (extra_info or {}).get("prompt", "")',
+       'prompt = (extra_info or {}).get("question", "")'), kind="launcher"),
 ]
