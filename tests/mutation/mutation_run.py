@@ -143,8 +143,9 @@ class Zygote:
     of it that imports the mutated copy (its files' output in ``kit.stdout`` and
     ``kit.stderr`` beside the copy)."""
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "zygote.py"), "--trl"],
+    def __init__(self, trl: bool) -> None:
+        flags = ["--trl"] if trl else []  # TRL's import: 5 s a zygote, for TRL mutants only
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "zygote.py"), *flags],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      cwd=tempfile.gettempdir())
         assert self.proc.stdout is not None
@@ -216,7 +217,7 @@ def run_all(mutants: list[Mutant], jobs: int = 2,
 
     try:
         for _ in range(jobs):
-            started.append(Zygote())
+            started.append(Zygote(trl=any(m.engine == "trl" for m in mutants)))
             zygotes.put(started[-1])
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             return list(pool.map(one, mutants))

@@ -67,10 +67,9 @@ class AtMost(AtLeast):
 
 
 class Satisfies(_Matcher):
-    """Any value the engine accepts for a knob that does not change the math, where its own
-    code admits several, or the value its code needs for the spec's count, where that is a
-    condition (and none at all when nothing meets it): the condition, quoted in ``text``, is
-    the engine's."""
+    """The values the engine's own code admits (the condition is the engine's, quoted in
+    ``text``): any of several for a knob that does not change the math, or the one a count
+    needs (``equal_split``), none at all when nothing meets it."""
 
     def __init__(self, test: Any, text: str) -> None:
         self.test, self.text = test, text
