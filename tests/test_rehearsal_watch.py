@@ -14,9 +14,10 @@ import pytest
 
 from stateset_backend.native.reward import load_reward
 from stateset_backend.runs.rehearsal import watch
+from stateset_backend.runs.rehearsal.verdict import retained
 from stateset_backend.spec.files import parse_spec
 from stateset_backend.spec.inputs import REWARD_CALLS_ENV, reward_shim
-from stateset_backend.spec.schedule import lr_at
+from stateset_backend.spec.schedule import lr_at, lr_within
 
 REWARD = "def score(prompt, response, answer):\n    return float(answer in response)\n"
 TRAIN = [f"ticket {i} action :" for i in range(8)]
@@ -49,7 +50,7 @@ def _spec(root: Path, **over):
         node = doc
         *parents, last = path.split(".")
         for part in parents:
-            node = node[part]
+            node = node.setdefault(part, {})
         node[last] = value
     return parse_spec(doc)
 
@@ -158,6 +159,42 @@ def test_the_learning_rate_is_held_to_the_schedule(tmp_path):
     line = watch.learning_rate(spec, ahead)
     assert line.state == "ok" and "(lr/next)" in line.detail, line
     assert watch.learning_rate(spec, [{"step": 1}]).state == "not measured"
+
+
+def test_a_schedule_declared_per_optimizer_step_is_held_to_its_steps(tmp_path):
+    """An engine whose scheduler steps with its optimizer (TRL, OpenRLHF) declares it; its
+    logged rate for an update is then that of one of the update's steps, not any other."""
+    spec = _spec(tmp_path, **{"budget.total_updates": 3, "budget.prompts_per_update": 2,
+                              "budget.mini_batches": 2})
+    declared = [{"setting": "optim.warmup_steps", "deviation": "lr_warmup_per_optimizer_step"}]
+    assert watch.per_step(spec, declared) == 2 and watch.per_step(spec, []) == 1
+    # warmup 1 update is 2 steps (0, 0.5); then cosine over the 4 steps left
+    assert lr_within(spec.optim, 1, 3, 2) == pytest.approx([0.0, 5e-4])
+    last = [{"step": u, "lr": lr_within(spec.optim, u, 3, 2)[-1]} for u in (1, 2, 3)]
+    assert watch.learning_rate(spec, last, 2).state == "ok"
+    # the same rates held to the per-update schedule fail: the deviation must be declared
+    assert watch.learning_rate(spec, last, 1).state == "FAILED"
+    # a warmup one step longer than declared is no step's rate
+    long = [{"step": 1, "lr": 1e-3 / 3}]
+    line = watch.learning_rate(spec, long, 2)
+    assert line.state == "FAILED" and "gives 0 or 0.0005 for update 1, not 0.0003333" in \
+        line.detail, line
+
+
+def test_checkpoint_retention_keeps_the_newest_and_the_best_validated(tmp_path):
+    """What is left once every checkpoint was saved: the newest ``keep`` and the best by
+    select_by among the checkpointed, validated updates (the earlier on a tie), by the values
+    the engine logged; every one where keep is null."""
+    spec = _spec(tmp_path, **{"checkpoint.keep": 2, "evaluation.every": 1,
+                              "evaluation.select_by": "val/reward/mean"})
+    rows = [{"step": 1, "val/reward/mean": 0.5}, {"step": 2, "val/reward/mean": 0.5},
+            {"step": 3, "val/reward/mean": 0.1}, {"step": 4, "val/reward/mean": 0.2}]
+    kept, why = retained(spec, [1, 2, 3, 4], rows)
+    assert kept == {1, 3, 4} and "the best by val/reward/mean (update 1, 0.5)" in why
+    assert retained(spec, [1, 2, 3, 4], rows[2:])[0] == {3, 4}
+    unranked = _spec(tmp_path, **{"checkpoint.keep": 1})
+    assert retained(unranked, [2, 4], rows)[0] == {4}
+    assert retained(_spec(tmp_path), [2, 4], rows)[0] == {2, 4}
 
 
 def test_the_shim_and_the_native_engine_record_every_call_one_way(tmp_path):

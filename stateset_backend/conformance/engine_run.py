@@ -5,9 +5,10 @@ Every other check compares descriptions: the launch with its reader, the reader 
 surface, the stub's outputs with the collector. A wrong but self-consistent adapter passes all
 of them. So where the adapter declares a rehearsal (``EngineAdapter.rehearse``) and the engine
 is installed, the kit runs the engine's own trainer, through the same code as
-``stateset-backend rehearse``, on a sample made to show what it does: three updates of a
-shrunk model, a cosine schedule after a warm-up update, validation and a checkpoint every two
-updates, the KL term where the release claims one, and data whose splits never share a prompt.
+``stateset-backend rehearse``, on a sample made to show what it does: four updates of a
+shrunk model, three optimizer steps each, a cosine schedule after two warm-up updates,
+validation every two updates ranked by a metric, a checkpoint every update keeping one, the KL
+term where the release claims one, and data whose splits never share a prompt.
 It then requires what the spec asks, as seen where the hub holds the pen (every check of
 ``runs.rehearsal``: the reward shim's calls, validation passes, the learning rate the engine
 logged, the files it wrote, KL at update 1, the resume). Finally the kit's own picture of the
@@ -18,11 +19,13 @@ invents an output the engine never makes certifies a collector against fiction.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
+from stateset_backend.common.jsonio import flatten
 from stateset_backend.conformance.checks import CheckFailed, Writer
 from stateset_backend.conformance.samples import REWARD_SOURCE, deep_merge, write_split
 from stateset_backend.contracts.loader import parse_version
@@ -33,8 +36,14 @@ from stateset_backend.runs.rehearsal.run import Verdict, rehearse
 from stateset_backend.runs.results import Result
 from stateset_backend.spec.files import parse_spec
 from stateset_backend.spec.inputs import BUILTIN_PREFIX, builtin_model_dir
+from stateset_backend.translate.rules import explain_rows
 
-UPDATES = 3
+UPDATES = 4
+# three optimizer steps an update, where the release can split one: an engine (or a launch)
+# that counts validation, checkpoints or its schedule in optimizer steps where the spec counts
+# updates then validates, saves or warms up at the wrong time, which one step an update hides
+# (and two would hide a rule that doubles where it should multiply by the steps)
+UNITS = {"budget": {"mini_batches": 3}}
 MODEL = "builtin:tiny-llama-support"
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 # a few rows per split, from the support-routing scenario (whose splits never share a prompt),
@@ -97,15 +106,37 @@ def watched_doc(adapter: EngineAdapter, version: str, base: dict[str, Any], root
                  "max_response_tokens": 4},
         "reward": {"kind": "python", "entrypoint": "reward.py:score",
                    "sha256": sums["reward.py"]},
-        "optim": {"lr": 1e-3, "schedule": "cosine", "warmup_steps": 1, "min_lr_ratio": 0.1},
-        "budget": {"total_updates": UPDATES, "prompts_per_update": 4},
+        "optim": {"lr": 1e-3, "schedule": "cosine", "warmup_steps": 2, "min_lr_ratio": 0.1},
+        "budget": {"total_updates": UPDATES, "prompts_per_update": 3},
         # one node, the devices the base sample asks (a CPU engine's base may ask none)
         "resources": {"nodes": 1}})
     if "validation" in claimed:
         doc["data"]["validation"] = split("validation")
-        doc["evaluation"] = {"every": 2}
+        doc["evaluation"] = {"every": 2, "select_by": "val/reward/mean"}
     if "checkpoint" in claimed:
-        doc["checkpoint"] = {"every": 2, "keep": 2}
+        doc["checkpoint"] = {"every": 1, "keep": 1}
+    return _unrefused(adapter, version, deep_merge(doc, UNITS), base)
+
+
+def _unrefused(adapter: EngineAdapter, version: str, doc: dict[str, Any],
+               base: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with each of ``UNITS`` and ``evaluation.select_by`` the release refuses put
+    back as the base sample has it, so a release that cannot split an update or rank its
+    checkpoints still runs the rest."""
+    dialect = adapter.contract.dialect(parse_version(version))
+    try:
+        rows = explain_rows(parse_spec(doc), adapter.rules(dialect), dialect, adapter.name)
+    except Exception:  # the run's own planning reports it
+        return doc
+    optional = {*flatten(UNITS), "evaluation.select_by"}
+    was = flatten(base)
+    for row in rows:
+        if row.state == "refused" and row.path in optional:
+            *parents, last = row.path.split(".")
+            section = functools.reduce(dict.__getitem__, parents, doc)
+            section.pop(last)
+            if row.path in was:
+                section[last] = was[row.path]
     return doc
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -370,14 +371,9 @@ def select_checkpoint(select_by: str | None, rows: list[dict[str, Any]],
         return None
     from stateset_backend.spec.model import LOWER_IS_BETTER
 
-    lower = select_by in LOWER_IS_BETTER
-    candidates = []
-    for row in rows:
-        value, step = row.get(select_by), row.get("step")
-        if isinstance(step, int) and step in saved and isinstance(value, int | float) and \
-                not isinstance(value, bool) and math.isfinite(value):
-            candidates.append((float(value), step))
-    doc: dict[str, Any] = {"select_by": select_by, "direction": "min" if lower else "max",
+    candidates = _candidates(select_by, rows, saved)
+    doc: dict[str, Any] = {"select_by": select_by,
+                           "direction": "min" if select_by in LOWER_IS_BETTER else "max",
                            "candidates": len(candidates)}
     if not candidates:
         validated = sorted({r["step"] for r in rows if isinstance(r.get("step"), int) and
@@ -387,9 +383,37 @@ def select_checkpoint(select_by: str | None, rows: list[dict[str, Any]],
             f"no checkpoint was kept at a validated update (validated: "
             f"{', '.join(map(str, validated[:8]))}; checkpoints: "
             f"{', '.join(map(str, sorted(saved)[:8])) or 'none'})")}
-    value, step = min(candidates, key=lambda c: (c[0] if lower else -c[0], c[1]))
+    value, step = best_of(select_by, candidates)
     return {**doc, "update": step, "value": value, "checkpoint": saved[step].folder,
             "attempt": saved[step].attempt}
+
+
+def _candidates(select_by: str, rows: list[dict[str, Any]],
+                updates: Container[int]) -> list[tuple[float, int]]:
+    """(value, update) of each finite ``select_by`` logged at one of ``updates``."""
+    out = []
+    for row in rows:
+        value, step = row.get(select_by), row.get("step")
+        if isinstance(step, int) and step in updates and isinstance(value, int | float) and \
+                not isinstance(value, bool) and math.isfinite(value):
+            out.append((float(value), step))
+    return out
+
+
+def best_of(select_by: str, candidates: list[tuple[float, int]]) -> tuple[float, int]:
+    """The best (value, update) by ``select_by``, the earlier update on a tie: the rule the
+    recommendation and every engine's checkpoint retention share."""
+    from stateset_backend.spec.model import LOWER_IS_BETTER
+
+    lower = select_by in LOWER_IS_BETTER
+    return min(candidates, key=lambda c: (c[0] if lower else -c[0], c[1]))
+
+
+def best_update(select_by: str | None, rows: list[dict[str, Any]],
+                updates: Container[int]) -> tuple[float, int] | None:
+    """The best (value, update) by ``select_by`` among ``updates``, or None."""
+    candidates = [] if select_by is None else _candidates(select_by, rows, updates)
+    return best_of(select_by, candidates) if select_by is not None and candidates else None
 
 
 def nothing_ran(plan: LaunchPlan, planned_updates: int, attempt: int, status: Status,

@@ -47,3 +47,15 @@ def lr_at(optim: Optim, update: int, total: int) -> float:
     return optim.lr * lr_factor(update - 1, schedule=optim.schedule, warmup=optim.warmup_steps,
                                 total=total, min_lr_ratio=optim.min_lr_ratio,
                                 warmup_start=optim.warmup_start_ratio)
+
+
+def lr_within(optim: Optim, update: int, total: int, steps: int = 1) -> list[float]:
+    """The rates update ``update``'s ``steps`` optimizer steps run at under the spec's schedule
+    advanced once per optimizer step (warmup and decay over ``steps`` times as many steps), the
+    deviation an engine whose scheduler steps with its optimizer declares; one step an update
+    is ``lr_at`` itself."""
+    first = (update - 1) * steps
+    return [optim.lr * lr_factor(first + i, schedule=optim.schedule,
+                                 warmup=optim.warmup_steps * steps, total=total * steps,
+                                 min_lr_ratio=optim.min_lr_ratio,
+                                 warmup_start=optim.warmup_start_ratio) for i in range(steps)]

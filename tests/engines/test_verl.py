@@ -722,3 +722,22 @@ def test_each_value_domain_holds_the_releases_own_default(version):
     for key, option in domains.items():
         default = option["default"]
         assert default is None or default in option["values"], (key, default)
+
+
+@pytest.mark.parametrize("version, ordered", [("0.8.0", False), ("0.9.0", True),
+                                              ("0.9.1", True)])
+def test_the_v1_trainer_gets_the_sampler_that_keeps_the_draw_order(version, ordered):
+    """verl 0.9's v1 ReplayBuffer hands samples to the actor as they finish generating, so
+    mini-batches changed from run to run and across a resume; the launch ships the sampler that
+    orders them, and names it where verl looks for a custom one. Older releases have no v1."""
+    plan = _plan(golden({"objective": "grpo"}), version)
+    sampler = "stateset_verl_sampler.py"
+    named = {a for a in plan.argv if a.startswith("trainer.v1.sampler.custom_sampler.")}
+    if not ordered:
+        assert sampler not in plan.files and not named
+        return
+    assert named == {f"trainer.v1.sampler.custom_sampler.path='{{run_dir}}/{sampler}'",
+                     "trainer.v1.sampler.custom_sampler.name=OrderedReplayBuffer"}
+    source = plan.files[sampler]
+    assert "class OrderedReplayBuffer(ReplayBuffer):" in source
+    compile(source, sampler, "exec")

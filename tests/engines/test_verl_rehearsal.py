@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -99,7 +100,8 @@ def test_a_multi_node_plan_is_refused():
 def test_verl_says_where_it_resumed_in_its_own_log_and_every_kept_checkpoint_is_found(tmp_path):
     """What the resume check (and `run --resume`) reads: verl numbers its steps from the global
     step it restored, so a log beginning at step 2 continued from update 1, and one beginning
-    at 1 started afresh; every checkpoint up to verl's marker is whole, a newer one is not."""
+    at 1 started afresh; every checkpoint up to verl's marker is whole, a newer one is not,
+    and what verl's retention leaves of an older one (its data.pt) is no checkpoint."""
     plan, adapter = _plan(), VerlAdapter()
     ctx = LaunchContext(plan.run_id, plan.experiment_digest, plan.engine_version,
                         plan.resolved_dialect())
@@ -111,12 +113,19 @@ def test_verl_says_where_it_resumed_in_its_own_log_and_every_kept_checkpoint_is_
 
     assert (resumed_from(1, 2), resumed_from(2), resumed_from(3, 4)) == (None, 1, 2)
     checkpoints = tmp_path / "checkpoints"
-    for step in (1, 2, 3):
-        (checkpoints / f"global_step_{step}").mkdir(parents=True)
-    (checkpoints / "latest_checkpointed_iteration.txt").write_text("2")
-    assert [c.update for c in adapter.checkpoints(tmp_path)] == [1, 2]
+    for step in (1, 2, 3, 10):
+        (checkpoints / f"global_step_{step}" / "actor").mkdir(parents=True)
+        (checkpoints / f"global_step_{step}" / "actor" / "model.pt").write_bytes(b"w")
+        (checkpoints / f"global_step_{step}" / "data.pt").write_bytes(b"d")
+    # verl 0.9.1 with max_actor_ckpt_to_keep removes the actor folder, not the step's
+    shutil.rmtree(checkpoints / "global_step_1" / "actor")
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text("3")
+    assert [c.update for c in adapter.checkpoints(tmp_path)] == [2, 3]
     latest = adapter.latest_checkpoint(tmp_path)
-    assert latest is not None and latest.update == 2
+    assert latest is not None and latest.update == 3
+    collected = adapter.collect(tmp_path, ctx)
+    assert sorted({a.step for a in collected.artifacts if a.kind == "checkpoint"}) == [2, 3, 10]
+    assert any("global_step_1 holds no weights" in n for n in collected.notes)
 
 
 # -- the run ------------------------------------------------------------------------------------

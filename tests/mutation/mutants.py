@@ -445,4 +445,12 @@ MUTANTS: list[Mutant] = [
     m("verl: reward shim reads the prompt from extra_info.question", "verl", "0.9.1",
       (VERL_RENDER, 'prompt = (extra_info or {}).get("prompt", "")',
        'prompt = (extra_info or {}).get("question", "")'), kind="launcher"),
+    # units: the launch's validation counted in optimizer steps, not updates
+    m("trl: launch validates every evaluation.every optimizer steps", "trl", "1.16.0",
+      (TRL_LAUNCHER, "if state.global_step % (k * self.every) == 0:",
+       "if state.global_step % self.every == 0:"), kind="launcher"),
+    # retention: the best validated checkpoint not spared
+    m("trl: retention keeps the newest only, not the best", "trl", "1.16.0",
+      (TRL_LAUNCHER, "            if self.best is not None:\n"
+                     "                kept.add(self.best[1])\n", ""), kind="launcher"),
 ]

@@ -70,12 +70,30 @@ def outputs(attempt_dir: Path, ctx: LaunchContext, keys: VerlKeys) -> Collected:
     # verl numbers its steps from the global step it restored (validation before training is
     # pinned off)
     out.resumed_from = resumed_from_steps(steps)
-    root = attempt_dir / CHECKPOINTS
-    if root.is_dir():
-        for step_dir in sorted(root.glob("global_step_*")):
-            step = int(step_dir.name.rsplit("_", 1)[1])
+    for step_dir in _step_dirs(attempt_dir):
+        step = int(step_dir.name.removeprefix("global_step_"))
+        if holds_weights(step_dir):
             out.artifacts += checkpoint_artifacts(attempt_dir, step_dir, step)
+        else:
+            out.notes.append(f"{step_dir.name} holds no weights: what verl's retention left "
+                             "of a checkpoint, so no update's checkpoint")
     return out
+
+
+def _step_dirs(attempt_dir: Path) -> list[Path]:
+    """The ``global_step_N`` folders, in the order of N (as text 10 sorts before 9)."""
+    root = attempt_dir / CHECKPOINTS
+    found = [p for p in root.glob("global_step_*")
+             if p.is_dir() and p.name.removeprefix("global_step_").isdigit()] \
+        if root.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name.removeprefix("global_step_")))
+
+
+def holds_weights(step_dir: Path) -> bool:
+    """Whether ``global_step_N`` still holds a model: verl's retention (max_*_ckpt_to_keep)
+    deletes a role's folder (``actor``, ``critic``) and leaves the step's ``data.pt`` (the
+    dataloader's state) behind, which is no checkpoint to collect, resume or start from."""
+    return any(any(role.iterdir()) for role in step_dir.iterdir() if role.is_dir())
 
 
 def latest_checkpoint(attempt_dir: Path) -> Checkpoint | None:
@@ -90,13 +108,12 @@ def checkpoints(attempt_dir: Path) -> list[Checkpoint]:
     if not marker.is_file():
         return []
     latest = int(marker.read_text().strip())
-    found = []
-    for path in (attempt_dir / CHECKPOINTS).glob("global_step_*"):
-        step = path.name.removeprefix("global_step_")
-        if path.is_dir() and step.isdigit() and int(step) <= latest:
-            found.append(Checkpoint(path, int(step)))
-    found.sort(key=lambda c: c.update)
-    return found if found and found[-1].update == latest else []
+    found = [Checkpoint(path, int(path.name.removeprefix("global_step_")))
+             for path in _step_dirs(attempt_dir)]
+    found = [c for c in found if c.update <= latest]
+    if not found or found[-1].update != latest:
+        return []
+    return [c for c in found if holds_weights(c.path)]
 
 
 def resume_argv(checkpoint: Checkpoint, argv: list[str], attempt_dir: Path) -> list[str]:

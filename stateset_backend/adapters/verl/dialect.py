@@ -45,6 +45,9 @@ class VerlKeys(DialectKeys):
     logger: Literal["file", "tensorboard"]
     filter_groups: str | None  # dynamic sampling (the V1 trainer only)
     filter_metric: str | None  # what filter_groups compares within a group
+    # the V1 trainer's custom sampler section: the launch hands each update's samples to the
+    # actor in the order their prompts were drawn (ordered_sampler.py), not as they finished
+    v1_sampler: str | None = None
     grad_clip: list[str]  # the actor keys the release clips with
     critic_grad_clip: list[str]
     prompt_truncation: Literal["dataset", "none", "left"]  # what happens to a long prompt

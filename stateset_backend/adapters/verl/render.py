@@ -10,6 +10,7 @@ reads it, so it is kept apart from the translation rules.
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 
 from stateset_backend.adapters.agent_shims import CONFIG_FILE as CONVERSATION_FILE
@@ -41,6 +42,8 @@ from stateset_backend.plugin import (
 LOG_ROOT = "logs"
 CHECKPOINTS = "checkpoints"
 AGENT_LAUNCHER = "stateset_verl_agent.py"  # agent_shims/verl_agent_loop.py in the run folder
+SAMPLER_FILE = "stateset_verl_sampler.py"  # ordered_sampler.py in the run folder
+SAMPLER_CLASS = "OrderedReplayBuffer"
 # What verl does with a launch's strings: Hydra's override parser, then main_ppo's
 # OmegaConf.resolve(config) in place (every release), then reads that interpolate again, and
 # hydra.utils.instantiate resolving a copy of each _target_ section once more.
@@ -72,22 +75,40 @@ def launch(translation: Translation, spec: ExperimentSpec, ctx: LaunchContext,
         "trainer.default_local_dir": f"{RUN_DIR}/{CHECKPOINTS}",
         "trainer.logger": ["console", keys.logger],
         "trainer.resume_mode": "disable",
+        **_ordered_batches(keys),
     }
     native = with_owned_keys("verl", native, owned)
     overrides.refuse_interpolations(native, translation.sources, "verl", READ_PATH)
     native = overrides.force_add_mappings(native, translation.sources, "verl")
+    sampler = {SAMPLER_FILE: _sampler_source()} if keys.v1_sampler else {}
     if is_conversation(spec):
         return NativeLaunch(
             argv=[PYTHON, f"{RUN_DIR}/{AGENT_LAUNCHER}", *overrides.render(native)],
-            files=_conversation_files(spec, ctx), set_env=_logger_env(keys, ctx),
+            files={**_conversation_files(spec, ctx), **sampler},
+            set_env=_logger_env(keys, ctx),
             env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "WANDB_API_KEY"],
             native=native)
     return NativeLaunch(
         argv=[PYTHON, "-m", "verl.trainer.main_ppo", *overrides.render(native)],
-        files={REWARD_SHIM_FILE: reward_shim(spec, ctx.base_dir, "verl", REWARD_CALL)},
+        files={REWARD_SHIM_FILE: reward_shim(spec, ctx.base_dir, "verl", REWARD_CALL),
+               **sampler},
         set_env=_logger_env(keys, ctx),
         env=["CUDA_VISIBLE_DEVICES", "HF_HOME", "HF_HUB_CACHE", "WANDB_API_KEY"],
         native=native)
+
+
+def _ordered_batches(keys: VerlKeys) -> dict[str, str]:
+    """The V1 trainer's sampler that keeps each update's samples in the order their prompts
+    were drawn, so mini-batches are whole groups and a run (or its resume) repeats."""
+    if keys.v1_sampler is None:
+        return {}
+    return {f"{keys.v1_sampler}.path": f"{RUN_DIR}/{SAMPLER_FILE}",
+            f"{keys.v1_sampler}.name": SAMPLER_CLASS}
+
+
+def _sampler_source() -> str:
+    return resources.files(__package__).joinpath("ordered_sampler.py").read_text(
+        encoding="utf-8")
 
 
 def _check_layout(field: str, path: Path, spec: ExperimentSpec) -> None:

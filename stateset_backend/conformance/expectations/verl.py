@@ -447,4 +447,10 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
     # a failed group is not replaced by a fresh prompt (v1 ReplayBuffer); the spec refuses
     # an update with failed conversations (max_failed_share 0) instead
     (("trainer.v1.sampler.sync_refill_failed_groups",), lambda s: False),
+    # the v1 ReplayBuffer hands samples over as they finish generating, so its mini-batches
+    # change from run to run (verl 0.9.1 measured); the sampler in the run folder keeps the
+    # order the prompts were drawn in (trainer_base._build_replay_buffer loads it)
+    (("trainer.v1.sampler.custom_sampler.path",),
+     lambda s: f"{RUN_DIR}/stateset_verl_sampler.py"),
+    (("trainer.v1.sampler.custom_sampler.name",), lambda s: "OrderedReplayBuffer"),
 ]

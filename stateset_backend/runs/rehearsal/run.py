@@ -147,11 +147,12 @@ def rehearse(plan: LaunchPlan, entry: AdapterEntry, runs_dir: Path, updates: int
             live_progress=live_progress)
     launched = exit_.code == 0 and not exit_.interrupted and not exit_.timed_out
     tokenizer = builtin_model_dir(small.model.path) or Path(small.model.path)
+    per_step = watch.per_step(small, own.deviations)
     watched = [*watch.reward_calls(small, base_dir, prepared.run_dir, updates,
                                    token_counter(tokenizer), launched),
-               watch.learning_rate(small, verdict.rows_of(result, prepared.run_dir))]
+               watch.learning_rate(small, verdict.rows_of(result, prepared.run_dir), per_step)]
     found = Verdict(folder, own, plan.experiment_digest, model, rehearsal, exit_, seconds,
                     verdict.lines(small, result, rehearsal, exit_, seconds, prepared.run_dir,
-                                  updates, resumed_line, watched), changed, resumed)
+                                  updates, resumed_line, watched, per_step), changed, resumed)
     atomic_write_json(folder / "verdict.json", found.to_json())
     return found

@@ -19,8 +19,9 @@ from typing import Any, Literal
 
 from stateset_backend.engines.adapter import Rehearsal
 from stateset_backend.providers.local import STDERR_LOG, Exit
-from stateset_backend.runs.results import Result
+from stateset_backend.runs.results import Result, best_update
 from stateset_backend.spec.model import ExperimentSpec
+from stateset_backend.spec.schedule import lr_at
 
 State = Literal["ok", "FAILED", "not measured"]
 TAIL_LINES = 20  # of the engine's stderr, when it failed: its own last words
@@ -90,18 +91,23 @@ def rows_of(result: Result, run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def first_update_kl(spec: ExperimentSpec, result: Result, run_dir: Path) -> Line:
-    """Policy and reference are the same weights until the first optimizer step, so every
-    estimator of their KL is exactly 0 there: anything else is a reference built differently
-    (another precision, another model) or log-probs computed differently for the two."""
+def first_update_kl(spec: ExperimentSpec, result: Result, run_dir: Path,
+                    per_step: int = 1) -> Line:
+    """Policy and reference are the same weights until the first optimizer step that moves
+    them, so every estimator of their KL is exactly 0 there: anything else is a reference
+    built differently (another precision, another model) or log-probs computed differently for
+    the two. An update of several optimizer steps keeps the weights only where it runs at lr 0
+    (the first update of a warm-up, unless the engine advances the schedule per step:
+    ``per_step`` > 1)."""
     name = "KL at update 1"
     if spec.algorithm.kl is None:
         return Line(name, "not measured", "the spec has no KL term")
     steps = spec.budget.ppo_epochs * spec.budget.mini_batches
-    if steps > 1:
+    still = lr_at(spec.optim, 1, spec.budget.total_updates) == 0.0 and per_step == 1
+    if steps > 1 and not still:
         return Line(name, "not measured", f"update 1 averages the KL over {steps} optimizer "
-                                          "steps (ppo_epochs x mini_batches); only the first "
-                                          "sees the policy equal to its reference")
+                                          "steps (ppo_epochs x mini_batches) and moves the "
+                                          "policy after the first")
     raw = result.metrics.raw_names.get("kl", "kl")
     value = next((row["kl"] for row in rows_of(result, run_dir)
                   if row.get("step") == 1 and isinstance(row.get("kl"), int | float)), None)
@@ -134,9 +140,11 @@ def rollout_gap(rehearsal: Rehearsal, run_dir: Path) -> Line:
     return Line(name, "ok", f"largest token-probability gap {each} {where}")
 
 
-def checkpoints(spec: ExperimentSpec, result: Result, updates: int) -> Line:
+def checkpoints(spec: ExperimentSpec, result: Result, updates: int,
+                rows: list[dict[str, Any]]) -> Line:
     """The layout the hub's collector reads: checkpoints at the updates the spec asks (an
-    engine may also save at the last update), none at others, every file hashed."""
+    engine may also save at the last update), none at others, every file hashed, and those
+    left at the end the ones ``checkpoint.keep`` keeps (``retained``)."""
     name = "checkpoints"
     hashed = next((c for c in result.checks if c.name == "artifacts"), None)
     if hashed is None:
@@ -161,12 +169,37 @@ def checkpoints(spec: ExperimentSpec, result: Result, updates: int) -> Line:
         return Line(name, "FAILED", f"{found}; {wanted}, so one of update {asked[-1]}")
     if unasked:
         return Line(name, "FAILED", f"{found}; {wanted}, not at {_updates(unasked)}")
-    return Line(name, "ok", f"{found}, every file hashed; {wanted}")
+    made = asked + ([updates] if updates in saved and updates not in asked else [])
+    kept, why = retained(spec, made, rows)
+    if set(saved) != kept:
+        return Line(name, "FAILED", f"{found}; {wanted}: of the checkpoints of "
+                                    f"{_updates(made)}, {why} leaves {_updates(sorted(kept))}",
+                    numbers={"kept": sorted(saved), "expected": sorted(kept)})
+    return Line(name, "ok", f"{found}, every file hashed; {wanted}" +
+                (f" ({why})" if spec.checkpoint.keep else ""))
+
+
+def retained(spec: ExperimentSpec, made: list[int],
+             rows: list[dict[str, Any]]) -> tuple[set[int], str]:
+    """The updates whose checkpoints are left once ``made`` (in order) were saved, and why:
+    the newest ``checkpoint.keep``, and the best validated one by ``evaluation.select_by``
+    (the earlier on a tie, as the run's recommendation ranks them), by the values the engine
+    itself logged; every one where keep is null."""
+    keep = spec.checkpoint.keep
+    if keep is None:
+        return set(made), "keeping every one"
+    kept, why = set(made[-keep:]), f"keeping the newest {keep}"
+    best = best_update(spec.evaluation.select_by, rows, set(made))
+    if best is not None:
+        kept.add(best[1])
+        why += (f" and the best by {spec.evaluation.select_by} (update {best[1]}, "
+                f"{best[0]:.4g})")
+    return kept, why
 
 
 def lines(spec: ExperimentSpec, result: Result, rehearsal: Rehearsal, exit_: Exit,
           seconds: float, run_dir: Path, updates: int, resume: Line | None = None,
-          watched: list[Line] | None = None) -> list[Line]:
+          watched: list[Line] | None = None, per_step: int = 1) -> list[Line]:
     """Every check, in the order a reader asks: did it run, is it this run, are the numbers
     sane, do the first-update invariants hold, did it do what the spec asks (``watched``:
     its reward calls, validation and learning rate), did it leave what a run must leave, does
@@ -174,10 +207,10 @@ def lines(spec: ExperimentSpec, result: Result, rehearsal: Rehearsal, exit_: Exi
     out = [launch(exit_, seconds, run_dir),
            _from_check(result, "identity", "identity"),
            _from_check(result, "metrics_finite", "metrics finite"),
-           first_update_kl(spec, result, run_dir),
+           first_update_kl(spec, result, run_dir, per_step),
            rollout_gap(rehearsal, run_dir),
            *(watched or []),
-           checkpoints(spec, result, updates),
+           checkpoints(spec, result, updates, rows_of(result, run_dir)),
            _from_check(result, "committed_updates", "updates")]
     if resume is not None:
         out.append(resume)

@@ -31,7 +31,7 @@ from stateset_backend.runs.rehearsal.verdict import Line
 from stateset_backend.spec.environment_protocol import read_rows
 from stateset_backend.spec.inputs import REWARD_CALLS_ENV, local_path
 from stateset_backend.spec.model import ExperimentSpec
-from stateset_backend.spec.schedule import NEXT_LR, lr_at
+from stateset_backend.spec.schedule import NEXT_LR, lr_within
 
 CALLS_FILE = "reward_calls.jsonl"  # in the attempt folder
 SPLITS = ("train", "validation", "test")
@@ -226,10 +226,23 @@ def _validation(spec: ExperimentSpec, splits: dict[str, set[str]], calls: list[d
     return Line(name, "ok", f"{head}; {size} completions a pass", numbers=numbers)
 
 
-def learning_rate(spec: ExperimentSpec, rows: list[dict[str, Any]]) -> Line:
+SCHEDULE = ("optim.schedule", "optim.warmup_steps")  # a deviation here: advanced per step
+
+
+def per_step(spec: ExperimentSpec, deviations: list[dict[str, Any]]) -> int:
+    """Optimizer steps an update where the plan declares the schedule advanced per optimizer
+    step (a deviation on its decay or warmup), else 1."""
+    steps = spec.budget.ppo_epochs * spec.budget.mini_batches
+    declared = any(d.get("setting") in SCHEDULE for d in deviations)
+    return steps if declared and steps > 1 else 1
+
+
+def learning_rate(spec: ExperimentSpec, rows: list[dict[str, Any]], steps: int = 1) -> Line:
     """The rate the engine logged for each update (its collected ``rows``) against the spec's
     schedule: ``lr`` is the rate update u ran at, ``lr/next`` the one update u + 1 runs at
-    (an engine that logs after stepping its scheduler)."""
+    (an engine that logs after stepping its scheduler). With ``steps`` > 1 (``per_step``) the
+    schedule is advanced per optimizer step, as declared, and the rate logged for an update is
+    that of one of its steps."""
     name = "learning rate"
     total = spec.budget.total_updates
     logged: dict[tuple[str, int], float] = {}
@@ -240,7 +253,12 @@ def learning_rate(spec: ExperimentSpec, rows: list[dict[str, Any]]) -> Line:
                 logged[(metric, step + ahead)] = float(row[metric])
     if not logged:
         return Line(name, "not measured", "the engine logged no learning rate")
-    want = {key: lr_at(spec.optim, key[1], total) for key in logged}
+    allowed = {key: lr_within(spec.optim, key[1], total, steps) for key in logged}
+
+    def near(key: tuple[str, int]) -> float:
+        return min(allowed[key], key=lambda want: abs(want - logged[key]))
+
+    want = {key: near(key) for key in logged}
     off = [key for key in sorted(logged, key=lambda k: k[1])
            if abs(logged[key] - want[key]) > LR_TOLERANCE * max(abs(want[key]),
                                                                   abs(logged[key])) + 1e-15]
@@ -248,11 +266,14 @@ def learning_rate(spec: ExperimentSpec, rows: list[dict[str, Any]]) -> Line:
                                                                            key=lambda k: k[1]))
     kind = NEXT_LR if any(k[0] == NEXT_LR for k in logged) else "lr"
     numbers = {"metric": kind, "logged": {k[1]: v for k, v in logged.items()},
-               "schedule": {k[1]: v for k, v in want.items()}}
-    schedule = f"the spec's schedule ({spec.optim.schedule}, warmup {spec.optim.warmup_steps})"
+               "schedule": {k[1]: v for k, v in want.items()}, "steps_per_update": steps}
+    schedule = f"the spec's schedule ({spec.optim.schedule}, warmup {spec.optim.warmup_steps}"
+    schedule += (f", advanced per optimizer step, {steps} an update, as the plan declares)"
+                 if steps > 1 else ")")
     if off:
         metric, update = off[0]
-        return Line(name, "FAILED", f"{each} ({kind}); {schedule} gives {want[off[0]]:.4g} for "
+        rates = " or ".join(f"{r:.4g}" for r in dict.fromkeys(allowed[off[0]]))
+        return Line(name, "FAILED", f"{each} ({kind}); {schedule} gives {rates} for "
                                     f"update {update}, not {logged[off[0]]:.4g}",
                     numbers=numbers)
     return Line(name, "ok", f"{each} ({kind}): {schedule}", numbers=numbers)

@@ -798,8 +798,11 @@ class TRLAdapter(EngineAdapter):
     # a resume hands TRL the earlier attempt's folder, which it only reads
     def checkpoints(self, attempt_dir: Path) -> list[Checkpoint]:
         k = _steps_per_update(attempt_dir)
-        return [Checkpoint(p, int(p.name.removeprefix(CHECKPOINT_PREFIX)) // k)
-                for p in _checkpoint_dirs(attempt_dir) if (p / MANIFEST).is_file()]
+        steps = [(p, int(p.name.removeprefix(CHECKPOINT_PREFIX))) for p in
+                 _checkpoint_dirs(attempt_dir)]
+        # one saved within an update holds no update's state: no resume starts from it
+        return [Checkpoint(p, step // k) for p, step in steps
+                if step % k == 0 and (p / MANIFEST).is_file()]
 
     def latest_checkpoint(self, attempt_dir: Path) -> Checkpoint | None:
         found = self.checkpoints(attempt_dir)
@@ -882,8 +885,12 @@ class TRLAdapter(EngineAdapter):
                          "loss/policy is TRL's logged loss: the policy term plus beta * KL")
         k = _steps_per_update(attempt_dir)
         for step_dir in _checkpoint_dirs(attempt_dir):
-            update = int(step_dir.name.removeprefix(CHECKPOINT_PREFIX)) // k
-            out.artifacts += [Artifact(str(p.relative_to(attempt_dir)), "checkpoint", update)
+            step = int(step_dir.name.removeprefix(CHECKPOINT_PREFIX))
+            if step % k:  # saved within an update: no update's state, so none is collected
+                out.notes.append(f"{step_dir.name} was saved within an update ({k} optimizer "
+                                 "steps each), so it is no update's checkpoint")
+                continue
+            out.artifacts += [Artifact(str(p.relative_to(attempt_dir)), "checkpoint", step // k)
                               for p in sorted(step_dir.rglob("*")) if p.is_file()]
         final = attempt_dir / FINAL
         if final.is_dir():
