@@ -377,10 +377,9 @@ MUTANTS: list[Mutant] = [
       (NEMO_COLLECT, '"grad_norm": "train/grad_norm"', '"grad_norm": "train/total_grad_norm"'),
       kind="collection"),
     m("verl: the newest checkpoint folder resumed, whatever the tracker says", "verl", "0.9.1",
-      (VERL_COLLECT, "if path.is_dir() and step.isdigit() and int(step) <= latest:",
-       "if path.is_dir() and step.isdigit():"),
-      (VERL_COLLECT, "return found if found and found[-1].update == latest else []",
-       "return found"), kind="collection"),
+      (VERL_COLLECT, "    found = [c for c in found if c.update <= latest]\n"
+                     "    if not found or found[-1].update != latest:\n"
+                     "        return []\n", ""), kind="collection"),
     m("openrlhf: the newest tag folder resumed instead of DeepSpeed's latest", "openrlhf",
       "0.11.2",
       (ORL_COLLECT, 'tag = (actor / "latest").read_text().strip() if (actor / "latest").is_file() '
@@ -393,7 +392,8 @@ MUTANTS: list[Mutant] = [
       kind="collection"),
     m("verl: checkpoints ordered by folder name (global_step_10 before global_step_9)",
       "verl", "0.9.1",
-      (VERL_COLLECT, "found.sort(key=lambda c: c.update)", "found.sort(key=lambda c: c.path)"),
+      (VERL_COLLECT, 'return sorted(found, key=lambda p: int(p.name.removeprefix("global_step_")))',
+       "return sorted(found)"),
       kind="collection"),
     m("nemo-rl: checkpoints ordered by folder name (step_10 before step_9)", "nemo-rl", "0.7.0",
       (NEMO_COLLECT, 'return sorted(steps, key=lambda p: int(p.name.removeprefix("step_")))',
