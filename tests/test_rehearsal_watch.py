@@ -163,22 +163,30 @@ def test_the_learning_rate_is_held_to_the_schedule(tmp_path):
 
 def test_a_schedule_declared_per_optimizer_step_is_held_to_its_steps(tmp_path):
     """An engine whose scheduler steps with its optimizer (TRL, OpenRLHF) declares it; its
-    logged rate for an update is then that of one of the update's steps, not any other."""
+    logged rates are then those of one and the same step of each update, not any other."""
     spec = _spec(tmp_path, **{"budget.total_updates": 3, "budget.prompts_per_update": 2,
                               "budget.mini_batches": 2})
     declared = [{"setting": "optim.warmup_steps", "deviation": "lr_warmup_per_optimizer_step"}]
     assert watch.per_step(spec, declared) == 2 and watch.per_step(spec, []) == 1
+    # another deviation on the warmup (NeMo RL's start factor) is no per-step scheduler
+    other = [{"setting": "optim.warmup_steps", "deviation": "warmup_start_factor"}]
+    assert watch.per_step(spec, other) == 1
     # warmup 1 update is 2 steps (0, 0.5); then cosine over the 4 steps left
     assert lr_within(spec.optim, 1, 3, 2) == pytest.approx([0.0, 5e-4])
     last = [{"step": u, "lr": lr_within(spec.optim, u, 3, 2)[-1]} for u in (1, 2, 3)]
-    assert watch.learning_rate(spec, last, 2).state == "ok"
+    line = watch.learning_rate(spec, last, 2)
+    assert line.state == "ok" and "each update's last step" in line.detail, line
     # the same rates held to the per-update schedule fail: the deviation must be declared
     assert watch.learning_rate(spec, last, 1).state == "FAILED"
-    # a warmup one step longer than declared is no step's rate
-    long = [{"step": 1, "lr": 1e-3 / 3}]
-    line = watch.learning_rate(spec, long, 2)
-    assert line.state == "FAILED" and "gives 0 or 0.0005 for update 1, not 0.0003333" in \
+    # a scheduler a step behind logs each update's first step's rate: a rate of the right
+    # update, but not the one the canonical lr names
+    behind = [{"step": u, "lr": lr_within(spec.optim, u, 3, 2)[0]} for u in (1, 2, 3)]
+    line = watch.learning_rate(spec, behind, 2)
+    assert line.state == "FAILED" and "last step) gives 0.0005 for update 1, not 0" in \
         line.detail, line
+    # lr/next: the next update's first step
+    ahead = [{"step": u, "lr/next": lr_within(spec.optim, u + 1, 3, 2)[0]} for u in (1, 2)]
+    assert watch.learning_rate(spec, ahead, 2).state == "ok"
 
 
 def test_checkpoint_retention_keeps_the_newest_and_the_best_validated(tmp_path):

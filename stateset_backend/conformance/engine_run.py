@@ -7,7 +7,7 @@ of them. So where the adapter declares a rehearsal (``EngineAdapter.rehearse``) 
 is installed, the kit runs the engine's own trainer, through the same code as
 ``stateset-backend rehearse``, on a sample made to show what it does: four updates of a
 shrunk model, three optimizer steps each, a cosine schedule after two warm-up updates,
-validation every two updates ranked by a metric, a checkpoint every update keeping one, the KL
+validation every two updates ranked by a metric, a checkpoint every update keeping two, the KL
 term where the release claims one, and data whose splits never share a prompt.
 It then requires what the spec asks, as seen where the hub holds the pen (every check of
 ``runs.rehearsal``: the reward shim's calls, validation passes, the learning rate the engine
@@ -114,29 +114,25 @@ def watched_doc(adapter: EngineAdapter, version: str, base: dict[str, Any], root
         doc["data"]["validation"] = split("validation")
         doc["evaluation"] = {"every": 2, "select_by": "val/reward/mean"}
     if "checkpoint" in claimed:
-        doc["checkpoint"] = {"every": 1, "keep": 1}
-    return _unrefused(adapter, version, deep_merge(doc, UNITS), base)
+        # keep 2: the resume check needs update 3's checkpoint kept past update 4's save
+        doc["checkpoint"] = {"every": 1, "keep": 2}
+    return _unrefused(adapter, version, deep_merge(doc, UNITS))
 
 
-def _unrefused(adapter: EngineAdapter, version: str, doc: dict[str, Any],
-               base: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` with each of ``UNITS`` and ``evaluation.select_by`` the release refuses put
-    back as the base sample has it, so a release that cannot split an update or rank its
-    checkpoints still runs the rest."""
+def _unrefused(adapter: EngineAdapter, version: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` without each of ``UNITS`` and ``evaluation.select_by`` the release refuses (the
+    spec's default then: one step an update, no ranking), so a release that cannot split an
+    update or rank its checkpoints still runs the rest."""
     dialect = adapter.contract.dialect(parse_version(version))
     try:
         rows = explain_rows(parse_spec(doc), adapter.rules(dialect), dialect, adapter.name)
     except Exception:  # the run's own planning reports it
         return doc
     optional = {*flatten(UNITS), "evaluation.select_by"}
-    was = flatten(base)
     for row in rows:
         if row.state == "refused" and row.path in optional:
             *parents, last = row.path.split(".")
-            section = functools.reduce(dict.__getitem__, parents, doc)
-            section.pop(last)
-            if row.path in was:
-                section[last] = was[row.path]
+            functools.reduce(dict.__getitem__, parents, doc).pop(last)
     return doc
 
 

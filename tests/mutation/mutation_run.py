@@ -100,6 +100,9 @@ def run_one(mutant: Mutant, zygote: Zygote, timeout: float = 600,
             code, reasons = _kit(mutant, zygote, tmp, "", timeout)
             if code == 0 and mutant.kind == "launcher":  # code only the engine's run runs
                 code, reasons = _kit(mutant, zygote, tmp, ENGINE_RUN, timeout)
+                # a kill only where that check failed (as for a hint): "no tests ran" is none
+                if code > 0 and not any(r.split(":", 1)[0] == ENGINE_RUN for r in reasons):
+                    code = 0
     if code < 0:  # a timeout or a signal says nothing of the mutant: an error, not a kill
         raise KitDidNotFinish(f"{mutant.name}: the kit " + (
             "ran past its timeout" if code == TIMED_OUT else f"was ended by signal {-code}"))

@@ -111,8 +111,8 @@ def checkpoints(attempt_dir: Path) -> list[Checkpoint]:
     found = [Checkpoint(path, int(path.name.removeprefix("global_step_")))
              for path in _step_dirs(attempt_dir)]
     found = [c for c in found if c.update <= latest]
-    if not found or found[-1].update != latest:
-        return []
+    if not found or found[-1].update != latest or not holds_weights(found[-1].path):
+        return []  # the newest is not whole: a resume must not fall back to an older one
     return [c for c in found if holds_weights(c.path)]
 
 

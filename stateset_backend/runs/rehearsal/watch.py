@@ -226,14 +226,16 @@ def _validation(spec: ExperimentSpec, splits: dict[str, set[str]], calls: list[d
     return Line(name, "ok", f"{head}; {size} completions a pass", numbers=numbers)
 
 
-SCHEDULE = ("optim.schedule", "optim.warmup_steps")  # a deviation here: advanced per step
+# the deviations that say an engine's scheduler steps with its optimizer (TRL's, OpenRLHF's):
+# a plugin declaring one of these names gets its rate held to the schedule advanced per step
+PER_STEP = frozenset({"lr_warmup_per_optimizer_step", "lr_decay_per_optimizer_step"})
 
 
 def per_step(spec: ExperimentSpec, deviations: list[dict[str, Any]]) -> int:
     """Optimizer steps an update where the plan declares the schedule advanced per optimizer
-    step (a deviation on its decay or warmup), else 1."""
+    step (``PER_STEP``), else 1."""
     steps = spec.budget.ppo_epochs * spec.budget.mini_batches
-    declared = any(d.get("setting") in SCHEDULE for d in deviations)
+    declared = any(d.get("deviation") in PER_STEP for d in deviations)
     return steps if declared and steps > 1 else 1
 
 
@@ -241,8 +243,9 @@ def learning_rate(spec: ExperimentSpec, rows: list[dict[str, Any]], steps: int =
     """The rate the engine logged for each update (its collected ``rows``) against the spec's
     schedule: ``lr`` is the rate update u ran at, ``lr/next`` the one update u + 1 runs at
     (an engine that logs after stepping its scheduler). With ``steps`` > 1 (``per_step``) the
-    schedule is advanced per optimizer step, as declared, and the rate logged for an update is
-    that of one of its steps."""
+    schedule is advanced per optimizer step, as declared, and the rate changes within an
+    update: ``lr`` is then the rate of the update's last step, ``lr/next`` that of the next
+    update's first, so a scheduler a step behind or ahead shows."""
     name = "learning rate"
     total = spec.budget.total_updates
     logged: dict[tuple[str, int], float] = {}
@@ -253,27 +256,25 @@ def learning_rate(spec: ExperimentSpec, rows: list[dict[str, Any]], steps: int =
                 logged[(metric, step + ahead)] = float(row[metric])
     if not logged:
         return Line(name, "not measured", "the engine logged no learning rate")
-    allowed = {key: lr_within(spec.optim, key[1], total, steps) for key in logged}
-
-    def near(key: tuple[str, int]) -> float:
-        return min(allowed[key], key=lambda want: abs(want - logged[key]))
-
-    want = {key: near(key) for key in logged}
-    off = [key for key in sorted(logged, key=lambda k: k[1])
-           if abs(logged[key] - want[key]) > LR_TOLERANCE * max(abs(want[key]),
-                                                                  abs(logged[key])) + 1e-15]
-    each = ", ".join(f"{logged[k]:.4g} for update {k[1]}" for k in sorted(logged,
-                                                                           key=lambda k: k[1]))
+    order = sorted(logged, key=lambda k: k[1])
+    want = {key: lr_within(spec.optim, key[1], total, steps)[-1 if key[0] == "lr" else 0]
+            for key in logged}
+    off = [key for key in order if not _close(logged[key], want[key])]
+    each = ", ".join(f"{logged[k]:.4g} for update {k[1]}" for k in order)
     kind = NEXT_LR if any(k[0] == NEXT_LR for k in logged) else "lr"
     numbers = {"metric": kind, "logged": {k[1]: v for k, v in logged.items()},
                "schedule": {k[1]: v for k, v in want.items()}, "steps_per_update": steps}
     schedule = f"the spec's schedule ({spec.optim.schedule}, warmup {spec.optim.warmup_steps}"
-    schedule += (f", advanced per optimizer step, {steps} an update, as the plan declares)"
-                 if steps > 1 else ")")
+    schedule += (f", advanced per optimizer step, {steps} an update, as the plan declares; "
+                 + ("each update's last step" if kind == "lr" else "each update's first step")
+                 + ")" if steps > 1 else ")")
     if off:
         metric, update = off[0]
-        rates = " or ".join(f"{r:.4g}" for r in dict.fromkeys(allowed[off[0]]))
-        return Line(name, "FAILED", f"{each} ({kind}); {schedule} gives {rates} for "
+        return Line(name, "FAILED", f"{each} ({kind}); {schedule} gives {want[off[0]]:.4g} for "
                                     f"update {update}, not {logged[off[0]]:.4g}",
                     numbers=numbers)
     return Line(name, "ok", f"{each} ({kind}): {schedule}", numbers=numbers)
+
+
+def _close(logged: float, want: float) -> bool:
+    return abs(logged - want) <= LR_TOLERANCE * max(abs(want), abs(logged)) + 1e-15
