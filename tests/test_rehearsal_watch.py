@@ -242,3 +242,26 @@ def test_a_split_that_cannot_be_read_back_is_not_measured_never_a_crash(tmp_path
     lines = watch.reward_calls(spec, tmp_path, tmp_path / "run", 2, None, launched=True)
     assert [line.state for line in lines] == ["not measured", "not measured"]
     assert "cannot be read back here" in lines[0].detail
+
+
+def test_a_checkpoint_retention_removed_is_not_called_missing(tmp_path):
+    """An engine that also saves at the last update, keeping 1: the one of the last update the
+    spec asks for is gone by design, and the line says so only where retention keeps it."""
+    from stateset_backend.runs.rehearsal.verdict import checkpoints
+    from stateset_backend.runs.results import ArtifactRecord, Check, Result
+
+    spec = _spec(tmp_path, **{"budget.total_updates": 3, "checkpoint.every": 2,
+                              "checkpoint.keep": 1, "evaluation.every": None})
+
+    def left(*steps: int) -> Result:
+        return Result.model_construct(checks=[Check(name="artifacts", ok=True, detail="")],
+                                      artifacts=[ArtifactRecord(path=f"c{s}/w.pt",
+                                                                kind="checkpoint", step=s,
+                                                                bytes=1, sha256="0" * 64)
+                                                 for s in steps])
+
+    assert checkpoints(spec, left(3), 3, []).state == "ok"
+    line = checkpoints(spec, left(2, 3), 3, [])
+    assert line.state == "FAILED" and "leaves update 3, not update 2" in line.detail, line
+    line = checkpoints(spec, left(), 3, [])
+    assert line.state == "FAILED" and "so one of update 2" in line.detail, line

@@ -377,9 +377,9 @@ MUTANTS: list[Mutant] = [
       (NEMO_COLLECT, '"grad_norm": "train/grad_norm"', '"grad_norm": "train/total_grad_norm"'),
       kind="collection"),
     m("verl: the newest checkpoint folder resumed, whatever the tracker says", "verl", "0.9.1",
-      (VERL_COLLECT, "    found = [c for c in found if c.update <= latest]\n"
-                     "    if not found or found[-1].update != latest:\n"
-                     "        return []\n", ""), kind="collection"),
+      (VERL_COLLECT, "    found = [c for c in found if c.update <= latest]\n", ""),
+      (VERL_COLLECT, "    if not found or found[-1].update != latest or not holds_weights(",
+       "    if not found or not holds_weights("), kind="collection"),
     m("openrlhf: the newest tag folder resumed instead of DeepSpeed's latest", "openrlhf",
       "0.11.2",
       (ORL_COLLECT, 'tag = (actor / "latest").read_text().strip() if (actor / "latest").is_file() '
