@@ -265,3 +265,33 @@ def test_a_checkpoint_retention_removed_is_not_called_missing(tmp_path):
     assert line.state == "FAILED" and "leaves update 3, not update 2" in line.detail, line
     line = checkpoints(spec, left(), 3, [])
     assert line.state == "FAILED" and "so one of update 2" in line.detail, line
+
+
+def test_dynamic_sampling_bounds_the_rounds_unless_the_plan_declares_otherwise(tmp_path):
+    """Each round draws another batch of groups: the train split may be scored up to
+    max_rounds + 1 times the spec's count, and without bound where the plan declares that
+    the engine refills until the batch is full (verl 0.9's v1 buffer: unbounded_refill);
+    the update a validation pass follows then cannot be told, so the passes are counted."""
+    over = {"algorithm.advantage": {"zero_variance_groups": "exclude"},
+            "algorithm.dynamic_sampling": {"max_rounds": 1}}
+    rounds = [*_validate(), *_update(TRAIN[:2]), *_update(TRAIN[2:4]), *_update(TRAIN[4:6]),
+              *_validate(), *_update(TRAIN[6:8]), *_update(TRAIN[:2]), *_update(TRAIN[2:4]),
+              *_validate()]
+    spec = _spec(tmp_path, **over)
+    _write(tmp_path / "run", rounds)
+
+    def lines(deviations=None):
+        return watch.reward_calls(spec, tmp_path, tmp_path / "run", 2, None, True, deviations)
+
+    train, validation = lines()
+    assert train.state == "FAILED" and "up to 2 rounds of dynamic sampling" in train.detail
+    declared = [{"setting": "algorithm.dynamic_sampling.max_rounds",
+                 "deviation": "unbounded_refill"}]
+    train, validation = lines(declared)
+    assert train.state == "ok" and "the plan declares unbounded_refill" in train.detail, train
+    assert validation.state == "ok" and "2 passes once training began for 2 asked" in \
+        validation.detail, validation
+    _write(tmp_path / "run", rounds[:-3])
+    _, validation = lines(declared)
+    assert validation.state == "FAILED" and "validated 1 times once training began; the " \
+        "spec asks for 2" in validation.detail, validation

@@ -149,7 +149,7 @@ def rehearse(plan: LaunchPlan, entry: AdapterEntry, runs_dir: Path, updates: int
     tokenizer = builtin_model_dir(small.model.path) or Path(small.model.path)
     per_step = watch.per_step(small, own.deviations)
     watched = [*watch.reward_calls(small, base_dir, prepared.run_dir, updates,
-                                   token_counter(tokenizer), launched),
+                                   token_counter(tokenizer), launched, own.deviations),
                watch.learning_rate(small, verdict.rows_of(result, prepared.run_dir), per_step)]
     found = Verdict(folder, own, plan.experiment_digest, model, rehearsal, exit_, seconds,
                     verdict.lines(small, result, rehearsal, exit_, seconds, prepared.run_dir,

@@ -7,12 +7,14 @@ the engine makes to the spec's reward (``REWARD_CALLS_ENV``); the engine's own l
 rate is read back through the collector. From them:
 
 - **reward calls**: the train split is scored exactly ``updates x prompts_per_update x
-  group_size`` times (more only where dynamic sampling may draw again), each prompt a whole
+  group_size`` times (more only where dynamic sampling may draw again: up to its rounds, or
+  without bound where the plan declares the engine refills until full), each prompt a whole
   number of groups, every completion within ``data.max_response_tokens`` tokens of the
   spec's tokenizer, nothing outside the spec's splits, the test split never;
 - **validation**: the validation split is scored, whole and ``evaluation.samples`` times per
   prompt, after every ``evaluation.every``-th update (an engine may also validate before the
-  first update and after the last), and never when the spec asks for no validation;
+  first update and after the last), and never when the spec asks for no validation (under
+  dynamic sampling, where the calls cannot place a pass, the passes are counted);
 - **learning rate**: the rate the engine logged for each update is the spec's schedule's.
 
 The calls come in the order the engine made them; a validation pass is a run of calls on the
@@ -34,6 +36,7 @@ from stateset_backend.spec.model import ExperimentSpec
 from stateset_backend.spec.schedule import NEXT_LR, lr_within
 
 CALLS_FILE = "reward_calls.jsonl"  # in the attempt folder
+ROUNDS = "algorithm.dynamic_sampling.max_rounds"
 SPLITS = ("train", "validation", "test")
 LR_TOLERANCE = 1e-6  # relative: a logged float of the rate; a schedule off by a step is far more
 Counter_ = Callable[[str], int]
@@ -100,8 +103,10 @@ def _updates(steps: list[int]) -> str:
 
 
 def reward_calls(spec: ExperimentSpec, base_dir: Path, run_dir: Path, updates: int,
-                 count_tokens: Counter_ | None, launched: bool) -> list[Line]:
-    """The "reward calls" and "validation" lines (see the module docstring)."""
+                 count_tokens: Counter_ | None, launched: bool,
+                 deviations: list[dict[str, Any]] | None = None) -> list[Line]:
+    """The "reward calls" and "validation" lines (see the module docstring); ``deviations``
+    are the plan's (one on ``dynamic_sampling.max_rounds`` lifts the bound on the rounds)."""
     names = ("reward calls", "validation")
     if spec.algorithm.objective == "sft":
         return [Line(n, "not measured", "objective sft scores nothing") for n in names]
@@ -122,12 +127,14 @@ def reward_calls(spec: ExperimentSpec, base_dir: Path, run_dir: Path, updates: i
         why = f"the spec's splits cannot be read back here: {exc}"
         return [Line(n, "not measured", why) for n in names]
     kinds = [classify(str(c.get("prompt", "")), splits) for c in calls]
-    return [_train_calls(spec, calls, kinds, updates, count_tokens),
+    unbounded = next((d.get("deviation", "") for d in deviations or ()
+                      if d.get("setting") == ROUNDS), None)
+    return [_train_calls(spec, calls, kinds, updates, count_tokens, unbounded),
             _validation(spec, splits, calls, kinds, updates)]
 
 
 def _train_calls(spec: ExperimentSpec, calls: list[dict[str, Any]], kinds: list[str],
-                 updates: int, count_tokens: Counter_ | None) -> Line:
+                 updates: int, count_tokens: Counter_ | None, unbounded: str | None) -> Line:
     name = "reward calls"
     seen = Counter(kinds)
     if seen["?"] or seen["test"]:
@@ -148,17 +155,19 @@ def _train_calls(spec: ExperimentSpec, calls: list[dict[str, Any]], kinds: list[
                                "prompts": len(per_prompt), "ambiguous": seen["="]}
     plan = (f"{updates} updates x {spec.budget.prompts_per_update} prompts x "
             f"{group} completions")
-    if not (want <= len(train) + seen["="] and len(train) <= want * rounds):
+    bound = (f", as many rounds of dynamic sampling as it takes: the plan declares "
+             f"{unbounded})" if unbounded and rounds > 1 else
+             f", up to {rounds} rounds of dynamic sampling)" if rounds > 1 else ")")
+    if not (want <= len(train) + seen["="] and (len(train) <= want * rounds or
+                                                (unbounded and rounds > 1))):
         return Line(name, "FAILED", f"the engine scored {len(train)} train completions; the "
-                                    f"spec asks for {want} ({plan}"
-                    + (f", up to {rounds} rounds of dynamic sampling)" if rounds > 1 else ")"),
-                    numbers=numbers)
+                                    f"spec asks for {want} ({plan}{bound}", numbers=numbers)
     if ragged:
         return Line(name, "FAILED", f"{len(ragged)} prompts were scored a number of times that "
                                     f"is no multiple of group_size {group} (first: "
                                     f"{ragged[0][:60]!r}, {per_prompt[ragged[0]]} times)",
                     numbers=numbers)
-    detail = f"{len(train)} train completions scored, as the spec asks ({plan})"
+    detail = f"{len(train)} train completions scored, as the spec asks ({plan}{bound}"
     limit = spec.data.max_response_tokens
     if count_tokens is not None:
         longest = max((count_tokens(str(c.get("response", ""))) for c in train), default=0)
@@ -196,8 +205,10 @@ def _validation(spec: ExperimentSpec, splits: dict[str, set[str]], calls: list[d
                                         f"{_updates([u for u, _ in passes])}")
         return Line(name, "ok", "none, as the spec asks")
     asked = list(range(every, updates + 1, every))
-    when = [u for u, _ in passes]
     size = len(splits.get("validation", ())) * spec.evaluation.samples
+    if spec.algorithm.dynamic_sampling is not None:
+        return _validation_counted(kinds, asked, updates, every, size)
+    when = [u for u, _ in passes]
     numbers = {"asked": asked, "passes": [{"after": u, "calls": n} for u, n in passes],
                "pass_size": size}
     missing = [u for u in asked if u not in when]
@@ -224,6 +235,40 @@ def _validation(spec: ExperimentSpec, splits: dict[str, set[str]], calls: list[d
     head = f"after {_updates(asked)}, as the spec asks{besides}" if asked else \
         f"none due in {updates} updates at every {every}, as the spec asks{besides}"
     return Line(name, "ok", f"{head}; {size} completions a pass", numbers=numbers)
+
+
+def _validation_counted(kinds: list[str], asked: list[int], updates: int, every: int,
+                        size: int) -> Line:
+    """Validation under dynamic sampling, where an update scores as many train completions as
+    its rounds take, so the calls cannot say after which update a pass came: the passes after
+    training began are counted (the asked ones, and one after the last update at most), and
+    each must be whole."""
+    name = "validation"
+    runs: list[tuple[int, int]] = []  # (train calls before it, calls in the pass)
+    trained, last = 0, ""
+    for kind in kinds:
+        if kind == "validation":
+            runs.append((trained, runs.pop()[1] + 1) if last == "validation" else (trained, 1))
+        elif kind == "train":
+            trained += 1
+        last = kind if kind in ("train", "validation") else last
+    later = [n for before, n in runs if before > 0]
+    numbers = {"asked": asked, "passes_after_training": len(later), "pass_size": size,
+               "calls": [n for _, n in runs]}
+    unknown = "with dynamic sampling the calls cannot say after which update a pass came"
+    if len(later) not in (len(asked), len(asked) + 1):
+        return Line(name, "FAILED", f"the engine validated {len(later)} times once training "
+                                    f"began; the spec asks for {len(asked)} in {updates} "
+                                    f"updates (every {every}; one more after the last is "
+                                    f"allowed), and {unknown}", numbers=numbers)
+    wrong = [n for _, n in runs if size and n != size]
+    if wrong:
+        return Line(name, "FAILED", f"a pass scored {wrong[0]} completions; the validation "
+                                    f"split's prompts x evaluation.samples is {size}",
+                    numbers=numbers)
+    return Line(name, "ok", f"{len(later)} passes once training began for {len(asked)} asked "
+                            f"(every {every} of {updates} updates; {unknown}); {size} "
+                            "completions a pass", numbers=numbers)
 
 
 # the deviations that say an engine's scheduler steps with its optimizer (TRL's, OpenRLHF's):
