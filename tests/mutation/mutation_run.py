@@ -78,6 +78,12 @@ def first_kills() -> dict[str, str]:
     return json.loads(FIRST_KILLS.read_text()) if FIRST_KILLS.is_file() else {}
 
 
+def _failed(check: str, code: int, reasons: list[str]) -> bool:
+    """Whether the kit failed on ``check`` itself: a renamed check selects nothing, and
+    pytest's "no tests ran" fails the kit without any check failing."""
+    return code != 0 and any(r.split(":", 1)[0] == check for r in reasons)
+
+
 def run_one(mutant: Mutant, zygote: Zygote, timeout: float = 600,
             first: str | None = None) -> dict[str, object]:
     """Apply one mutant to a fresh copy and run the kit (forked from ``zygote``); killed when
@@ -91,17 +97,14 @@ def run_one(mutant: Mutant, zygote: Zygote, timeout: float = 600,
         hinted = False
         if first:
             code, reasons = _kit(mutant, zygote, tmp, first, timeout)
-            # killed by that check itself: a renamed check selects nothing, and pytest's
-            # "no tests ran" fails the kit without any check failing; a baseline of one check
-            # runs that check alone
-            hinted = mutant.kind == "baseline" or \
-                (code != 0 and any(r.split(":", 1)[0] == first for r in reasons))
+            # killed by that check itself (``_failed``); a baseline of one check runs that
+            # check alone
+            hinted = mutant.kind == "baseline" or _failed(first, code, reasons)
         if not hinted:
             code, reasons = _kit(mutant, zygote, tmp, "", timeout)
             if code == 0 and mutant.kind == "launcher":  # code only the engine's run runs
                 code, reasons = _kit(mutant, zygote, tmp, ENGINE_RUN, timeout)
-                # a kill only where that check failed (as for a hint): "no tests ran" is none
-                if code > 0 and not any(r.split(":", 1)[0] == ENGINE_RUN for r in reasons):
+                if code > 0 and not _failed(ENGINE_RUN, code, reasons):
                     code = 0
     if code < 0:  # a timeout or a signal says nothing of the mutant: an error, not a kill
         raise KitDidNotFinish(f"{mutant.name}: the kit " + (

@@ -187,17 +187,14 @@ def _validation(spec: ExperimentSpec, splits: dict[str, set[str]], calls: list[d
     name = "validation"
     every = spec.evaluation.every
     per_update = spec.budget.prompts_per_update * spec.algorithm.group_size
+    runs = _runs(kinds)
     passes: list[tuple[int, int]] = []  # (after update, calls in the pass)
-    trained = 0
-    for kind in kinds:
-        if kind == "validation":
-            after = trained // per_update
-            if passes and passes[-1][0] == after:
-                passes[-1] = (after, passes[-1][1] + 1)
-            else:
-                passes.append((after, 1))
-        elif kind == "train":
-            trained += 1
+    for trained, n in runs:
+        after = trained // per_update
+        if passes and passes[-1][0] == after:
+            passes[-1] = (after, passes[-1][1] + n)
+        else:
+            passes.append((after, n))
     if every is None or spec.data.validation is None:
         if passes:
             return Line(name, "FAILED", f"the spec asks for no validation, but the engine "
@@ -207,7 +204,7 @@ def _validation(spec: ExperimentSpec, splits: dict[str, set[str]], calls: list[d
     asked = list(range(every, updates + 1, every))
     size = len(splits.get("validation", ())) * spec.evaluation.samples
     if spec.algorithm.dynamic_sampling is not None:
-        return _validation_counted(kinds, asked, updates, every, size)
+        return _validation_counted(runs, asked, updates, every, size)
     when = [u for u, _ in passes]
     numbers = {"asked": asked, "passes": [{"after": u, "calls": n} for u, n in passes],
                "pass_size": size}
@@ -237,14 +234,9 @@ def _validation(spec: ExperimentSpec, splits: dict[str, set[str]], calls: list[d
     return Line(name, "ok", f"{head}; {size} completions a pass", numbers=numbers)
 
 
-def _validation_counted(kinds: list[str], asked: list[int], updates: int, every: int,
-                        size: int) -> Line:
-    """Validation under dynamic sampling, where an update scores as many train completions as
-    its rounds take, so the calls cannot say after which update a pass came: the passes after
-    training began are counted (the asked ones, and one after the last update at most), and
-    each must be whole."""
-    name = "validation"
-    runs: list[tuple[int, int]] = []  # (train calls before it, calls in the pass)
+def _runs(kinds: list[str]) -> list[tuple[int, int]]:
+    """Each unbroken run of validation calls, as (train calls before it, its calls)."""
+    runs: list[tuple[int, int]] = []
     trained, last = 0, ""
     for kind in kinds:
         if kind == "validation":
@@ -252,6 +244,16 @@ def _validation_counted(kinds: list[str], asked: list[int], updates: int, every:
         elif kind == "train":
             trained += 1
         last = kind if kind in ("train", "validation") else last
+    return runs
+
+
+def _validation_counted(runs: list[tuple[int, int]], asked: list[int], updates: int,
+                        every: int, size: int) -> Line:
+    """Validation under dynamic sampling, where an update scores as many train completions as
+    its rounds take, so the calls cannot say after which update a pass came: the passes after
+    training began are counted (the asked ones, and one after the last update at most), and
+    each must be whole."""
+    name = "validation"
     later = [n for before, n in runs if before > 0]
     numbers = {"asked": asked, "passes_after_training": len(later), "pass_size": size,
                "calls": [n for _, n in runs]}
