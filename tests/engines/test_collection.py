@@ -374,3 +374,24 @@ def _plan_like_unchecked(adapter, doc, version):
     spec = parse_spec(doc)
     return LaunchPlan.model_construct(run_id=RUN_ID, experiment_digest=DIGEST,
                                       spec=spec.model_dump(mode="json"))
+
+
+def test_native_counts_a_sealed_checkpoint_its_progress_record_has_not_caught_up_with(tmp_path):
+    """Killed between sealing update 2's checkpoint and rewriting its progress record, the
+    attempt has committed update 2 (its records were flushed before the save), and that is
+    the update a resume starts after: the result must not say 1."""
+    from stateset_backend.adapters.native.adapter import NativeAdapter
+    from stateset_backend.native import layout
+
+    (tmp_path / layout.RUN_INFO_FILE).write_text(json.dumps(
+        {"engine": "native", "run_id": RUN_ID, "experiment_digest": DIGEST,
+         "committed_updates": 1, "resumed_from": None}))
+    for update, sealed in ((1, True), (2, True), (3, False)):
+        folder = tmp_path / layout.CHECKPOINTS_DIR / f"{layout.CHECKPOINT_PREFIX}{update:06d}"
+        folder.mkdir(parents=True)
+        if sealed:
+            (folder / layout.MANIFEST).write_text("{}")
+    adapter = NativeAdapter()
+    assert adapter.collect(tmp_path, _ctx(adapter, "0.1.0")).committed_updates == 2
+    (tmp_path / layout.CHECKPOINTS_DIR / "update-000002" / layout.MANIFEST).unlink()
+    assert adapter.collect(tmp_path, _ctx(adapter, "0.1.0")).committed_updates == 1

@@ -294,6 +294,12 @@ class NativeAdapter(EngineAdapter):
             out.committed_updates = int(info.get("committed_updates", 0))
             out.resumed_from = info.get("resumed_from")
             out.execution = info.get("execution")
+        # a sealed checkpoint is committed: its records were flushed before it was written,
+        # and the progress record that says so is written just after it, so a run killed
+        # between the two still counts the update its resume will start after
+        sealed = self.checkpoints(attempt_dir)
+        if sealed:
+            out.committed_updates = max(out.committed_updates, sealed[-1].update)
         metrics_path = attempt_dir / layout.METRICS_FILE
         if metrics_path.is_file():
             out.metrics.extend(log_rows(metrics_path.read_text(encoding="utf-8")))
