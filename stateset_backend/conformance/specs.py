@@ -122,6 +122,14 @@ AWKWARD: dict[str, dict[str, Any]] = {
     "cosine after warmup": {"budget": {"total_updates": 25, "prompts_per_update": 2},
                             "optim": {"schedule": "cosine", "warmup_steps": 7,
                                       "min_lr_ratio": 0.1}},
+    "linear after warmup to a floor": {"budget": {"total_updates": 25, "prompts_per_update": 2},
+                                       "optim": {"schedule": "linear", "warmup_steps": 7,
+                                                 "min_lr_ratio": 0.1}},
+    # a seed of 0 (an `or` turns it into a default) and rates of more digits than an engine's
+    # docs print (a format that rounds them still reads back as a number)
+    "seed 0, numbers of nine digits": {
+        "seed": 0, "optim": {"lr": 1.23456789e-6, "weight_decay": 0.0123456789,
+                             "grad_clip": 0.987654321}},
     "checkpoints every 3 updates of two optimizer steps": {
         "budget": {"total_updates": 7, "mini_batches": 2},
         "checkpoint": {"every": 3, "keep": 2}},

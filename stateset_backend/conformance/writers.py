@@ -20,7 +20,7 @@ from typing import Any
 
 from stateset_backend.conformance.resumes import openrlhf_runs_critic, verl_runs_critic
 from stateset_backend.contracts.loader import parse_version
-from stateset_backend.engines.adapter import CannotWrite, LaunchContext
+from stateset_backend.engines.adapter import CannotWrite, LaunchContext, identity_name
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.spec.schedule import NEXT_LR
 
@@ -91,9 +91,16 @@ def _in(attempt: Path, value: str) -> Path:
     return Path(value.replace("{run_dir}", str(attempt)))
 
 
-def _other(path: Path, ctx: LaunchContext, identity: bool) -> Path:
-    """The same output as another run would leave it (named by that run)."""
-    return path if identity else Path(str(path).replace(ctx.run_name, OTHER_RUN))
+def _named(value: str, plan: LaunchPlan, ctx: LaunchContext, identity: bool) -> str:
+    """``value`` (a path or name the launch gives the run's outputs) as the run ``ctx`` names
+    would leave it, or, without ``identity``, an unrelated run: the engine names its outputs
+    by the run that launched it, which a collector must check is this one."""
+    launched = identity_name(plan.run_id, plan.experiment_digest)
+    return value.replace(launched, ctx.run_name if identity else OTHER_RUN)
+
+
+def _other(path: Path, plan: LaunchPlan, ctx: LaunchContext, identity: bool) -> Path:
+    return Path(_named(str(path), plan, ctx, identity))
 
 
 Writer = Callable[..., None]
@@ -122,7 +129,7 @@ def verl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
             given = plan.set_env.get("VERL_FILE_LOGGER_PATH")
             root = _in(attempt, plan.set_env.get("VERL_FILE_LOGGER_ROOT", str(attempt)))
             log = _in(attempt, given) if given else root / project / f"{experiment}.jsonl"
-            log = _other(log, ctx, identity)
+            log = _other(log, plan, ctx, identity)
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_text("".join(json.dumps({"step": r["step"], "data": {
                 names[k]: v for k, v in r.items() if k in names}}) + "\n" for r in metrics))
@@ -130,7 +137,7 @@ def verl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
             given = plan.set_env.get("TENSORBOARD_DIR")
             folder = _in(attempt, given) if given else \
                 attempt / "tensorboard_log" / project / experiment
-            tensorboard(_other(folder, ctx, identity), metrics, names)
+            tensorboard(_other(folder, plan, ctx, identity), metrics, names)
         else:
             raise CannotWrite(f"the launch asks for no logger the kit writes ({loggers})")
         if artifacts and checkpoint_step is not None:
@@ -159,7 +166,7 @@ def openrlhf(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
               resumed_from: int | None = None) -> None:
         board = _in(attempt, str(flag("--use_tensorboard", "--logger.tensorboard_dir")))
         name = flag("--wandb_run_name", "--logger.wandb.run_name")
-        tensorboard(board / (name if identity else OTHER_RUN), metrics, OPENRLHF_METRICS)
+        tensorboard(_other(board / name, plan, ctx, identity), metrics, OPENRLHF_METRICS)
         if artifacts and checkpoint_step is not None:
             root = _in(attempt, str(flag("--ckpt_path", "--ckpt.path")))
             # the critic saves under _critic as the actor does under _actor
@@ -184,7 +191,7 @@ def nemo_rl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
               identity: bool, artifacts: bool, checkpoint_step: int | None,
               resumed_from: int | None = None) -> None:
         logs = _in(attempt, str(read["logger.log_dir"]))
-        name = read.get("logger.wandb.name") if identity else OTHER_RUN
+        name = _named(str(read.get("logger.wandb.name")), plan, ctx, identity)
         tensorboard(logs / "exp_001" / "tensorboard", metrics, NEMO_RL_METRICS,
                     hparams={"logger.wandb.name": name})
         if artifacts and checkpoint_step is not None:

@@ -10,6 +10,7 @@ artifacts, a missing identity, no committed update or a run stopped early are ``
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -83,7 +84,9 @@ class Case:
     identity: bool = True
     artifacts: bool = True
     checkpoint_step: int | None = 3
-    after: str | None = None  # remove_artifacts | symlink_artifacts | cut_last_line
+    # remove_artifacts | symlink_artifacts | cut_last_line | empty_weights | cut_weights |
+    # foreign_identity
+    after: str | None = None
 
 
 COLLECTION_CASES: dict[str, Case] = {c.name: c for c in (
@@ -96,6 +99,9 @@ COLLECTION_CASES: dict[str, Case] = {c.name: c for c in (
     Case("missing_artifact", "invalid", HEALTHY, after="remove_artifacts"),
     Case("artifact_symlink_outside", "invalid", HEALTHY, after="symlink_artifacts"),
     Case("missing_identity", "invalid", HEALTHY, identity=False),
+    # outputs another run left (a folder reused, a resume into the wrong place): the identity
+    # is the engine's record of whose run it trained, not the launch's
+    Case("foreign_identity", "invalid", HEALTHY, after="foreign_identity"),
     Case("no_committed_update", "invalid", [], checkpoint_step=None),
     # the engine exited 0 after 3 of the 4 planned updates: not the experiment that was asked
     Case("stopped_early", "invalid", HEALTHY[:3]),
@@ -205,9 +211,53 @@ def check_read_as_written(plan: LaunchPlan, case: Case, rows: list[dict[str, Any
                           f"update(s) {sorted(labelled)}")
 
 
+# the attempt the cases are collected from, and the earlier one a run's folder holds beside it
+# (its number sorts after this one's as text): a collector reads the attempt it is given
+ATTEMPT, EARLIER_ATTEMPT = "10", "9"
+
+
+def _foreign(ctx: LaunchContext) -> LaunchContext:
+    """The launch context of another run of another experiment."""
+    stamp, _, suffix = ctx.run_id.rpartition("-")
+    other = "".join("1" if c == "0" else "0" for c in suffix)
+    digest = "sha256:" + ("d" if ctx.experiment_digest.endswith("e" * 64) else "e") * 64
+    return dataclasses.replace(ctx, run_id=f"{stamp}-{other}" if stamp else f"{other}-x",
+                               experiment_digest=digest)
+
+
+def _earlier_attempt(writer: Writer, folder: Path, ctx: LaunchContext, rows: list[dict[str, Any]],
+                     launched: Any) -> None:
+    """An earlier attempt of the same run beside the collected one: stopped after two
+    updates, every value ten times the collected one's."""
+    folder.mkdir(parents=True)
+    launched(folder)
+    earlier = [{k: v if k in ("step", "optimizer_step") else 10 * v for k, v in r.items()}
+               for r in rows if r["step"] <= 2]
+    writer(folder, ctx, metrics=earlier, identity=True, artifacts=True, checkpoint_step=2)
+
+
+def check_raw_names(plan: LaunchPlan, collected: Any, attempt: Path) -> None:
+    """Each engine name the collector says it read a metric under (``raw_metric_names``, the
+    run's record of where each number came from) is in a file the engine wrote: a name that
+    is not points a user who checks the engine's own log at the wrong number."""
+    read = {k for r in collected.metrics for k in r if k != "step"}
+    claimed = {c: raw for c, raw in collected.raw_metric_names.items() if c in read}
+    if not claimed:
+        return
+    written = b"".join(p.read_bytes() for p in sorted(attempt.rglob("*"))
+                       if p.is_file() and not p.is_symlink() and
+                       p.relative_to(attempt).as_posix() not in plan.files)
+    missing = {c: raw for c, raw in claimed.items() if raw.encode() not in written}
+    if missing:
+        name, raw = next(iter(sorted(missing.items())))
+        raise CheckFailed(f"healthy: collect says it read {name} under the engine's name "
+                          f"{raw!r}, which no file the engine wrote holds"
+                          + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+
+
 def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, writer: Writer,
                      tmp: Path) -> str:
-    attempt = tmp / "attempt"
+    attempt = tmp / "attempts" / ATTEMPT
     attempt.mkdir(parents=True)
     planned = plan.validated_spec().budget.total_updates
     if planned != len(HEALTHY):
@@ -220,8 +270,12 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
     # not from what the engine wrote, is seen doing so
     plan.write_files(attempt)
     rows = _every_metric(plan, case.metrics)
+    if case.name == "healthy":
+        _earlier_attempt(writer, tmp / "attempts" / EARLIER_ATTEMPT, ctx, rows,
+                         plan.write_files)
+    written_as = _foreign(ctx) if case.after == "foreign_identity" else ctx
     try:
-        writer(attempt, ctx, metrics=copy.deepcopy(rows), identity=case.identity,
+        writer(attempt, written_as, metrics=copy.deepcopy(rows), identity=case.identity,
                artifacts=case.artifacts, checkpoint_step=case.checkpoint_step)
     except (KeyError, TypeError, ValueError) as exc:
         if "optimizer_step" not in str(exc):
@@ -275,4 +329,5 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
                           + (f" ({'; '.join(failed)})" if failed else ""))
     if case.name == "healthy" and collected is not None:
         check_read_as_written(plan, case, rows, collected)
+        check_raw_names(plan, collected, attempt)
     return f"{status}" + (f" ({failed[0]})" if failed else "")

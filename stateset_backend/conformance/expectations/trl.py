@@ -89,12 +89,25 @@ def _loss_type(spec: ExperimentSpec) -> Any:
 
 def _scheduler(spec: ExperimentSpec) -> OneOf:
     """transformers' schedulers by name: constant_with_warmup (constant without a warmup),
-    cosine_with_min_lr to min_lr_rate * lr, linear to 0."""
+    cosine_with_min_lr to min_lr_rate * lr, linear to 0, and a linear decay to a floor as
+    polynomial of power 1 (``get_polynomial_decay_schedule_with_warmup``, whose ``lr_end`` is
+    the floor's rate itself, not a ratio)."""
     o = spec.optim
     if o.schedule == "constant":
         return OneOf(("constant_with_warmup", "constant")) if o.warmup_steps == 0 \
             else OneOf(("constant_with_warmup",))
-    return OneOf(("cosine_with_min_lr",)) if o.schedule == "cosine" else OneOf(("linear",))
+    if o.schedule == "cosine":
+        return OneOf(("cosine_with_min_lr",))
+    return OneOf(("polynomial",)) if _linear_floor(spec) else OneOf(("linear",))
+
+
+def _linear_floor(spec: ExperimentSpec) -> bool:
+    return spec.optim.schedule == "linear" and spec.optim.min_lr_ratio > 0
+
+
+def _scheduler_kwargs(spec: ExperimentSpec) -> dict[str, Any] | None:
+    """The kwargs of a scheduler that takes none; None where they are checked one by one."""
+    return None if spec.optim.schedule == "cosine" or _linear_floor(spec) else {}
 
 
 def _precision(which: str) -> Expect:
@@ -247,10 +260,14 @@ TRL: list[tuple[tuple[str, ...], Expect]] = [
     *_both("adam_beta2", lambda s: s.optim.betas[1]),
     *_both("adam_epsilon", lambda s: s.optim.eps),
     *_both("lr_scheduler_type", _scheduler),
-    # cosine_with_min_lr's min_lr_rate; the other schedulers take no kwargs
-    *_both("lr_scheduler_kwargs", lambda s: {} if s.optim.schedule != "cosine" else None),
+    # cosine_with_min_lr's min_lr_rate, polynomial's rate at the end and power; the other
+    # schedulers take no kwargs
+    *_both("lr_scheduler_kwargs", _scheduler_kwargs),
     *_both("lr_scheduler_kwargs.min_lr_rate",
            lambda s: s.optim.min_lr_ratio if s.optim.schedule == "cosine" else None),
+    *_both("lr_scheduler_kwargs.lr_end",
+           lambda s: s.optim.min_lr_ratio * s.optim.lr if _linear_floor(s) else None),
+    *_both("lr_scheduler_kwargs.power", lambda s: 1.0 if _linear_floor(s) else None),
     # the scheduler advances per optimizer step: the spec's W warmup updates are W * k steps
     (("warmup_steps",), rl(lambda s: s.optim.warmup_steps * _k(s))),
     *_both("bf16", _precision("bfloat16")),
