@@ -119,6 +119,21 @@ class TakesIdentityFromTheLaunch(NativeAdapter):
         return out
 
 
+class TakesIdentityWhenItsFileIsThere(NativeAdapter):
+    """Sees that the engine recorded a run, and reports the launch's identity for it."""
+
+    def collect(self, attempt_dir, ctx) -> Collected:
+        out = super().collect(attempt_dir, ctx)
+        if out.run_id is not None:
+            out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
+        return out
+
+
+class ListsCheckpointsNewestFirst(NativeAdapter):
+    def checkpoints(self, attempt_dir: Path) -> list[Checkpoint]:
+        return list(reversed(super().checkpoints(attempt_dir)))
+
+
 class ResumesIntoTheOldAttempt(NativeAdapter):
     def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
                     attempt_dir: Path) -> list[str]:
@@ -169,6 +184,9 @@ BROKEN: dict[str, tuple[type[NativeAdapter], str]] = {
     "takes_identity_from_the_launch": (TakesIdentityFromTheLaunch,
                                        "test_collection and missing_identity"),
     "resumes_into_the_old_attempt": (ResumesIntoTheOldAttempt, "test_resume"),
+    "takes_identity_when_its_file_is_there": (TakesIdentityWhenItsFileIsThere,
+                                              "test_collection and foreign_identity"),
+    "lists_checkpoints_newest_first": (ListsCheckpointsNewestFirst, "test_resume"),
     "named_unlike_its_contract": (NamedUnlikeItsContract,
                                   "test_contract_matches_the_shipped_schema"),
 }

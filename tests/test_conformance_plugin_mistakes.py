@@ -155,6 +155,54 @@ class RefusesAModelFolderNotHere(EchoAdapter):
         return super().render(translation, spec, ctx)
 
 
+class TrustsTheIdentityFile(EchoAdapter):
+    """Sees that the engine wrote its identity file and reports the identity it launched
+    with, not the one in the file: another run's outputs read as this run's."""
+
+    def collect(self, attempt_dir, ctx) -> Collected:
+        out = super().collect(attempt_dir, ctx)
+        if (attempt_dir / "identity.json").is_file():
+            out.run_id, out.experiment_digest = ctx.run_id, ctx.experiment_digest
+        return out
+
+
+class ReadsTheNewestAttemptByName(EchoAdapter):
+    """Collects "the run's newest outputs": the attempt folder whose name sorts last as
+    text (attempt 9 after attempt 10), not the attempt it was asked about."""
+
+    def collect(self, attempt_dir, ctx) -> Collected:
+        found = [p for p in attempt_dir.parent.iterdir() if (p / "log.jsonl").is_file()]
+        return super().collect(max(found, key=lambda p: p.name, default=attempt_dir), ctx)
+
+
+class NamesTheRawMetricWrong(EchoAdapter):
+    """Records that the engine logged the reward as "train/reward" (it logs "score")."""
+
+    def collect(self, attempt_dir, ctx) -> Collected:
+        out = super().collect(attempt_dir, ctx)
+        out.raw_metric_names = {"reward/mean": "train/reward"}
+        return out
+
+
+class SeedZeroMeansUnset(EchoAdapter):
+    """``seed or DEFAULT``: a spec's seed of 0 launches with seed 42."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        argv = list(launch.argv)
+        at = argv.index("--seed") + 1
+        argv[at] = str(int(argv[at]) or 42)
+        return NativeLaunch(argv, launch.files, launch.set_env)
+
+
+class WritesTheRateWithThreeDigits(EchoAdapter):
+    """Writes the rate as the engine's docs print it (``1.23e-06``)."""
+
+    def rules(self, dialect) -> RuleSet:
+        return {**super().rules(dialect),
+                "optim.lr": to("optim.lr", convert=lambda v: float(f"{v:.2e}"))}
+
+
 MODULE = '''
 import pytest
 from stateset_backend.conformance import AdapterConformance
@@ -188,6 +236,15 @@ class TestMistake(AdapterConformance):
     (ExpectsNothing, "nothing the engine reads is held to a value"),
     (RefusesAModelFolderNotHere, "refuse a model path for its text, not for being absent "
                                  "here"),
+    (TrustsTheIdentityFile, "foreign_identity: the result is succeeded, expected invalid"),
+    (ReadsTheNewestAttemptByName, "healthy: committed_updates is 2, but the outputs show 4 "
+                                  "updates"),
+    (NamesTheRawMetricWrong, "healthy: collect says it read reward/mean under the engine's "
+                             "name 'train/reward', which no file the engine wrote holds"),
+    (SeedZeroMeansUnset, "seed 0, numbers of nine digits: seed: echo 1.2.0 reads 42 from the "
+                         "launch, which declares 0"),
+    (WritesTheRateWithThreeDigits, "seed 0, numbers of nine digits: optim.lr: echo 1.2.0 reads "
+                                   "1.23e-06, but for this spec it must read 1.23456789e-06"),
     (EchoAdapter, None)])
 def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):
     report = run_kit(tmp_path, MODULE, cls, "::TestMistake",

@@ -117,7 +117,8 @@ def verl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
     VERL_FILE_LOGGER_PATH (else ``<root>/<project>/<experiment>.jsonl``); the TensorBoard
     logger writes to TENSORBOARD_DIR (else ``tensorboard_log/<project>/<experiment>``); the
     trainer saves ``<default_local_dir>/global_step_N/actor`` and records the step in
-    ``latest_checkpointed_iteration.txt``."""
+    ``latest_checkpointed_iteration.txt``; an older step's folder keeps only its ``data.pt``
+    once retention has removed its weights."""
     loggers = read.get("trainer.logger") or []
     names = logged(plan) or {}
 
@@ -151,6 +152,12 @@ def verl(plan: LaunchPlan, read: dict[str, Any]) -> Writer:
                 (critic / "model_world_size_1_rank_0.pt").write_bytes(
                     critic_weights(checkpoint_step))
             (root / "latest_checkpointed_iteration.txt").write_text(str(checkpoint_step))
+            if checkpoint_step > 1:
+                # what verl's retention (max_actor_ckpt_to_keep) leaves of an older
+                # checkpoint: it removes the role folders, not the trainer's data.pt
+                older = root / "global_step_1"
+                older.mkdir(exist_ok=True)
+                (older / "data.pt").write_bytes(b"dataloader state")
 
     return write
 

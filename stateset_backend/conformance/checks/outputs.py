@@ -323,7 +323,8 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
                               f"{collected.committed_updates}, but the outputs show {shown} "
                               f"updates (logged up to update {shown}, a checkpoint at "
                               f"{case.checkpoint_step}); count updates, not log rows, and "
-                              "take them from the engine's outputs, not from the launch")
+                              "take them from this attempt's outputs, not from the launch or "
+                              "another attempt's")
     if status != case.expect:
         raise CheckFailed(f"{case.name}: the result is {status}, expected {case.expect}"
                           + (f" ({'; '.join(failed)})" if failed else ""))

@@ -79,7 +79,22 @@ def _newest(adapter: EngineAdapter, plan: LaunchPlan, earlier: Path, cut: bool) 
     problem = adapter.checkpoint_problem(found, plan.experiment_digest)
     if problem is not None:
         raise CheckFailed(f"a whole checkpoint of this experiment is refused: {problem}")
+    _listed_in_order(adapter, earlier, found.update, beside)
     return found
+
+
+def _listed_in_order(adapter: EngineAdapter, earlier: Path, newest: int, beside: str) -> None:
+    """``checkpoints`` lists whole checkpoints oldest first and ends at the one
+    ``latest_checkpoint`` finds: ``runs verify`` and a damaged newest checkpoint's fallback
+    walk it from the end, and a model taken ``from_run`` by name is looked up in it."""
+    updates = [c.update for c in adapter.checkpoints(earlier)]
+    if not updates:
+        raise CheckFailed(f"checkpoints lists none, where latest_checkpoint finds update "
+                          f"{newest} ({beside})")
+    if any(b <= a for a, b in zip(updates, updates[1:], strict=False)) or updates[-1] != newest:
+        raise CheckFailed(f"checkpoints lists updates {updates}: it must list them oldest "
+                          f"first, ending at update {newest}, which latest_checkpoint finds "
+                          f"({beside})")
 
 
 def _resume(adapter: EngineAdapter, plan: LaunchPlan, found: Any, earlier: Path,
