@@ -453,4 +453,14 @@ MUTANTS: list[Mutant] = [
     m("trl: retention keeps the newest only, not the best", "trl", "1.16.0",
       (TRL_LAUNCHER, "            if self.best is not None:\n"
                      "                kept.add(self.best[1])\n", ""), kind="launcher"),
+    # -- a decay after warmup to a floor, and what retention leaves -----------------------------
+    m("nemo-rl: linear decay over the whole run, warmup included", "nemo-rl", "0.7.0",
+      (NEMO_TRAINING, '"end_factor": o.min_lr_ratio,\n                            '
+                      '"total_iters": decay}}',
+       '"end_factor": o.min_lr_ratio,\n                            "total_iters": total}}')),
+    m("trl: a linear floor's ratio given as the rate", "trl", "1.16.0",
+      (TRL, '"lr_end": value * spec.optim.lr,', '"lr_end": value,')),
+    m("verl: what retention left of a checkpoint collected as one", "verl", "0.9.1",
+      (VERL_COLLECT, "        if holds_weights(step_dir):\n", "        if step_dir.is_dir():\n"),
+      kind="collection"),
 ]
