@@ -163,6 +163,12 @@ def _annotation(path: str) -> Any:
     return annotation
 
 
+def _nullable(path: str) -> bool:
+    """Whether the spec field at ``path`` takes null (its "off" or "none")."""
+    annotation = _annotation(path)
+    return annotation is not None and type(None) in get_args(annotation)
+
+
 def _choices(annotation: Any) -> tuple[Any, ...]:
     """The values a Literal-typed (or optional Literal) field allows; empty for other types."""
     if get_origin(annotation) is Literal:
@@ -307,7 +313,13 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
         (a_value, a), (b_value, b) = plans
         read_a = flatten(normalize_values(read(a), a))
         read_b = flatten(normalize_values(read(b), b))
-        for plan, got in ((a, read_a), (b, read_b)):
+        checked = [(a, read_a), (b, read_b)]
+        if row.value is not None and _nullable(row.path):
+            # null ("off") as well: the sample sets the leaf, so no other sample unsets it
+            off = plan_or_none(adapter, version, with_leaf(context, row.path, None), files)
+            if off is not None:
+                checked.append((off, flatten(normalize_values(read(off), off))))
+        for plan, got in checked:
             try:
                 check_expected(adapter, plan, got, surface)
             except CheckFailed as exc:

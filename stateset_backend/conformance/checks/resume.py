@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import shutil
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ def _listed_in_order(adapter: EngineAdapter, earlier: Path, newest: int, beside:
     if not updates:
         raise CheckFailed(f"checkpoints lists none, where latest_checkpoint finds update "
                           f"{newest} ({beside})")
-    if any(b <= a for a, b in zip(updates, updates[1:], strict=False)) or updates[-1] != newest:
+    if any(b <= a for a, b in itertools.pairwise(updates)) or updates[-1] != newest:
         raise CheckFailed(f"checkpoints lists updates {updates}: it must list them oldest "
                           f"first, ending at update {newest}, which latest_checkpoint finds "
                           f"({beside})")

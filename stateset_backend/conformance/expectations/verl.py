@@ -17,7 +17,7 @@ from stateset_backend.conformance.expectations.common import (
     sequence_tokens,
     single_turn,
 )
-from stateset_backend.conformance.expectations.matchers import equal_split
+from stateset_backend.conformance.expectations.matchers import UNBOUNDED, equal_split
 from stateset_backend.engines.adapter import RUN_DIR
 from stateset_backend.spec.digest import experiment_digest
 from stateset_backend.spec.inputs import REWARD_SHIM_FILE
@@ -39,7 +39,6 @@ VERL_ESTIMATOR = {"grpo": OneOf(("grpo",)), "dr_grpo": OneOf(("grpo",)),
 VERL_PRECISION = {"float32": OneOf(("fp32", "float32", 32, "32")),
                   "bfloat16": OneOf(("bf16", "bfloat16")),
                   "float16": OneOf(("fp16", "float16", 16, "16"))}
-INF = float("inf")
 # the value null, checked (an expectation's None means "not checked for this spec")
 NULL = OneOf((None,))
 # compute_policy_loss clamps log(pi / pi_old) to [-20, 20]: the ratio never exceeds e^20, so a
@@ -323,9 +322,11 @@ VERL: list[tuple[tuple[str, ...], Expect]] = [
     # -- the critic (PPO) -------------------------------------------------------------------
     # Critic: "a critic model initialised from model.path"
     (("critic.model.path",), _ppo(lambda s: _model_path(s))),
-    # core_algos.compute_value_loss clips V to V_old +- cliprange_value always; V is not
-    # bounded, so only inf leaves it unclipped
-    (("critic.cliprange_value",), _ppo(lambda s: _critic(s).value_clip or INF)),
+    # core_algos.compute_value_loss clips V to V_old +- cliprange_value always: unclipped is a
+    # bound no value reaches
+    (("critic.cliprange_value",), _ppo(lambda s: _critic(s).value_clip
+                                       if _critic(s).value_clip is not None
+                                       else AtLeast(UNBOUNDED))),
     (("critic.grad_clip",), _ppo(lambda s: s.optim.grad_clip)),
     *_optim("critic", lambda s: _critic(s).lr, _ppo),
     *[((spellings[0].replace("critic.model.fsdp_config", "critic.fsdp"), *spellings), expect)
