@@ -203,6 +203,17 @@ class WritesTheRateWithThreeDigits(EchoAdapter):
                 "optim.lr": to("optim.lr", convert=lambda v: float(f"{v:.2e}"))}
 
 
+class AnnouncesTheRunInAShell(EchoAdapter):
+    """Wraps the engine in ``sh -c`` to print a banner with the spec's name; the engine's own
+    arguments stay elements of their own (``"$@"``)."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        script = f'echo "stateset: starting {spec.name}" >&2; exec "$@"'
+        return NativeLaunch(["sh", "-c", script, "sh", *launch.argv], launch.files,
+                            launch.set_env)
+
+
 MODULE = '''
 import pytest
 from stateset_backend.conformance import AdapterConformance
@@ -245,6 +256,7 @@ class TestMistake(AdapterConformance):
                          "launch, which declares 0"),
     (WritesTheRateWithThreeDigits, "seed 0, numbers of nine digits: optim.lr: echo 1.2.0 reads "
                                    "1.23e-06, but for this spec it must read 1.23456789e-06"),
+    (AnnouncesTheRunInAShell, "is written into the sh -c script, where it is code"),
     (EchoAdapter, None)])
 def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):
     report = run_kit(tmp_path, MODULE, cls, "::TestMistake",

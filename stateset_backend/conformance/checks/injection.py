@@ -129,6 +129,30 @@ def check_argv_structure(clean: LaunchPlan, hostile: LaunchPlan,
     if set(clean.native) != set(hostile.native):
         raise CheckFailed("hostile values changed which native keys the launch sets: "
                           f"{sorted(set(clean.native) ^ set(hostile.native))[:5]}")
+    check_no_script_holds_text(hostile, values)
+
+
+# programs whose ``-c`` argument is code, and the files a launch writes that a shell runs
+_RUNS_CODE = re.compile(r"(?:^|/)(?:(?:ba|da|z|k)?sh|python[\d.]*|\{python\})$")
+_SCRIPT_SUFFIXES = (".sh", ".bash")
+
+
+def check_no_script_holds_text(plan: LaunchPlan, values: Mapping[str, str]) -> None:
+    """No user string is written into code a launch runs: the script a shell or Python is
+    given with ``-c``, or a shell script among the launch's files. There the text is syntax
+    (a name holding ``$(...)`` runs it), whatever quotes surround it; the engine's own
+    arguments and settings are where it stays a value."""
+    texts = {v for v in values.values() if len(v) >= 3}
+    scripts = [(f"the {Path(a).name} -c script", b) for a, flag, b in
+               zip(plan.argv, plan.argv[1:], plan.argv[2:], strict=False)
+               if flag == "-c" and _RUNS_CODE.search(a)]
+    scripts += [(name, text) for name, text in plan.files.items()
+                if name.endswith(_SCRIPT_SUFFIXES)]
+    for where, code in scripts:
+        held = sorted(t for t in texts if t in code)
+        if held:
+            raise CheckFailed(f"the user string {held[0]!r} is written into {where}, where it "
+                              "is code: pass it as an argument or in a data file")
 
 
 def check_read_back(clean: dict[str, Any], hostile: dict[str, Any],
