@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,17 @@ class WritesTheRateWithThreeDigits(EchoAdapter):
                 "optim.lr": to("optim.lr", convert=lambda v: float(f"{v:.2e}"))}
 
 
+class TakesTheSeedFromTheEnvironment(EchoAdapter):
+    """Lets a sweep override the seed with $ECHO_SEED on the planning machine."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        argv = list(launch.argv)
+        at = argv.index("--seed") + 1
+        argv[at] = os.environ.get("ECHO_SEED", argv[at])
+        return NativeLaunch(argv, launch.files, launch.set_env)
+
+
 class AnnouncesTheRunInAShell(EchoAdapter):
     """Wraps the engine in ``sh -c`` to print a banner with the spec's name; the engine's own
     arguments stay elements of their own (``"$@"``)."""
@@ -257,6 +269,8 @@ class TestMistake(AdapterConformance):
     (WritesTheRateWithThreeDigits, "seed 0, numbers of nine digits: optim.lr: echo 1.2.0 reads "
                                    "1.23e-06, but for this spec it must read 1.23456789e-06"),
     (AnnouncesTheRunInAShell, "is written into the sh -c script, where it is code"),
+    (TakesTheSeedFromTheEnvironment, "the plan changes with $ECHO_SEED on the planning "
+                                     "machine"),
     (EchoAdapter, None)])
 def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):
     report = run_kit(tmp_path, MODULE, cls, "::TestMistake",

@@ -5,10 +5,14 @@ writes compile. (Fresh interpreters under other hash seeds: ``interpreters``.)
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
+import os
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
+from typing import Any
 
 from stateset_backend.conformance.checks.planning import CheckFailed
 from stateset_backend.conformance.samples import Sample, SampleFiles
@@ -71,6 +75,84 @@ def check_deterministic_and_pure(adapter: EngineAdapter, version: str, sample: S
     if tree(files.root) != before_files:
         raise CheckFailed(f"{sample.capability}: planning wrote into the spec's folder")
     check_launchers_compile(first, sample.capability)
+    check_plan_ignores_environment(
+        lambda: make_plan(spec, entry, version, base_dir=files.root), first, sample.capability)
+
+
+class _Recording(MutableMapping[str, str]):
+    """The process environment, recording every name read from it."""
+
+    def __init__(self, real: MutableMapping[str, str]) -> None:
+        self.real = real
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> str:
+        self.read.add(key)
+        return self.real[key]
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self.read.add(key)
+        return key in self.real
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return self.real.get(key, default)
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self.real[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.real[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.real)
+
+    def __len__(self) -> int:
+        return len(self.real)
+
+
+@contextlib.contextmanager
+def _environment_read() -> Iterator[set[str]]:
+    """The names the code within reads from ``os.environ`` (and ``os.getenv``)."""
+    real = os.environ
+    recording = _Recording(real)
+    # the module's mapping swapped for one that reads through to it (the environment itself
+    # is untouched); os.getenv reads the module's name too
+    setattr(os, "environ", recording)  # noqa: B010
+    try:
+        yield recording.read
+    finally:
+        setattr(os, "environ", real)  # noqa: B010
+
+
+def check_plan_ignores_environment(plan_again: Callable[[], LaunchPlan], first: LaunchPlan,
+                                   where: str) -> None:
+    """A plan is the spec and the release, as text: planned again with each environment
+    variable the planning read set to another value (or set, where it was unset), it is the
+    same plan. A launch that takes a seed, a path or a key from the planning machine's
+    environment runs another experiment than the one reviewed, on the machine that runs it."""
+    with _environment_read() as read:
+        plan_again()
+    expected = normalized(first)
+    for name in sorted(read):
+        old = os.environ.get(name)
+        os.environ[name] = "kit-probe" if old is None else f"{old}-kit-probe"
+        try:
+            again = plan_again()
+        except Exception as exc:  # the variable decided whether it plans at all
+            raise CheckFailed(f"{where}: with ${name} set otherwise the spec no longer plans "
+                              f"({type(exc).__name__}: {exc}): a plan must not depend on the "
+                              "planning machine's environment") from None
+        finally:
+            if old is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = old
+        if normalized(again) != expected:
+            raise CheckFailed(f"{where}: the plan changes with ${name} on the planning "
+                              "machine: a plan must be the spec and the release alone (the "
+                              "engine's environment belongs in the launch's set_env)")
 
 
 def check_launchers_compile(plan: LaunchPlan, where: str) -> None:
