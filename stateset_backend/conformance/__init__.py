@@ -337,7 +337,9 @@ class AdapterConformance(KitFixtures):
         try:
             adapter.rehearse(plan)
         except Unsupported as exc:
-            unsupported(f"the engine cannot run here, so what it does is not watched: {exc}")
+            unsupported("the engine cannot run here, so what it does is not watched (the units "
+                        "its rules convert, warmup, batches and schedules, are then held only to "
+                        f"the adapter's own expectations): {exc}")
         installed = adapter.installed_version(python, None)
         if installed is None or parse_version(installed) != parse_version(engine_version):
             pytest.skip(f"{adapter.name} {engine_version} is not installed "

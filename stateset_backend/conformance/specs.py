@@ -119,6 +119,13 @@ AWKWARD: dict[str, dict[str, Any]] = {
         "budget": {"total_updates": 25, "prompts_per_update": 2, "mini_batches": 2,
                    "ppo_epochs": 3},
         "optim": {"warmup_steps": 7}},
+    "warmup of an inexact share, three epochs of one mini-batch": {
+        "budget": {"total_updates": 25, "prompts_per_update": 2, "ppo_epochs": 3},
+        "optim": {"warmup_steps": 7}},
+    # the policy term aggregated per sequence beside an entropy term (no KL): an engine that
+    # adds the other terms as token means differs only here
+    "a sequence mean beside an entropy bonus": {
+        "algorithm": {"loss_aggregation": "seq_mean_token_mean", "entropy_coef": 0.01}},
     "cosine after warmup": {"budget": {"total_updates": 25, "prompts_per_update": 2},
                             "optim": {"schedule": "cosine", "warmup_steps": 7,
                                       "min_lr_ratio": 0.1}},

@@ -463,6 +463,20 @@ MUTANTS: list[Mutant] = [
     m("verl: an unclipped value loss left at verl's 0.5", "verl", "0.9.1",
       (VERL_ALGORITHM, '{"critic.cliprange_value": NO_VALUE_CLIP if value is None else value}',
        '{"critic.cliprange_value": 0.5 if value is None else value}')),
+    # -- a deviation the engine runs, left undeclared ----------------------------------------
+    m("openrlhf: the warmup's per-step deviation keyed on mini-batches only", "openrlhf",
+      "0.11.2",
+      (ORL_TRAINING, 'if value > 0 and optimizer_steps_per_update(spec) > 1:\n'
+                     '            return Hardcoded("warmup over',
+       'if value > 0 and spec.budget.mini_batches > 1:\n            return Hardcoded("warmup over'),
+      kind="deviation"),
+    m("openrlhf: the entropy term's token mean undeclared", "openrlhf", "0.11.2",
+      (ORL_ALGORITHM, 'if value == "seq_mean_token_mean" and (kl_in_loss or a.entropy_coef != 0):',
+       'if value == "seq_mean_token_mean" and kl_in_loss:'), kind="deviation"),
+    m("trl: the warmup's per-step deviation keyed on mini-batches only", "trl", "1.16.0",
+      (TRL, "        if value > 0 and k > 1:\n            return Hardcoded(\"warmup over",
+       "        if value > 0 and spec.budget.mini_batches > 1:\n"
+       "            return Hardcoded(\"warmup over"), kind="deviation"),
     m("verl: what retention left of a checkpoint collected as one", "verl", "0.9.1",
       (VERL_COLLECT, "        if holds_weights(step_dir):\n", "        if step_dir.is_dir():\n"),
       kind="collection"),

@@ -499,5 +499,22 @@ def check_expected(adapter: EngineAdapter, plan: LaunchPlan, read: dict[str, Any
             shown = "missing" if got is MISSING else repr(got)
             raise CheckFailed(f"{key}: {engine} {plan.engine_version} reads {shown}, but for "
                               f"this spec it must read {want!r}")
+    check_deviations_declared(plan)
+
+
+def check_deviations_declared(plan: LaunchPlan) -> None:
+    """The deviations the kit knows the engine runs on this spec (expectations.deviations)
+    are the ones the plan declares, no more and no fewer."""
+    from stateset_backend.conformance.expectations.deviations import undeclared
+
+    missing, extra = undeclared(plan.engine, plan.validated_spec(),
+                                {d["deviation"] for d in plan.deviations})
+    if missing:
+        raise CheckFailed(f"{plan.engine} {plan.engine_version} runs this spec with the "
+                          f"deviation {missing[0]!r}, which the plan does not declare: the "
+                          "run would be recorded as the spec's math")
+    if extra:
+        raise CheckFailed(f"the plan declares the deviation {extra[0]!r}, which "
+                          f"{plan.engine} {plan.engine_version} does not run on this spec")
 
 
