@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -261,13 +262,18 @@ def test_a_hub_id_model_is_refused_with_the_fix(tmp_path, capsys):
 @ON_ONE_WORKER  # Ray: the Ray provider's tests stop every Ray instance on the host
 def test_verl_rehearses_the_main_job_with_its_own_trainer_and_resumes_it(tmp_path, capsys):
     """Two starts of verl's main_ppo: the 2-update run, then one from its checkpoint of update
-    1 through the hub's resume path (``trainer.resume_mode=resume_path``)."""
+    1 through the hub's resume path (``trainer.resume_mode=resume_path``). The main job as
+    DAPO trains it: groups whose rewards are all equal excluded and the batch refilled by
+    dynamic sampling (the kit's verl engine run watches plain GRPO over three mini-batches)."""
     python = verl_python()
     source = EXAMPLES / "external"
     doc = rebase_spec_paths(json.loads((source / "verl-rehearsal.json").read_text()), source,
                             tmp_path)
     tiny_llama(tmp_path / "models" / "tiny-llama-support", seed=1234)
     doc["model"]["path"] = "models/tiny-llama-support"
+    doc["algorithm"].update(group_size=4, advantage={"zero_variance_groups": "exclude"},
+                            dynamic_sampling={"max_rounds": 2})
+    doc["budget"]["prompts_per_update"] = 4
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(doc, indent=2))
     code = main(["rehearse", "--engine", "verl", "--python", python, "--runs-dir",
@@ -288,11 +294,13 @@ def test_verl_rehearses_the_main_job_with_its_own_trainer_and_resumes_it(tmp_pat
     assert checks["checkpoints"][1].startswith(
         "the collector read checkpoints of updates 1, 2")
     assert checks["updates"][1] == "2 of 2 planned updates committed"
-    # seen through the hub's reward shim, called from verl's reward loop workers
-    assert checks["reward calls"][1].startswith(
-        "512 train completions scored, as the spec asks (2 updates x 16 prompts x 16 "
-        "completions)")
-    assert checks["validation"][1] == "after update 2, as the spec asks; 200 completions a pass"
+    # seen through the hub's reward shim, called from verl's reward loop workers: verl 0.9's
+    # buffer refills until the batch is full, which the plan declares
+    assert re.match(r"\d+ train completions scored, as the spec asks \(2 updates x 4 prompts "
+                    r"x 4 completions, as many rounds of dynamic sampling as it takes: the plan "
+                    r"declares unbounded_refill\)", checks["reward calls"][1])
+    assert checks["validation"][1].startswith("1 passes once training began for 1 asked")
+    assert checks["validation"][1].endswith("; 200 completions a pass")
     # verl's engine workers log the rate after stepping the scheduler: the next update's
     assert checks["learning rate"][1] == ("0.001 for update 2, 0.001 for update 3 (lr/next): "
                                           "the spec's schedule (constant, warmup 0)")
