@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -597,3 +598,32 @@ def test_context_is_what_the_writer_receives():
     ctx = LaunchContext("20260101T000000Z-00000000", "sha256:" + "1" * 64, "0.1.0",
                         NativeAdapter().contract.dialects[0])
     assert ctx.run_id in ctx.run_name and "1" * 64 in ctx.run_name
+
+
+@pytest.mark.parametrize("script, says", [
+    ("print('starting', {name!r})", None),
+    ("print('starting', '{name}')", "hostile values changed the program"),
+    ("echo starting {quoted}", None),
+    ("echo \"starting {name}\"", "unquoted, where a shell reads it as code")])
+def test_a_user_string_in_a_launchs_code_stays_data(script, says):
+    """Python's -c script keeps a user string a literal (repr), a shell's quotes it as
+    shlex.quote does; written in otherwise, the text is code."""
+    import shlex
+
+    from stateset_backend.conformance.checks.injection import (
+        CheckFailed,
+        check_no_script_holds_text,
+    )
+    from stateset_backend.plan.launch_plan import LaunchPlan
+
+    def plan(name: str) -> LaunchPlan:
+        program = "{python}" if script.startswith("print") else "/bin/sh"
+        code = script.format(name=name, quoted=shlex.quote(name))
+        return LaunchPlan.model_construct(argv=[program, "-c", code], files={})
+
+    hostile = "a'b $(touch x)"
+    if says is None:
+        check_no_script_holds_text(plan("benign"), plan(hostile), {"name": hostile})
+    else:
+        with pytest.raises(CheckFailed, match=re.escape(says)):
+            check_no_script_holds_text(plan("benign"), plan(hostile), {"name": hostile})

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,16 @@ class AnnouncesTheRunInAShell(EchoAdapter):
                             launch.set_env)
 
 
+class AnnouncesTheRunQuoted(EchoAdapter):
+    """The same banner with the name quoted as a shell reads it as one word: data."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        script = f"echo stateset: starting {shlex.quote(spec.name)} >&2; exec \"$@\""
+        return NativeLaunch(["sh", "-c", script, "sh", *launch.argv], launch.files,
+                            launch.set_env)
+
+
 MODULE = '''
 import pytest
 from stateset_backend.conformance import AdapterConformance
@@ -268,7 +279,9 @@ class TestMistake(AdapterConformance):
                          "launch, which declares 0"),
     (WritesTheRateWithThreeDigits, "seed 0, numbers of nine digits: optim.lr: echo 1.2.0 reads "
                                    "1.23e-06, but for this spec it must read 1.23456789e-06"),
-    (AnnouncesTheRunInAShell, "is written into the sh -c script, where it is code"),
+    (AnnouncesTheRunInAShell, "is written into the sh -c script (argv 2) unquoted, where a "
+                              "shell reads it as code"),
+    (AnnouncesTheRunQuoted, None),
     (TakesTheSeedFromTheEnvironment, "the plan changes with $ECHO_SEED on the planning "
                                      "machine"),
     (EchoAdapter, None)])

@@ -8,9 +8,12 @@ an environment variable, an abbreviated flag, a key the release's surface lacks)
 
 from __future__ import annotations
 
+import ast
 import copy
+import itertools
 import json
 import re
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -129,30 +132,62 @@ def check_argv_structure(clean: LaunchPlan, hostile: LaunchPlan,
     if set(clean.native) != set(hostile.native):
         raise CheckFailed("hostile values changed which native keys the launch sets: "
                           f"{sorted(set(clean.native) ^ set(hostile.native))[:5]}")
-    check_no_script_holds_text(hostile, values)
+    check_no_script_holds_text(clean, hostile, values)
 
 
-# programs whose ``-c`` argument is code, and the files a launch writes that a shell runs
-_RUNS_CODE = re.compile(r"(?:^|/)(?:(?:ba|da|z|k)?sh|python[\d.]*|\{python\})$")
-_SCRIPT_SUFFIXES = (".sh", ".bash")
+# programs whose ``-c`` argument is code, and the shell scripts a launch may write
+_SHELL = re.compile(r"(?:^|/)(?:ba|da|z|k)?sh$")
+_PYTHON = re.compile(r"(?:^|/)(?:python[\d.]*|\{python\})$")
+_SHELL_SCRIPTS = (".sh", ".bash")
 
 
-def check_no_script_holds_text(plan: LaunchPlan, values: Mapping[str, str]) -> None:
-    """No user string is written into code a launch runs: the script a shell or Python is
-    given with ``-c``, or a shell script among the launch's files. There the text is syntax
-    (a name holding ``$(...)`` runs it), whatever quotes surround it; the engine's own
-    arguments and settings are where it stays a value."""
-    texts = {v for v in values.values() if len(v) >= 3}
-    scripts = [(f"the {Path(a).name} -c script", b) for a, flag, b in
-               zip(plan.argv, plan.argv[1:], plan.argv[2:], strict=False)
-               if flag == "-c" and _RUNS_CODE.search(a)]
-    scripts += [(name, text) for name, text in plan.files.items()
-                if name.endswith(_SCRIPT_SUFFIXES)]
-    for where, code in scripts:
-        held = sorted(t for t in texts if t in code)
-        if held:
-            raise CheckFailed(f"the user string {held[0]!r} is written into {where}, where it "
-                              "is code: pass it as an argument or in a data file")
+def _code(plan: LaunchPlan) -> dict[str, tuple[str, str]]:
+    """{where: (language, code)}: each ``-c`` script of the argv, and each shell script file."""
+    out = {}
+    argv = plan.argv
+    for i, (program, flag) in enumerate(itertools.pairwise(argv)):
+        if flag == "-c" and i + 2 < len(argv):
+            language = "sh" if _SHELL.search(program) else \
+                "python" if _PYTHON.search(program) else None
+            if language is not None:
+                out[f"the {Path(program).name} -c script (argv {i + 2})"] = (language, argv[i + 2])
+    out.update({name: ("sh", text) for name, text in plan.files.items()
+                if name.endswith(_SHELL_SCRIPTS)})
+    return out
+
+
+def _python_shape(code: str) -> str | None:
+    """The program with every string constant blanked: a user string kept a literal leaves
+    it as it was; None when it does not parse."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            node.value = ""
+    return ast.dump(tree)
+
+
+def check_no_script_holds_text(clean: LaunchPlan, hostile: LaunchPlan,
+                               values: Mapping[str, str]) -> None:
+    """A user string in code a launch runs (a shell's or Python's ``-c`` script, a shell
+    script among its files) stays data: in Python a literal (the program has the clean
+    launch's shape once string constants are blanked), in a shell quoted as ``shlex.quote``
+    quotes it. Anywhere else in a script it is syntax: a name holding ``$(...)`` runs it."""
+    texts = sorted(v for v in values.values() if len(v) >= 3)
+    before = _code(clean)
+    for where, (language, code) in _code(hostile).items():
+        if language == "python":
+            if where in before and _python_shape(code) != _python_shape(before[where][1]):
+                raise CheckFailed(f"hostile values changed the program of {where}: a user "
+                                  "string must be written into Python as a literal (repr)")
+            continue
+        for text in texts:
+            if text in code.replace(shlex.quote(text), ""):
+                raise CheckFailed(f"the user string {text!r} is written into {where} "
+                                  "unquoted, where a shell reads it as code: pass it as an "
+                                  "argument, or quote it with shlex.quote")
 
 
 def check_read_back(clean: dict[str, Any], hostile: dict[str, Any],
