@@ -160,7 +160,11 @@ class KitSupport:
     ``unverified``. ``resumes_from(argv, read, attempt_dir)`` is the engine's own rule, from
     its code, for the checkpoint folder a launch resumes from (``read``: ``parse_launch``'s
     reading of it), or None where it starts afresh; without it the resume check is
-    ``unverified``.
+    ``unverified``. ``cut_save(checkpoint_dir)`` turns a whole checkpoint folder the writer
+    wrote into what a crash during the engine's save leaves of it (the file the engine writes
+    last removed, the folder under its temporary name): the resume check then puts such a
+    save beside the newest whole checkpoint, which neither ``latest_checkpoint`` nor
+    ``checkpoints`` may offer.
     """
 
     write_outputs: Any = None
@@ -174,6 +178,7 @@ class KitSupport:
     quantities: dict[str, str] = field(default_factory=dict)
     math_keys: tuple[Any, ...] = ()
     resumes_from: Any = None
+    cut_save: Any = None
 
 
 @dataclass(frozen=True)

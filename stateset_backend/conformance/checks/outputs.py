@@ -200,7 +200,13 @@ def check_read_as_written(plan: LaunchPlan, case: Case, rows: list[dict[str, Any
                     not math.isclose(got, value, rel_tol=1e-4, abs_tol=1e-6):
                 raise CheckFailed(f"{case.name}: the engine logged {name} = {value} at update "
                                   f"{row['step']}, and collect reads {got!r}")
-    # an engine may also save at the last update; a tracker file may carry no update
+    check_checkpoint_labels(case, collected)
+
+
+def check_checkpoint_labels(case: Case, collected: Any) -> None:
+    """Each checkpoint is labelled with the update it was saved at (an engine may also save
+    at the last update; a tracker file may carry no update): with several optimizer steps an
+    update, an engine that names its folders by optimizer step names update 3's ``6``."""
     last = max((int(r["step"]) for r in case.metrics), default=0)
     labelled = {a.step for a in collected.artifacts
                 if a.kind == "checkpoint" and a.step is not None}
@@ -331,4 +337,6 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
     if case.name == "healthy" and collected is not None:
         check_read_as_written(plan, case, rows, collected)
         check_raw_names(plan, collected, attempt)
+    elif case.expect == "succeeded" and collected is not None:
+        check_checkpoint_labels(case, collected)
     return f"{status}" + (f" ({failed[0]})" if failed else "")

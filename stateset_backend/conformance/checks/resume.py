@@ -54,7 +54,7 @@ def check_resume(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, tmp: 
     writer(earlier, ctx, metrics=copy.deepcopy(ROWS), identity=True, artifacts=True,
            checkpoint_step=NEWEST)
     _add_older_checkpoint(writer, ctx, earlier, tmp / "older")
-    cut = _add_cut_checkpoint(plan.engine, writer, ctx, earlier, tmp / "cut")
+    cut = _add_cut_checkpoint(adapter, plan.engine, writer, ctx, earlier, tmp / "cut")
     found = _newest(adapter, plan, earlier, cut)
     before = tree(earlier)
     resumed, staged = _resume(adapter, plan, found, earlier, new)
@@ -154,21 +154,30 @@ CUT_SAVE: dict[str, tuple[str, str] | None] = {
     "native": (checkpoint_name(CUT), f".{checkpoint_name(CUT)}.cut")}
 
 
-def _add_cut_checkpoint(engine: str, writer: Writer, ctx: LaunchContext, attempt: Path,
-                        scratch: Path) -> bool:
+def _add_cut_checkpoint(adapter: EngineAdapter, engine: str, writer: Writer,
+                        ctx: LaunchContext, attempt: Path, scratch: Path) -> bool:
     """A save of update 11 beside the newest whole checkpoint, as a crash during it leaves
-    it: a resume from it would load a half-written model. Only for a built-in engine, whose
-    saves the kit knows; returns whether it was added."""
-    if engine not in CUT_SAVE:
+    it: a resume from it would load a half-written model. For a built-in engine, whose saves
+    the kit knows, and a plugin that says how its engine's save is cut
+    (``KitSupport.cut_save``); returns whether it was added."""
+    cut_save = adapter.kit_support().cut_save
+    if engine not in CUT_SAVE and cut_save is None:
         return False
     scratch.mkdir(parents=True)
     writer(scratch, ctx, metrics=copy.deepcopy(ROWS), identity=True, artifacts=True,
            checkpoint_step=CUT)
-    renamed = CUT_SAVE[engine]
-    if renamed is not None:
-        for path in list(scratch.rglob(renamed[0])):
-            if path.is_dir():
-                path.rename(path.with_name(renamed[1]))
+    if engine in CUT_SAVE:
+        renamed = CUT_SAVE[engine]
+        if renamed is not None:
+            for path in list(scratch.rglob(renamed[0])):
+                if path.is_dir():
+                    path.rename(path.with_name(renamed[1]))
+    else:
+        whole = adapter.latest_checkpoint(scratch)
+        if whole is None or whole.update != CUT:
+            raise CheckFailed(f"latest_checkpoint finds {whole and whole.update} in an attempt "
+                              f"the writer gave one checkpoint, of update {CUT}")
+        cut_save(whole.path)
     _join(scratch, attempt)
     return True
 

@@ -687,6 +687,12 @@ def write_outputs(attempt: Path, ctx: LaunchContext, *, metrics: list[dict[str, 
         (attempt / FINAL / "model.safetensors").write_bytes(b"final")
 
 
+def cut_save(checkpoint_dir: Path) -> None:
+    """A checkpoint as a crash during its save leaves it: TRL's files, without the manifest
+    the launch writes last to seal it."""
+    (checkpoint_dir / MANIFEST).unlink()
+
+
 def resumes_from(argv: list[str], read: dict[str, Any], attempt: Path) -> Path | None:
     """The checkpoint folder a launch resumes from, as the launch script's ``resume_point``
     reads its command line: ``--resume-from CHECKPOINT`` right after the script, handed to
@@ -719,6 +725,7 @@ class TRLAdapter(EngineAdapter):
                           parse_launch=read_launch, surface=grpo_surface(), engine_stub=STUB,
                           quantities={"group_std_plus_1e-4": "group_std_epsilon"},
                           math_keys=MATH_KEYS, resumes_from=resumes_from,
+                          cut_save=cut_save,
                           unsupported={
             "loss_agg:seq_mean_token_sum": "TRL sums tokens per sequence (luspo) only with "
                                            "GSPO's sequence ratios; the kit's sample uses "
