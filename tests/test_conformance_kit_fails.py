@@ -3,7 +3,10 @@ adapter author (or ``stateset-backend conformance``) would, and the check it bre
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
 import random
 import re
 from pathlib import Path
@@ -135,6 +138,23 @@ class ListsCheckpointsNewestFirst(NativeAdapter):
         return list(reversed(super().checkpoints(attempt_dir)))
 
 
+class AcceptsAnyWholeCheckpoint(NativeAdapter):
+    """Checks that a checkpoint's files are whole, not whose experiment saved it."""
+
+    def checkpoint_problem(self, checkpoint: Checkpoint, experiment_digest: str) -> str | None:
+        manifest = json.loads((checkpoint.path / "manifest.json").read_text())
+        return super().checkpoint_problem(checkpoint, manifest["experiment_digest"])
+
+
+class NamesItsDataFromTheWorkingFolder(NativeAdapter):
+    """Tells the engine where its data lives by the folder the plan was made in."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        return dataclasses.replace(launch, files={**launch.files,
+                                                  "data_root.txt": os.getcwd()})
+
+
 class ResumesIntoTheOldAttempt(NativeAdapter):
     def resume_argv(self, checkpoint: Checkpoint, argv: list[str],
                     attempt_dir: Path) -> list[str]:
@@ -188,6 +208,9 @@ BROKEN: dict[str, tuple[type[NativeAdapter], str]] = {
     "takes_identity_when_its_file_is_there": (TakesIdentityWhenItsFileIsThere,
                                               "test_collection and foreign_identity"),
     "lists_checkpoints_newest_first": (ListsCheckpointsNewestFirst, "test_resume"),
+    "accepts_any_whole_checkpoint": (AcceptsAnyWholeCheckpoint, "test_resume"),
+    "names_its_data_from_the_working_folder": (NamesItsDataFromTheWorkingFolder,
+                                               "test_translation_is_deterministic_and_pure"),
     "named_unlike_its_contract": (NamedUnlikeItsContract,
                                   "test_contract_matches_the_shipped_schema"),
 }
@@ -627,3 +650,21 @@ def test_a_user_string_in_a_launchs_code_stays_data(script, says):
     else:
         with pytest.raises(CheckFailed, match=re.escape(says)):
             check_no_script_holds_text(plan("benign"), plan(hostile), {"name": hostile})
+
+
+class ResumesWithTheBatchLeft(VerlAdapter):
+    """A resume that halves the train batch, as if to finish within the time left."""
+
+    def resume_argv(self, checkpoint, argv, attempt_dir):
+        return [f"data.train_batch_size={int(a.split('=', 1)[1]) // 2}"
+                if a.startswith("data.train_batch_size=") else a
+                for a in super().resume_argv(checkpoint, argv, attempt_dir)]
+
+
+@pytest.mark.parametrize("cls, says", [
+    (ResumesWithTheBatchLeft, "the resumed launch reads data.train_batch_size = "),
+    (VerlAdapter, None)])
+def test_a_resume_keeps_the_experiment(tmp_path, cls, says):
+    """The resumed launch, read as verl reads it, sets every key the spec's settings set as
+    the first launch does: a resume changes where verl starts, never the experiment."""
+    _kit_on_verl(tmp_path, cls, "test_resume", says)

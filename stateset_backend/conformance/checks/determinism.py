@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -75,8 +77,27 @@ def check_deterministic_and_pure(adapter: EngineAdapter, version: str, sample: S
     if tree(files.root) != before_files:
         raise CheckFailed(f"{sample.capability}: planning wrote into the spec's folder")
     check_launchers_compile(first, sample.capability)
-    check_plan_ignores_environment(
-        lambda: make_plan(spec, entry, version, base_dir=files.root), first, sample.capability)
+    again = functools.partial(make_plan, spec, entry, version, base_dir=files.root)
+    check_plan_ignores_environment(again, first, sample.capability)
+    check_plan_ignores_working_folder(again, first, sample.capability)
+
+
+def check_plan_ignores_working_folder(plan_again: Callable[[], LaunchPlan], first: LaunchPlan,
+                                      where: str) -> None:
+    """Planned from another working folder, the plan is the same: the spec's relative paths
+    point into the spec's folder (``ctx.base_dir``), not wherever the planning process
+    happened to stand, which is another folder on the machine that runs the launch."""
+    with tempfile.TemporaryDirectory(prefix="stateset-kit-cwd-") as elsewhere:
+        here = Path.cwd()
+        os.chdir(elsewhere)
+        try:
+            again = plan_again()
+        finally:
+            os.chdir(here)
+    if normalized(again) != normalized(first):
+        raise CheckFailed(f"{where}: planned from another working folder, the plan differs: "
+                          "resolve the spec's relative paths against its folder "
+                          "(ctx.base_dir), never the process's working folder")
 
 
 class _Recording(MutableMapping[str, str]):

@@ -222,7 +222,7 @@ def check_checkpoint_labels(case: Case, collected: Any) -> None:
 ATTEMPT, EARLIER_ATTEMPT = "10", "9"
 
 
-def _foreign(ctx: LaunchContext) -> LaunchContext:
+def foreign(ctx: LaunchContext) -> LaunchContext:
     """The launch context of another run of another experiment."""
     stamp, _, suffix = ctx.run_id.rpartition("-")
     other = "".join("1" if c == "0" else "0" for c in suffix)
@@ -279,7 +279,7 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
     if case.name == "healthy":
         _earlier_attempt(writer, tmp / "attempts" / EARLIER_ATTEMPT, ctx, rows,
                          plan.write_files)
-    written_as = _foreign(ctx) if case.after == "foreign_identity" else ctx
+    written_as = foreign(ctx) if case.after == "foreign_identity" else ctx
     try:
         writer(attempt, written_as, metrics=copy.deepcopy(rows), identity=case.identity,
                artifacts=case.artifacts, checkpoint_step=case.checkpoint_step)

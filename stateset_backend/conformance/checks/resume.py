@@ -20,7 +20,7 @@ from typing import Any
 
 from stateset_backend.common.jsonio import flatten
 from stateset_backend.conformance.checks.determinism import tree
-from stateset_backend.conformance.checks.outputs import Writer, _collect
+from stateset_backend.conformance.checks.outputs import Writer, _collect, foreign
 from stateset_backend.conformance.checks.planning import (
     CheckFailed,
     describe,
@@ -56,6 +56,7 @@ def check_resume(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer, tmp: 
     _add_older_checkpoint(writer, ctx, earlier, tmp / "older")
     cut = _add_cut_checkpoint(adapter, plan.engine, writer, ctx, earlier, tmp / "cut")
     found = _newest(adapter, plan, earlier, cut)
+    _foreign_refused(adapter, plan, writer, ctx, found, tmp / "foreign")
     before = tree(earlier)
     resumed, staged = _resume(adapter, plan, found, earlier, new)
     if tree(earlier) != before:
@@ -82,6 +83,24 @@ def _newest(adapter: EngineAdapter, plan: LaunchPlan, earlier: Path, cut: bool) 
         raise CheckFailed(f"a whole checkpoint of this experiment is refused: {problem}")
     _listed_in_order(adapter, earlier, found.update, beside)
     return found
+
+
+def _foreign_refused(adapter: EngineAdapter, plan: LaunchPlan, writer: Writer,
+                     ctx: LaunchContext, found: Any, scratch: Path) -> None:
+    """The same checkpoint saved by a run of another experiment, where the engine records
+    whose experiment a checkpoint is (its files then differ from this one's): the adapter
+    refuses it for this experiment, or a resume (and ``runs verify``) continues another
+    experiment's weights under this one's name."""
+    scratch.mkdir(parents=True)
+    writer(scratch, foreign(ctx), metrics=copy.deepcopy(ROWS), identity=True, artifacts=True,
+           checkpoint_step=NEWEST)
+    other = adapter.latest_checkpoint(scratch)
+    if other is None or tree(other.path) == tree(found.path):
+        return  # nothing in the engine's checkpoint says whose experiment it is
+    if adapter.checkpoint_problem(other, plan.experiment_digest) is None:
+        raise CheckFailed(f"a checkpoint of update {NEWEST} saved by another experiment's run "
+                          "is accepted for this one: the engine records whose experiment a "
+                          "checkpoint is, and checkpoint_problem must refuse another's")
 
 
 def _listed_in_order(adapter: EngineAdapter, earlier: Path, newest: int, beside: str) -> None:
@@ -217,6 +236,8 @@ def _engine_resumes(adapter: EngineAdapter, plan: LaunchPlan, resumed: list[str]
     except (Exception, SystemExit) as exc:
         raise CheckFailed(f"reading where the resumed launch resumes from: "
                           f"{describe(exc) if isinstance(exc, Exception) else exc!r}") from None
+    if reader is not None:
+        _keeps_the_spec(adapter, plan, reader, known, read, new)
     if target is None:
         raise CheckFailed(f"the engine, reading the resumed launch as its code does, loads no "
                           f"checkpoint and starts afresh (the checkpoint of update "
@@ -227,6 +248,34 @@ def _engine_resumes(adapter: EngineAdapter, plan: LaunchPlan, resumed: list[str]
                           f"of update {found.update} ({found.path})")
     _critic_resumes(plan, resumed, read, new, found.update)
     return None
+
+
+def _keeps_the_spec(adapter: EngineAdapter, plan: LaunchPlan, reader: Any,
+                    known: dict[str, Any], resumed_read: dict[str, Any], new: Path) -> None:
+    """The resumed launch reads every key the spec's settings set as the first launch does: a
+    resume changes where the engine starts from, never the experiment (a budget restarted
+    at the updates left, a seed bumped to vary the data, a rate reset)."""
+    from stateset_backend.conformance.checks.engine_reads import same_value
+    from stateset_backend.translate.rules import explain_rows
+
+    argv = [a.replace(RUN_DIR, str(new)) for a in plan.argv]
+    first = {key: option.get("default") for key, option in known.items()}
+    try:
+        first.update(flatten(reader(plan.model_copy(update={"argv": argv}))))
+    except Exception:  # the first launch's reading is checked elsewhere
+        return
+    dialect = plan.resolved_dialect()
+    spec = plan.validated_spec()
+    keys: set[str] = set()
+    for row in explain_rows(spec, adapter.rules(dialect), dialect, adapter.name):
+        for key, value in row.native.items():
+            bare = key.lstrip("+")
+            keys |= set(flatten(value, bare)) if isinstance(value, dict) and value else {bare}
+    for key in sorted(keys):
+        if key in first and not same_value(first[key], resumed_read.get(key)):
+            raise CheckFailed(f"the resumed launch reads {key} = {resumed_read.get(key)!r}, "
+                              f"where the first launch of the plan reads {first[key]!r}: a "
+                              "resume changes where the engine starts, not the experiment")
 
 
 def _critic_resumes(plan: LaunchPlan, resumed: list[str], read: dict[str, Any], new: Path,
