@@ -117,8 +117,9 @@ def test_every_awkward_sample_is_a_spec_some_engine_plans(tmp_path):
         version = dialect_versions(adapter.contract)[-1]
         got = checks.awkward_plans(adapter, version, files, dict(adapter.kit_support().base))
         # most plan everywhere: a release refuses only what it cannot run (OpenRLHF: a linear
-        # floor, unequal mini-batches, validation's own top-k, temperature and top-p)
-        assert len(got) >= 3 * len(AWKWARD) // 4, \
+        # floor, unequal mini-batches, validation's own top-k, temperature and top-p; NeMo RL
+        # also several epochs, a sequence mean beside an entropy term, validation samples)
+        assert len(got) >= 2 * len(AWKWARD) // 3, \
             (name, sorted(AWKWARD.keys() - dict(got).keys()))
         planned |= dict(got).keys()
     assert planned == AWKWARD.keys()

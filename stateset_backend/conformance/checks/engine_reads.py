@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Any
 
 from stateset_backend.common.errors import InvalidInput
 from stateset_backend.common.jsonio import flatten
 from stateset_backend.conformance.checks.planning import CheckFailed, plan_doc, plan_or_none
+from stateset_backend.conformance.checks.variants import nullable, variants
 from stateset_backend.conformance.reach import leaf, reach_deviations, with_leaf
 from stateset_backend.conformance.samples import SampleFiles
 from stateset_backend.contracts import domains
@@ -24,8 +25,6 @@ from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import EngineAdapter
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.spec.files import parse_spec
-from stateset_backend.spec.model import ExperimentSpec
-from stateset_backend.spec.modeltree import model_in
 from stateset_backend.translate.rules import explain_rows
 
 
@@ -150,73 +149,6 @@ def check_reads_as_declared(adapter: EngineAdapter, plan: LaunchPlan, read: dict
 
 
 # -- sensitivity: a setting reaches exactly the keys its rule claims -----------------------------
-def _annotation(path: str) -> Any:
-    """The spec field's type at a dotted leaf path (None where the path leaves the model)."""
-    model: Any = ExperimentSpec
-    annotation: Any = None
-    for part in path.split("."):
-        fields = getattr(model, "model_fields", None)
-        if fields is None or part not in fields:
-            return None
-        annotation = fields[part].annotation
-        model = model_in(annotation)
-    return annotation
-
-
-def _nullable(path: str) -> bool:
-    """Whether the spec field at ``path`` takes null (its "off" or "none")."""
-    annotation = _annotation(path)
-    return annotation is not None and type(None) in get_args(annotation)
-
-
-def _choices(annotation: Any) -> tuple[Any, ...]:
-    """The values a Literal-typed (or optional Literal) field allows; empty for other types."""
-    if get_origin(annotation) is Literal:
-        return get_args(annotation)
-    return tuple(v for arg in get_args(annotation) if get_origin(arg) is Literal
-                 for v in get_args(arg))
-
-
-def _variants(value: Any, path: str = "") -> list[Any]:
-    """Values distinct from ``value`` and each other, of its kind, that specs usually accept
-    (tried in order; those the spec or the engine refuses are skipped): small moves of a
-    number, the other boolean, the other members of an enum."""
-    if isinstance(value, bool):
-        return [not value]
-    if value is None:
-        return _unset_variants(path)
-    tries: list[Any]
-    if isinstance(value, int):
-        tries = [value + 1, value + 2, value * 2, value + 3, value * 4, value - 1]
-    elif isinstance(value, float):
-        tries = [value * 0.5, value * 0.75, value * 1.25, value + 0.05, value + 0.1] \
-            if value else [0.01, 0.02, 0.05]
-    elif isinstance(value, str):
-        tries = list(_choices(_annotation(path)))
-    else:
-        return []
-    return [v for v in dict.fromkeys(tries) if v != value]
-
-
-# values to try for a leaf the sample leaves unset (null: "off"), by the field's type: a
-# setting no sample turns on is one whose translation nobody checked (a top-k the launch
-# always drops, a dual clip replaced by none); counts start within the samples' 4 updates,
-# where an interval or a retention still means something
-_UNSET = {int: (2, 3, 20, 50), float: (3.0, 5.0, 1.5, 0.5, 0.1)}
-
-
-def _unset_variants(path: str) -> list[Any]:
-    annotation = _annotation(path)
-    choices = _choices(annotation)
-    if choices:
-        return list(choices)
-    for arg in get_args(annotation) or (annotation,):
-        kind = get_args(arg)[0] if get_origin(arg) is Annotated else arg
-        if kind in _UNSET:
-            return list(_UNSET[kind])
-    return []
-
-
 # settings the sample's other settings make moot (``_moot``), and what makes them count: such
 # a leaf is varied with those set, or no sample ever checks it (a cosine floor under the
 # base's constant schedule, a validation top-p under greedy decoding)
@@ -299,7 +231,7 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
                 context = with_leaf(context, path, value)
             baseline = plan_or_none(adapter, version, context, files)
         plans = []
-        for value in _variants(row.value, row.path):
+        for value in variants(row.value, row.path):
             plan = plan_or_none(adapter, version, with_leaf(context, row.path, value), files)
             if plan is not None:
                 plans.append((value, plan))
@@ -314,7 +246,7 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
         read_a = flatten(normalize_values(read(a), a))
         read_b = flatten(normalize_values(read(b), b))
         checked = [(a, read_a), (b, read_b)]
-        if row.value is not None and _nullable(row.path):
+        if row.value is not None and nullable(row.path):
             # null ("off") as well: the sample sets the leaf, so no other sample unsets it
             off = plan_or_none(adapter, version, with_leaf(context, row.path, None), files)
             if off is not None:
@@ -353,7 +285,7 @@ def _check_carried_rule(adapter: EngineAdapter, version: str, origin: LaunchPlan
     already is the spec's) holds for this value only: planned at another value that is not
     refused, the launch must change, or the engine runs two settings alike. Returns 1 when a
     variant planned (the rule was moved), else 0."""
-    for value in _variants(row.value, row.path):
+    for value in variants(row.value, row.path):
         other = plan_or_none(adapter, version, with_leaf(full, row.path, value), files)
         if other is None:
             continue

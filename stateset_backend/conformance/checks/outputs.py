@@ -232,11 +232,11 @@ def foreign(ctx: LaunchContext) -> LaunchContext:
 
 
 def _earlier_attempt(writer: Writer, folder: Path, ctx: LaunchContext, rows: list[dict[str, Any]],
-                     launched: Any) -> None:
-    """An earlier attempt of the same run beside the collected one: stopped after two
-    updates, every value ten times the collected one's."""
+                     plan: LaunchPlan) -> None:
+    """An earlier attempt of the same run beside the collected one: the launch's files, and
+    outputs stopped after two updates, every value ten times the collected one's."""
     folder.mkdir(parents=True)
-    launched(folder)
+    plan.write_files(folder)
     earlier = [{k: v if k in ("step", "optimizer_step") else 10 * v for k, v in r.items()}
                for r in rows if r["step"] <= 2]
     writer(folder, ctx, metrics=earlier, identity=True, artifacts=True, checkpoint_step=2)
@@ -277,8 +277,7 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
     plan.write_files(attempt)
     rows = _every_metric(plan, case.metrics)
     if case.name == "healthy":
-        _earlier_attempt(writer, tmp / "attempts" / EARLIER_ATTEMPT, ctx, rows,
-                         plan.write_files)
+        _earlier_attempt(writer, tmp / "attempts" / EARLIER_ATTEMPT, ctx, rows, plan)
     written_as = foreign(ctx) if case.after == "foreign_identity" else ctx
     try:
         writer(attempt, written_as, metrics=copy.deepcopy(rows), identity=case.identity,
