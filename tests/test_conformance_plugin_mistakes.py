@@ -216,6 +216,17 @@ class TakesTheSeedFromTheEnvironment(EchoAdapter):
         return NativeLaunch(argv, launch.files, launch.set_env)
 
 
+class ReportsTheConfiguredRate(EchoAdapter):
+    """The engine logs no learning rate, so the collector reports the launch's configured one
+    at every update: under a schedule, the peak rate as every update's."""
+
+    def collect(self, attempt_dir, ctx) -> Collected:
+        out = super().collect(attempt_dir, ctx)
+        lr = json.loads((attempt_dir / "echo.json").read_text())["optim.lr"]
+        out.metrics = [{**r, "lr": lr} for r in out.metrics]
+        return out
+
+
 class AnnouncesTheRunInAShell(EchoAdapter):
     """Wraps the engine in ``sh -c`` to print a banner with the spec's name; the engine's own
     arguments stay elements of their own (``"$@"``)."""
@@ -282,6 +293,8 @@ class TestMistake(AdapterConformance):
     (AnnouncesTheRunInAShell, "is written into the sh -c script (argv 2) unquoted, where a "
                               "shell reads it as code"),
     (AnnouncesTheRunQuoted, None),
+    (ReportsTheConfiguredRate, "healthy: collect reports lr = 1e-06 at update 1, where the "
+                               "engine logged no lr"),
     (TakesTheSeedFromTheEnvironment, "the plan changes with $ECHO_SEED on the planning "
                                      "machine"),
     (EchoAdapter, None)])

@@ -261,6 +261,21 @@ def check_raw_names(plan: LaunchPlan, collected: Any, attempt: Path) -> None:
                           + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
 
 
+def check_nothing_invented(rows: list[dict[str, Any]], collected: Any) -> None:
+    """Every metric collect reports at an update is one the engine logged there: a value
+    taken from the launch's settings (the configured rate under a schedule) or made up where
+    the engine logged none reads as the engine's own record."""
+    logged = {(r["step"], k) for r in rows for k in r}
+    for row in collected.metrics:
+        step = row.get("step")
+        extra = sorted(k for k in row if k not in ("step", "optimizer_step") and
+                       (step, k) not in logged)
+        if extra:
+            raise CheckFailed(f"healthy: collect reports {extra[0]} = {row[extra[0]]!r} at "
+                              f"update {step}, where the engine logged no {extra[0]}: report "
+                              "what the engine wrote, never the launch's settings")
+
+
 def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, writer: Writer,
                      tmp: Path) -> str:
     attempt = tmp / "attempts" / ATTEMPT
@@ -336,6 +351,7 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
     if case.name == "healthy" and collected is not None:
         check_read_as_written(plan, case, rows, collected)
         check_raw_names(plan, collected, attempt)
+        check_nothing_invented(rows, collected)
     elif case.expect == "succeeded" and collected is not None:
         check_checkpoint_labels(case, collected)
     return f"{status}" + (f" ({failed[0]})" if failed else "")
