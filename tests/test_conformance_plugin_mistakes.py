@@ -227,6 +227,15 @@ class ReportsTheConfiguredRate(EchoAdapter):
         return out
 
 
+class RoundsATinyTemperatureToGreedy(EchoAdapter):
+    """Sends a temperature under 0.05 as 0 (greedy), as if it were one."""
+
+    def rules(self, dialect) -> RuleSet:
+        return {**super().rules(dialect),
+                "rollout.temperature": to("rollout.temperature",
+                                          convert=lambda v: 0.0 if v < 0.05 else v)}
+
+
 class AnnouncesTheRunInAShell(EchoAdapter):
     """Wraps the engine in ``sh -c`` to print a banner with the spec's name; the engine's own
     arguments stay elements of their own (``"$@"``)."""
@@ -293,6 +302,8 @@ class TestMistake(AdapterConformance):
     (AnnouncesTheRunInAShell, "is written into the sh -c script (argv 2) unquoted, where a "
                               "shell reads it as code"),
     (AnnouncesTheRunQuoted, None),
+    (RoundsATinyTemperatureToGreedy, "a temperature near greedy: rollout.temperature: echo "
+                                     "1.2.0 reads 0.0, but for this spec it must read 0.01"),
     (ReportsTheConfiguredRate, "healthy: collect reports lr = 1e-06 at update 1, where the "
                                "engine logged no lr"),
     (TakesTheSeedFromTheEnvironment, "the plan changes with $ECHO_SEED on the planning "

@@ -137,6 +137,8 @@ AWKWARD: dict[str, dict[str, Any]] = {
     "seed 0, numbers of nine digits": {
         "seed": 0, "optim": {"lr": 1.23456789e-6, "weight_decay": 0.0123456789,
                              "grad_clip": 0.987654321}},
+    # near greedy, not greedy: a rule that rounds a small temperature to 0 samples greedily
+    "a temperature near greedy": {"rollout": {"temperature": 0.01}},
     "checkpoints and validation every 3 updates of two optimizer steps": {
         "budget": {"total_updates": 7, "mini_batches": 2},
         "checkpoint": {"every": 3, "keep": 2}, "evaluation": {"every": 3, "temperature": 0.6}},
