@@ -157,13 +157,15 @@ ENABLED_BY: dict[str, dict[str, Any]] = {
     "evaluation.top_p": {"evaluation.temperature": 0.7}}
 
 
-def _claimed(adapter: EngineAdapter, plan: LaunchPlan, path: str) -> set[str]:
-    """The native keys the plan's translation says ``path`` sets (dotted, without '+')."""
+def translated_keys(adapter: EngineAdapter, plan: LaunchPlan,
+                    path: str | None = None) -> set[str]:
+    """The native keys the plan's translation says the spec's settings set (``path``: that
+    one's alone), dotted, without Hydra's '+'."""
     dialect = plan.resolved_dialect()
     rows = explain_rows(plan.validated_spec(), adapter.rules(dialect), dialect, adapter.name)
     out: set[str] = set()
     for row in rows:
-        if row.path == path:
+        if path is None or row.path == path:
             for key, value in row.native.items():
                 bare = key.lstrip("+")
                 out |= set(flatten(value, bare)) if isinstance(value, dict) and value \
@@ -258,7 +260,7 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
                 raise CheckFailed(f"{row.path} = {leaf(plan.spec, row.path)!r}: {exc}") from None
         changed = {k for k in set(read_a) | set(read_b)
                    if not same_value(read_a.get(k), read_b.get(k))}
-        claimed = _claimed(adapter, a, row.path) | _claimed(adapter, b, row.path)
+        claimed = translated_keys(adapter, a, row.path) | translated_keys(adapter, b, row.path)
         declared_a, _ = _flat_native(a)
         declared_b, _ = _flat_native(b)
         moved = {k for k in set(declared_a) | set(declared_b)

@@ -15,6 +15,7 @@ import copy
 import inspect
 import itertools
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,6 @@ from stateset_backend.conformance.checks.planning import (
 )
 from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import RUN_DIR, EngineAdapter, LaunchContext
-from stateset_backend.native.layout import checkpoint_name
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.providers.local import Exit
 from stateset_backend.runs.results import evaluate
@@ -163,14 +163,25 @@ def _add_older_checkpoint(writer: Writer, ctx: LaunchContext, attempt: Path,
     _join(scratch, attempt)
 
 
-# how a crash leaves each built-in engine's save of update 11: verl and DeepSpeed (under
-# OpenRLHF) write the folder, then the tracker beside it (latest_checkpointed_iteration.txt,
-# `latest`), which still names update 10; NeMo RL and the native engine write a temporary
-# folder and rename it into place once it is whole (None: the folder as it is; else its
-# name, and the name it still has)
-CUT_SAVE: dict[str, tuple[str, str] | None] = {
-    "verl": None, "openrlhf": None, "nemo-rl": (f"step_{CUT}", f"tmp_step_{CUT}"),
-    "native": (checkpoint_name(CUT), f".{checkpoint_name(CUT)}.cut")}
+def _renamed(name_of: Callable[[str], str]) -> Callable[[Path], None]:
+    def cut(checkpoint: Path) -> None:
+        checkpoint.rename(checkpoint.with_name(name_of(checkpoint.name)))
+    return cut
+
+
+def _as_written(checkpoint: Path) -> None:
+    """The folder as the save left it: only the tracker written after it says it is whole."""
+
+
+# how a crash leaves each built-in engine's save, as a plugin's ``KitSupport.cut_save`` says
+# it for its engine: verl and DeepSpeed (under OpenRLHF) write the folder, then the tracker
+# beside it (latest_checkpointed_iteration.txt, `latest`), which still names the update before
+# (the earlier attempt's tracker is kept); NeMo RL and the native engine write a temporary
+# folder and rename it into place once it is whole
+CUT_SAVE: dict[str, Callable[[Path], None]] = {
+    "verl": _as_written, "openrlhf": _as_written,
+    "nemo-rl": _renamed(lambda name: f"tmp_{name}"),
+    "native": _renamed(lambda name: f".{name}.cut")}
 
 
 def _add_cut_checkpoint(adapter: EngineAdapter, engine: str, writer: Writer,
@@ -179,24 +190,17 @@ def _add_cut_checkpoint(adapter: EngineAdapter, engine: str, writer: Writer,
     it: a resume from it would load a half-written model. For a built-in engine, whose saves
     the kit knows, and a plugin that says how its engine's save is cut
     (``KitSupport.cut_save``); returns whether it was added."""
-    cut_save = adapter.kit_support().cut_save
-    if engine not in CUT_SAVE and cut_save is None:
+    cut_save = CUT_SAVE.get(engine) or adapter.kit_support().cut_save
+    if cut_save is None:
         return False
     scratch.mkdir(parents=True)
     writer(scratch, ctx, metrics=copy.deepcopy(ROWS), identity=True, artifacts=True,
            checkpoint_step=CUT)
-    if engine in CUT_SAVE:
-        renamed = CUT_SAVE[engine]
-        if renamed is not None:
-            for path in list(scratch.rglob(renamed[0])):
-                if path.is_dir():
-                    path.rename(path.with_name(renamed[1]))
-    else:
-        whole = adapter.latest_checkpoint(scratch)
-        if whole is None or whole.update != CUT:
-            raise CheckFailed(f"latest_checkpoint finds {whole and whole.update} in an attempt "
-                              f"the writer gave one checkpoint, of update {CUT}")
-        cut_save(whole.path)
+    whole = adapter.latest_checkpoint(scratch)
+    if whole is None or whole.update != CUT:
+        raise CheckFailed(f"latest_checkpoint finds {whole and whole.update} in an attempt "
+                          f"the writer gave one checkpoint, of update {CUT}")
+    cut_save(whole.path)
     _join(scratch, attempt)
     return True
 
@@ -255,8 +259,7 @@ def _keeps_the_spec(adapter: EngineAdapter, plan: LaunchPlan, reader: Any,
     """The resumed launch reads every key the spec's settings set as the first launch does: a
     resume changes where the engine starts from, never the experiment (a budget restarted
     at the updates left, a seed bumped to vary the data, a rate reset)."""
-    from stateset_backend.conformance.checks.engine_reads import same_value
-    from stateset_backend.translate.rules import explain_rows
+    from stateset_backend.conformance.checks.engine_reads import same_value, translated_keys
 
     argv = [a.replace(RUN_DIR, str(new)) for a in plan.argv]
     first = {key: option.get("default") for key, option in known.items()}
@@ -264,14 +267,7 @@ def _keeps_the_spec(adapter: EngineAdapter, plan: LaunchPlan, reader: Any,
         first.update(flatten(reader(plan.model_copy(update={"argv": argv}))))
     except Exception:  # the first launch's reading is checked elsewhere
         return
-    dialect = plan.resolved_dialect()
-    spec = plan.validated_spec()
-    keys: set[str] = set()
-    for row in explain_rows(spec, adapter.rules(dialect), dialect, adapter.name):
-        for key, value in row.native.items():
-            bare = key.lstrip("+")
-            keys |= set(flatten(value, bare)) if isinstance(value, dict) and value else {bare}
-    for key in sorted(keys):
+    for key in sorted(translated_keys(adapter, plan)):
         if key in first and not same_value(first[key], resumed_read.get(key)):
             raise CheckFailed(f"the resumed launch reads {key} = {resumed_read.get(key)!r}, "
                               f"where the first launch of the plan reads {first[key]!r}: a "
