@@ -257,6 +257,57 @@ class AnnouncesTheRunQuoted(EchoAdapter):
                             launch.set_env)
 
 
+class FoldsAnOptionsAliasOntoItsKey(EchoAdapter):
+    """Folds an engine option given by its short name (``lr``) onto the key it stands for,
+    "so the file holds one spelling": an option then overrides the spec's rate."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        settings = json.loads(launch.files["echo.json"])
+        if "lr" in settings:
+            settings["optim.lr"] = settings.pop("lr")
+        return NativeLaunch(launch.argv, {**launch.files, "echo.json": json.dumps(settings)},
+                            launch.set_env)
+
+
+class DeclaresMiniBatchesAnExecutionDefault(EchoAdapter):
+    """Declares the mini-batch count an execution default ("micro-batches: memory only"),
+    though the spec's budget.mini_batches sets it: an option could change the optimizer steps
+    an update takes."""
+
+    @property
+    def contract(self) -> Contract:
+        doc = super().contract.to_json()
+        doc["dialects"][0]["keys"]["execution"] = {"budget.mini_batches": {
+            "reason": "micro-batches the update's batch is accumulated in: memory only"}}
+        return Contract.model_validate(doc)
+
+
+class LooksTheBudgetFlagUpByRelease(EchoAdapter):
+    """Looks the budget flag up in a table of the releases its author tried (1.2 to 1.4),
+    while the contract supports every release from 1.0."""
+
+    FLAGS = {"1.2": "--updates", "1.3": "--updates", "1.4": "--updates"}
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        flag = self.FLAGS[".".join(ctx.engine_version.split(".")[:2])]
+        launch = super().render(translation, spec, ctx)
+        return NativeLaunch([flag if a == "--updates" else a for a in launch.argv],
+                            launch.files, launch.set_env)
+
+
+class WritesCountsAsFloats(EchoAdapter):
+    """Writes every number of echo.json as a float ("JSON numbers are doubles"): the engine
+    would count 4.0 samples a prompt."""
+
+    def render(self, translation, spec, ctx) -> NativeLaunch:
+        launch = super().render(translation, spec, ctx)
+        settings = {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                    for k, v in json.loads(launch.files["echo.json"]).items()}
+        return NativeLaunch(launch.argv, {**launch.files, "echo.json": json.dumps(settings)},
+                            launch.set_env)
+
+
 MODULE = '''
 import pytest
 from stateset_backend.conformance import AdapterConformance
@@ -308,6 +359,16 @@ class TestMistake(AdapterConformance):
                                "engine logged no lr"),
     (TakesTheSeedFromTheEnvironment, "the plan changes with $ECHO_SEED on the planning "
                                      "machine"),
+    (FoldsAnOptionsAliasOntoItsKey, "engine_options 'lr': 0.250003 planned, and the engine "
+                                    "then reads optim.lr = 0.250003, which the spec pins at "
+                                    "1e-06"),
+    (DeclaresMiniBatchesAnExecutionDefault, "budget.mini_batches: declared an execution "
+                                            "default, but the translation sets it from a "
+                                            "setting of the experiment"),
+    (LooksTheBudgetFlagUpByRelease, "echo 1.0, which the contract's supported range '>=1.0' "
+                                    "admits: planning the base sample raised AdapterBug"),
+    (WritesCountsAsFloats, "algorithm.group_size: echo 1.2.0 reads 4.0, a float, where it "
+                           "takes the whole number 4"),
     (EchoAdapter, None)])
 def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):
     report = run_kit(tmp_path, MODULE, cls, "::TestMistake",

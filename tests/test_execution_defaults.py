@@ -239,3 +239,34 @@ def test_an_execution_default_keeps_its_kind(grpo, tmp_path, engine, version, op
     """A size of 0 or a mapping where a switch belongs plans nothing the engine can start."""
     with pytest.raises(InvalidInput, match=words):
         _plan(grpo, engine, version, tmp_path, option)
+
+
+def test_an_option_over_a_key_a_spec_setting_sets_is_refused_though_declared(grpo):
+    """A contract that declares a key a spec setting sets an execution default (the mini-batch
+    count as "memory only") cannot open it: the setting owns the key, and an option over it
+    would change the experiment outside its identity. A key a non-identity section sets
+    (resources) stays open where declared."""
+    from stateset_echo_engine.plugin import EchoAdapter
+
+    from stateset_backend.contracts.loader import Contract
+    from stateset_backend.translate.rules import to, translate
+
+    doc = EchoAdapter().contract.to_json()
+    doc["dialects"][0]["keys"]["execution"] = {
+        "budget.mini_batches": {"reason": "micro-batches: memory only"},
+        "resources.gpus_per_node": {"reason": "placement"}}
+    dialect = Contract.model_validate(doc).dialect(parse_version("1.2.0"))
+    rules = {**EchoAdapter().rules(dialect),
+             "resources.gpus_per_node": to("resources.gpus_per_node")}
+
+    def options(**given: Any) -> ExperimentSpec:
+        return ExperimentSpec.model_validate({**grpo, "engine_options": {"echo": given}})
+
+    with pytest.raises(InvalidInput, match=r"overrides the key that budget\.mini_batches pins"):
+        translate(options(**{"budget.mini_batches": 2}), rules, dialect, "echo", "1.2.0")
+    own = translate(options(), rules, dialect, "echo", "1.2.0")
+    taken = translate(options(**{"resources.gpus_per_node": 4}), rules, dialect, "echo",
+                      "1.2.0")
+    assert own.sources["resources.gpus_per_node"] == "resources.gpus_per_node"
+    assert (own.native["resources.gpus_per_node"], taken.native["resources.gpus_per_node"]) \
+        == (grpo["resources"]["gpus_per_node"], 4)

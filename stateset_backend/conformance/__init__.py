@@ -110,6 +110,19 @@ class AdapterConformance(KitFixtures):
         assert seen == {d.name for d in contract.dialects}, \
             f"dialects never checked: {sorted({d.name for d in contract.dialects} - seen)}"
 
+    def test_plans_across_its_supported_range(self, adapter: EngineAdapter,
+                                              sample_files: SampleFiles) -> None:
+        """The base sample plans, or is refused with exit 2 or 3, at every release the
+        contract's ranges name and past the newest where the support is open above: the
+        listed versions are the author's choice, the range is the promise to users."""
+        if type(self).chosen_versions:
+            pytest.skip(f"only the versions asked for were checked: "
+                        f"{', '.join(type(self).engine_versions)}")
+        with reported():
+            tried = checks.check_range_edges(adapter, type(self).engine_versions,
+                                             sample_files, self._overrides(adapter))
+        print(f"planned at {', '.join(tried) or 'no release beyond the listed ones'}")
+
     # -- capabilities: claimed ones plan, unclaimed ones are refused ---------------------------
     def test_capability(self, adapter: EngineAdapter, engine_version: str, capability: str,
                         sample_files: SampleFiles) -> None:
@@ -450,6 +463,8 @@ class AdapterConformance(KitFixtures):
         with reported():
             tried = checks.check_option_keys(adapter, engine_version, base, plan, sample_files,
                                              self.option_key(adapter, plan))
+            tried += checks.check_option_aliases(adapter, engine_version, base, plan,
+                                                 sample_files)
             checks.check_namespace_keys(adapter, engine_version, base, sample_files)
         assert tried, "the launch sets no key, so nothing could be guarded"
 

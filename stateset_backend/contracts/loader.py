@@ -203,12 +203,17 @@ class Contract(_Doc):
         ranges = [r.versions for r in self.capabilities if capability in r.provides]
         return " or ".join(ranges) if ranges else None
 
+    def named_versions(self) -> list[Version]:
+        """The releases the contract's ranges name (their bounds) that it supports, oldest
+        first: where a dialect, a capability or the support begins or ends."""
+        return sorted(p for p in self._probe_versions() if not p.is_postrelease
+                      and self.supports(p))
+
     def newest_known_version(self) -> str:
         """The newest version the contract names: what ``explain --all-engines`` shows for an
         engine that is not installed here."""
-        named = [p for p in self._probe_versions() if not p.is_postrelease
-                 and self.supports(p)]
-        return str(max(named)) if named else self.supported
+        named = self.named_versions()
+        return str(named[-1]) if named else self.supported
 
     def dialect(self, version: Version) -> Dialect:
         for d in self.dialects:

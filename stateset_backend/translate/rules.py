@@ -245,7 +245,9 @@ class FieldRow:
         return doc
 
 
-def _identity_leaf(path: str) -> bool:
+def identity_leaf(path: str) -> bool:
+    """Whether a spec path (or a native key's source) is a setting of the experiment's
+    identity."""
     return path.split(".", 1)[0] not in NON_IDENTITY_FIELDS
 
 
@@ -315,7 +317,7 @@ def _resolve(path: str, value: Any, outcome: Outcome, spec: ExperimentSpec, dial
     if isinstance(outcome, Refused):
         return FieldRow(path, value, "refused", reason=outcome.reason)
     if isinstance(outcome, NotApplicable):
-        if _identity_leaf(path):
+        if identity_leaf(path):
             raise AdapterBug(f"the {engine} adapter calls {path} not applicable, but it is part "
                              "of the experiment: pin it, refuse it, or declare a deviation")
         return FieldRow(path, value, "not_applicable", reason=outcome.reason)
@@ -375,7 +377,10 @@ class Translation:
 def translate(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect, engine: str,
               version: str) -> Translation:
     """Resolve every leaf; refuse on any refusal or an engine_options entry that reaches a
-    key a rule pins (other than a declared execution default)."""
+    key a rule pins (other than a declared execution default that no setting of the
+    experiment sets: a key the translation takes from the spec's math is that setting's,
+    whatever the dialect declares, and an option over it would change the experiment outside
+    its identity)."""
     from stateset_backend.translate.execution import (
         declared_inside,
         execution_defaults,
@@ -399,7 +404,9 @@ def translate(spec: ExperimentSpec, rules: RuleSet, dialect: Dialect, engine: st
     if refused:
         raise Unsupported(f"{engine} {version} cannot honour: " + problems_text(refused),
                           details={"refused": refused})
-    execution = execution_defaults(dialect)
+    from_spec = {_bare(key) for key, path in sources.items() if identity_leaf(path)}
+    execution = {key: declared for key, declared in execution_defaults(dialect).items()
+                 if key not in from_spec}
     for key, value in spec.engine_options.get(engine, {}).items():
         try:
             taken = reached(key, value, native, execution, option_conflict)

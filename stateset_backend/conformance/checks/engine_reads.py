@@ -25,7 +25,7 @@ from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import EngineAdapter
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.spec.files import parse_spec
-from stateset_backend.translate.rules import explain_rows
+from stateset_backend.translate.rules import explain_rows, identity_leaf
 
 
 # -- what the engine reads, against what the launch claims and what the release has ------------
@@ -158,14 +158,15 @@ ENABLED_BY: dict[str, dict[str, Any]] = {
 
 
 def translated_keys(adapter: EngineAdapter, plan: LaunchPlan,
-                    path: str | None = None) -> set[str]:
+                    path: str | None = None, *, identity: bool = False) -> set[str]:
     """The native keys the plan's translation says the spec's settings set (``path``: that
-    one's alone), dotted, without Hydra's '+'."""
+    one's alone; ``identity``: the experiment's settings only, not its resources or name),
+    dotted, without Hydra's '+'."""
     dialect = plan.resolved_dialect()
     rows = explain_rows(plan.validated_spec(), adapter.rules(dialect), dialect, adapter.name)
     out: set[str] = set()
     for row in rows:
-        if path is None or row.path == path:
+        if (path is None or row.path == path) and (not identity or identity_leaf(row.path)):
             for key, value in row.native.items():
                 bare = key.lstrip("+")
                 out |= set(flatten(value, bare)) if isinstance(value, dict) and value \
@@ -433,7 +434,27 @@ def check_expected(adapter: EngineAdapter, plan: LaunchPlan, read: dict[str, Any
             shown = "missing" if got is MISSING else repr(got)
             raise CheckFailed(f"{key}: {engine} {plan.engine_version} reads {shown}, but for "
                               f"this spec it must read {want!r}")
+        if isinstance(got, float) and _whole(want) and not _takes_float(surface, key):
+            raise CheckFailed(f"{key}: {engine} {plan.engine_version} reads {got!r}, a float, "
+                              f"where it takes the whole number {want!r}: a count written as "
+                              "a float stops the engine where it counts with it (a range, a "
+                              "tensor's shape)")
     check_deviations_declared(plan)
+
+
+def _takes_float(surface: dict[str, Any] | None, key: str) -> bool:
+    """Whether the release's surface says the engine's parser takes the key as a float (its
+    type, or a float default): then the parser, not the launch, made the value a float."""
+    option = (surface or {}).get("options", {}).get(key, {})
+    return option.get("type") == "float" or isinstance(option.get("default"), float)
+
+
+def _whole(want: Any) -> bool:
+    """Whether an expectation is a whole number (or a choice of them): a count."""
+    from stateset_backend.conformance.expectations import OneOf
+
+    values = tuple(want) if isinstance(want, OneOf) else (want,)
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
 
 
 def check_deviations_declared(plan: LaunchPlan) -> None:

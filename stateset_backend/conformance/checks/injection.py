@@ -300,6 +300,66 @@ def check_option_keys(adapter: EngineAdapter, version: str, base: dict[str, Any]
     return tried
 
 
+def check_option_aliases(adapter: EngineAdapter, version: str, base: dict[str, Any],
+                         plan: LaunchPlan, files: SampleFiles) -> int:
+    """An ``engine_options`` entry named as the last part of a key a spec setting pins
+    (``lr`` for ``optim.lr``, ``learning_rate`` for ``--learning_rate``), where the plan takes
+    it, leaves every key the spec pins at the value the engine read without it: an engine
+    that folds its short aliases onto their keys, or a renderer that does it for the engine,
+    would let an option outside the experiment's identity override the spec's setting.
+    Returns how many entries were tried."""
+    from stateset_backend.conformance.checks.engine_reads import same_value, translated_keys
+    from stateset_backend.conformance.readers import LaunchUnreadable, reader_for
+
+    reader = reader_for(adapter.name, adapter.kit_support().parse_launch)
+    if reader is None:  # only the engine's own reading can say what an alias reaches
+        return 0
+    pinned = sorted(translated_keys(adapter, plan, identity=True))
+    before = flatten(reader(plan))
+    missing = object()
+    aliases: dict[str, str] = {}
+    for key in pinned:
+        alias = re.split(r"[.]", key.lstrip("-"))[-1]
+        if alias and alias != key and not any(_key_is(alias, k) for k in plan.native):
+            aliases.setdefault(alias, key)
+    tried = 0
+    for alias, key in aliases.items():
+        taken = _with_option(adapter, version, base, files, alias, _another(before.get(key)))
+        tried += 1
+        if isinstance(taken, InvalidInput):
+            continue
+        try:
+            read = flatten(reader(taken))
+        except LaunchUnreadable:  # the engine refuses the name: it fails loudly, not silently
+            continue
+        moved = [k for k in pinned if k in before and
+                 not same_value(read.get(k, missing), before[k])]
+        if moved:
+            raise CheckFailed(f"engine_options {alias!r}: {_another(before.get(key))!r} "
+                              f"planned, and the engine then reads {moved[0]} = "
+                              f"{read.get(moved[0], 'nothing')!r}, which the spec pins at "
+                              f"{before[moved[0]]!r}: an option named as a pinned key's "
+                              "alias must be refused (exit 2) or reach nothing the spec sets")
+    return tried
+
+
+def _key_is(name: str, key: str) -> bool:
+    return key.lstrip("+~-") == name
+
+
+def _another(value: Any) -> Any:
+    """A value of the same kind as ``value`` that no setting is likely to hold."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 3
+    if isinstance(value, float):
+        return value * 3 + 0.25
+    if isinstance(value, str):
+        return f"{value}-stateset-kit"
+    return 3
+
+
 def _spelled(key: str, value: Any, options: dict[str, Any]) -> tuple[str, Any]:
     """An execution default as a user gives it: by its key, or, for a key inside one of the
     release's free mappings (which the surface does not list), as that mapping whole (verl's
@@ -345,6 +405,7 @@ def check_execution_defaults(adapter: EngineAdapter, version: str, base: dict[st
     that with the other math keys) is taken from ``engine_options``: another value plans,
     and the engine's own parser reads the user's value back; a value outside its declared
     values is refused with exit 2. Returns how many entries were tried."""
+    from stateset_backend.conformance.checks.engine_reads import translated_keys
     from stateset_backend.conformance.readers import reader_for
     from stateset_backend.contracts.surfaces import surface
 
@@ -352,8 +413,14 @@ def check_execution_defaults(adapter: EngineAdapter, version: str, base: dict[st
     support = adapter.kit_support()
     reader = reader_for(adapter.name, support.parse_launch)
     known = (surface(adapter.name, version) or support.surface or {}).get("options", {})
+    from_spec = translated_keys(adapter, plan, identity=True)
     tried = 0
     for key, declared in execution.items():
+        if key in from_spec:
+            raise CheckFailed(f"{key}: declared an execution default, but the translation "
+                              "sets it from a setting of the experiment: a key a spec "
+                              "setting sets changes the math by that setting's own meaning "
+                              "(the plan refuses an option over it)")
         value = _other_value(plan.native.get(key), declared)
         if value is None:
             continue

@@ -27,7 +27,7 @@ from stateset_backend.conformance.samples import (
     deep_merge,
     samples_for,
 )
-from stateset_backend.contracts.loader import parse_version
+from stateset_backend.contracts.loader import Contract, parse_version
 from stateset_backend.engines.adapter import EngineAdapter, unpinned_defaults
 from stateset_backend.engines.registry import entry_of
 from stateset_backend.plan.launch_plan import LaunchPlan, make_plan
@@ -255,6 +255,47 @@ def _fitted_base(adapter: EngineAdapter, version: str, files: SampleFiles,
                 continue
             doc = candidate
     return doc
+
+
+def range_edges(contract: Contract, listed: Iterable[str]) -> list[str]:
+    """Releases the contract admits that a list of checked ones may leave out: every bound
+    its ranges name, and, where the supported range is open above, a minor and a major
+    release past the newest of those and the list (an adapter that looks its keys up in a
+    table of the releases its author tried plans there, or raises)."""
+    listed = set(listed)
+    named = contract.named_versions()
+    newest = max([*named, *(parse_version(v) for v in listed)], default=None)
+    later = [] if newest is None else [parse_version(f"{newest.major}.{newest.minor + 1}.0"),
+                                       parse_version(f"{newest.major + 1}.0.0")]
+    open_above = contract.supports(parse_version("99999"))
+    edges = [*named, *(later if open_above else [])]
+    return [str(v) for v in sorted(set(edges)) if str(v) not in listed and contract.supports(v)]
+
+
+def check_range_edges(adapter: EngineAdapter, listed: Iterable[str], files: SampleFiles,
+                      overrides: dict[str, Any] | None) -> list[str]:
+    """The base sample plans, or is refused with exit 2 or 3, at each of ``range_edges``:
+    a release the contract claims is one a user may have installed, and an adapter that
+    raises there fails every plan of theirs with an internal error. Returns the releases
+    tried."""
+    edges = range_edges(adapter.contract, listed)
+    for version in edges:
+        try:
+            plan_doc(adapter, version, fitted_base(adapter, version, files, overrides), files)
+        except AdapterBug as exc:
+            raise CheckFailed(_edge_failure(adapter, version, exc)) from None
+        except (InvalidInput, Unsupported):
+            continue
+        except Exception as exc:
+            raise CheckFailed(_edge_failure(adapter, version, exc)) from None
+    return edges
+
+
+def _edge_failure(adapter: EngineAdapter, version: str, exc: BaseException) -> str:
+    return (f"{adapter.name} {version}, which the contract's supported range "
+            f"{adapter.contract.supported!r} admits: planning the base sample raised "
+            f"{describe(exc)}; every release the range admits must plan a spec or refuse it "
+            "(exit 2 or 3)")
 
 
 def _nested(path: str, value: Any) -> dict[str, Any]:
