@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from stateset_backend.conformance.checks.planning import CheckFailed
+from stateset_backend.contracts.loader import parse_version
 from stateset_backend.engines.adapter import (
     CannotWrite,
     EngineAdapter,
@@ -26,6 +27,7 @@ from stateset_backend.engines.adapter import (
 )
 from stateset_backend.plan.launch_plan import LaunchPlan
 from stateset_backend.providers.local import Exit
+from stateset_backend.runs.lineage import checkpoint_name
 from stateset_backend.runs.results import evaluate
 from stateset_backend.runs.weights_files import WEIGHT_SUFFIXES
 from stateset_backend.spec.schedule import NEXT_LR
@@ -217,6 +219,24 @@ def check_checkpoint_labels(case: Case, collected: Any) -> None:
                           f"update(s) {sorted(labelled)}")
 
 
+def check_named_as_listed(adapter: EngineAdapter, plan: LaunchPlan, attempt: Path) -> None:
+    """Where the release starts a run ``from_run``, each checkpoint ``checkpoints`` lists is
+    the one ``named_checkpoint`` finds by the name ``model.from_run`` gives it
+    (``update-NNNNNN``): a lookup by the engine's own step, where an update takes several
+    optimizer steps, starts the new run from another update than its lineage records."""
+    if "init:from_run" not in adapter.contract.provided(parse_version(plan.engine_version)):
+        return
+    for listed in adapter.checkpoints(attempt):
+        name = checkpoint_name(listed.update)
+        named = adapter.named_checkpoint(attempt, name)
+        if named is None or named.update != listed.update or \
+                named.path.resolve() != listed.path.resolve():
+            shown = "nothing" if named is None else f"{named.path} (update {named.update})"
+            raise CheckFailed(f"named_checkpoint({name!r}) finds {shown}, where checkpoints "
+                              f"lists update {listed.update} at {listed.path}: model.from_run "
+                              "names a checkpoint by its update, and must start from it")
+
+
 # the attempt the cases are collected from, and the earlier one a run's folder holds beside it
 # (its number sorts after this one's as text): a collector reads the attempt it is given
 ATTEMPT, EARLIER_ATTEMPT = "10", "9"
@@ -354,4 +374,6 @@ def check_collection(adapter: EngineAdapter, plan: LaunchPlan, case: Case, write
         check_nothing_invented(rows, collected)
     elif case.expect == "succeeded" and collected is not None:
         check_checkpoint_labels(case, collected)
+    if case.expect == "succeeded":
+        check_named_as_listed(adapter, plan, attempt)
     return f"{status}" + (f" ({failed[0]})" if failed else "")

@@ -21,7 +21,12 @@ from typing import Any
 
 from stateset_backend.common.jsonio import flatten
 from stateset_backend.conformance.checks.determinism import tree
-from stateset_backend.conformance.checks.outputs import Writer, _collect, foreign
+from stateset_backend.conformance.checks.outputs import (
+    Writer,
+    _collect,
+    check_named_as_listed,
+    foreign,
+)
 from stateset_backend.conformance.checks.planning import (
     CheckFailed,
     describe,
@@ -82,6 +87,7 @@ def _newest(adapter: EngineAdapter, plan: LaunchPlan, earlier: Path, cut: bool) 
     if problem is not None:
         raise CheckFailed(f"a whole checkpoint of this experiment is refused: {problem}")
     _listed_in_order(adapter, earlier, found.update, beside)
+    check_named_as_listed(adapter, plan, earlier)
     return found
 
 
