@@ -490,8 +490,8 @@ MUTANTS: list[Mutant] = [
       (VERL_COLLECT, "        if holds_weights(step_dir):\n", "        if step_dir.is_dir():\n"),
       kind="collection"),
     m("trl: a checkpoint named for from_run looked up by optimizer step", "trl", "1.16.0",
-      (TRL, "        found = [c for c in self.checkpoints(attempt_dir) if c.update == int(update)]\n"
-            "        return found[0] if found else None",
+      (TRL, "        found = [c for c in self.checkpoints(attempt_dir) "
+            "if c.update == int(update)]\n        return found[0] if found else None",
        "        path = attempt_dir / CHECKPOINTS / f\"{CHECKPOINT_PREFIX}{int(update)}\"\n"
        "        return Checkpoint(path, int(update)) if (path / MANIFEST).is_file() else None"),
       kind="resume"),
