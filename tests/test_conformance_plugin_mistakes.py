@@ -16,7 +16,7 @@ from stateset_echo_engine.plugin import EchoAdapter
 
 from stateset_backend.contracts.loader import Contract
 from stateset_backend.engines.adapter import Collected, InvalidInput, NativeLaunch
-from stateset_backend.translate.rules import RuleSet, carried, to
+from stateset_backend.translate.rules import Pinned, RuleSet, carried, to
 
 
 class SetsNothingForALeaf(EchoAdapter):
@@ -308,6 +308,28 @@ class WritesCountsAsFloats(EchoAdapter):
                             launch.set_env)
 
 
+class FillsANullDualClip(EchoAdapter):
+    """Hands the engine a dual clip of 3 where the spec asks for none ("the engine's config
+    types it float, not Optional")."""
+
+    def rules(self, dialect) -> RuleSet:
+        return {**super().rules(dialect),
+                "algorithm.clip.dual_clip": to("algorithm.clip.dual_clip",
+                                               convert=lambda v: 3.0 if v is None else v)}
+
+
+class LeavesAnUnsetTopKToTheEngine(EchoAdapter):
+    """Leaves the top-k key out of the launch where the spec sets none ("null: nothing to
+    pass"): the engine then filters at its own default."""
+
+    def rules(self, dialect) -> RuleSet:
+        def top_k(value, spec):
+            if value is None:
+                return Pinned({}, "null: no top-k, nothing to pass")
+            return Pinned({"rollout.top_k": value})
+        return {**super().rules(dialect), "rollout.top_k": top_k}
+
+
 MODULE = '''
 import pytest
 from stateset_backend.conformance import AdapterConformance
@@ -369,6 +391,10 @@ class TestMistake(AdapterConformance):
                                     "admits: planning the base sample raised AdapterBug"),
     (WritesCountsAsFloats, "algorithm.group_size: echo 1.2.0 reads 4.0, a float, where it "
                            "takes the whole number 4"),
+    (FillsANullDualClip, "algorithm.clip.dual_clip: planned unset (null) and at 3.0, the "
+                         "launch is the same"),
+    (LeavesAnUnsetTopKToTheEngine, "rollout.top_k: unset (null), the launch leaves "
+                                   "rollout.top_k to the release's default"),
     (EchoAdapter, None)])
 def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):
     report = run_kit(tmp_path, MODULE, cls, "::TestMistake",

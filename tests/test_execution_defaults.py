@@ -270,3 +270,27 @@ def test_an_option_over_a_key_a_spec_setting_sets_is_refused_though_declared(grp
     assert own.sources["resources.gpus_per_node"] == "resources.gpus_per_node"
     assert (own.native["resources.gpus_per_node"], taken.native["resources.gpus_per_node"]) \
         == (grpo["resources"]["gpus_per_node"], 4)
+
+
+def test_a_declared_value_list_holds_where_the_launch_leaves_the_key_unset(grpo):
+    """An execution default safe only at some values is refused at another even where the
+    launch leaves the key at the release's default (it sets it only when an option does)."""
+    from stateset_echo_engine.plugin import EchoAdapter
+
+    from stateset_backend.contracts.loader import Contract
+    from stateset_backend.translate.rules import translate
+
+    doc = EchoAdapter().contract.to_json()
+    doc["dialects"][0]["keys"]["execution"] = {
+        "--grad-accum": {"reason": "micro-batches: memory only", "values": [1, 2, 4]}}
+    dialect = Contract.model_validate(doc).dialect(parse_version("1.2.0"))
+    rules = EchoAdapter().rules(dialect)
+
+    def planned(value: int) -> Any:
+        spec = ExperimentSpec.model_validate(
+            {**grpo, "engine_options": {"echo": {"--grad-accum": value}}})
+        return translate(spec, rules, dialect, "echo", "1.2.0")
+
+    assert planned(4).native["--grad-accum"] == 4
+    with pytest.raises(InvalidInput, match=r"--grad-accum: 0 is not one of the values"):
+        planned(0)

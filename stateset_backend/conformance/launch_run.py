@@ -53,6 +53,7 @@ def run_under_stub(plan: LaunchPlan, stub: dict[str, str], tmp: Path) -> dict[st
     run_dir, stub_root = tmp / "attempt", tmp / "engine"
     for root, files in ((run_dir, plan.files),
                         (stub_root, {"stateset_kit_stub.py": common(), **stub})):
+        root.mkdir(parents=True, exist_ok=True)  # a launch of flags alone writes no file
         for rel, text in files.items():
             path = root / rel
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -153,6 +153,11 @@ def reached(key: str, value: Any, taken: Any, execution: dict[str, ExecutionDefa
     spelling that reaches a key."""
     bare = _bare(key)
     hydra = not bare.startswith("-") and not key.startswith("~")
+    exact = execution.get(bare)
+    if exact is not None and exact.values is not None and value not in exact.values:
+        # where the launch leaves the key at the release's default, as where it sets it
+        raise InvalidInput(f"{key}: {value!r} is not one of the values that leave the math "
+                           f"unchanged ({', '.join(map(repr, exact.values))})")
     for other in taken:
         if conflict(key, [other]) is None:
             continue

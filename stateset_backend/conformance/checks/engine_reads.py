@@ -254,6 +254,16 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
             off = plan_or_none(adapter, version, with_leaf(context, row.path, None), files)
             if off is not None:
                 checked.append((off, flatten(normalize_values(read(off), off))))
+        null = checked[-1] if len(checked) == 3 else \
+            next(((p, r) for v, (p, r) in zip((a_value, b_value), checked[:2], strict=True)
+                  if v is None), None)
+        if null is None and row.value is None and baseline is not None:
+            null = (baseline, flatten(normalize_values(read(baseline), baseline)))
+        if null is not None and nullable(row.path):
+            claimed_null = translated_keys(adapter, null[0], row.path) | \
+                translated_keys(adapter, a, row.path) | translated_keys(adapter, b, row.path)
+            _null_apart(adapter, version, files, context, row.path, null, claimed_null,
+                        surface, read)
         for plan, got in checked:
             try:
                 check_expected(adapter, plan, got, surface)
@@ -280,6 +290,39 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
     return varied
 
 
+def _null_apart(adapter: EngineAdapter, version: str, files: SampleFiles,
+                context: dict[str, Any], path: str, null: tuple[LaunchPlan, dict[str, Any]],
+                claimed: set[str], surface: dict[str, Any] | None,
+                read: Callable[[LaunchPlan], dict[str, Any]]) -> None:
+    """The leaf unset (null: "off") does not launch as one of its values: where the engine
+    reads a value ``v`` at a key the leaf claims, and no expectation holds that key for the
+    null spec, the leaf planned at ``v`` must launch otherwise. A rule that fills null with a
+    value of its own (a dual clip of 3 where the spec asks for none) runs ``v`` under the
+    spec's "off", and the plan records the setting as pinned. (An engine's own "off" that is
+    also a value the spec can take, such as an unreachable bound, is said by an expectation
+    for the null spec.)"""
+    from stateset_backend.conformance.expectations import expected
+
+    plan, got = null
+    wanted = expected(adapter, plan.validated_spec(), surface, got)
+    for key in sorted(claimed):
+        value = got.get(key)
+        if key in wanted or not isinstance(value, int | float | str) or \
+                isinstance(value, bool):
+            continue
+        other = plan_or_none(adapter, version, with_leaf(context, path, value), files)
+        if other is None or path in {d.get("setting") for d in other.deviations}:
+            continue
+        if flatten(normalize_values(read(other), other)) == got and \
+                _same_files(plan, other) and \
+                normalize_values(_flat_native(plan)[0], plan) == \
+                normalize_values(_flat_native(other)[0], other):
+            raise CheckFailed(f"{path}: planned unset (null) and at {value!r}, the launch is "
+                              f"the same ({key} = {value!r}): null reaches the engine as "
+                              f"{value!r}; hand the engine its own \"off\", refuse null, or, "
+                              "where that value is the engine's off, expect it for null")
+
+
 def _check_carried_rule(adapter: EngineAdapter, version: str, origin: LaunchPlan,
                         full: dict[str, Any], files: SampleFiles,
                         read: Callable[[LaunchPlan], dict[str, Any]], row: Any,
@@ -287,7 +330,15 @@ def _check_carried_rule(adapter: EngineAdapter, version: str, origin: LaunchPlan
     """A leaf its rule carries without an engine key (``carried``: the engine's own behaviour
     already is the spec's) holds for this value only: planned at another value that is not
     refused, the launch must change, or the engine runs two settings alike. Returns 1 when a
-    variant planned (the rule was moved), else 0."""
+    variant planned (the rule was moved), else 0. A leaf the sample makes moot (validation's
+    top_p under greedy decoding) is tried where it counts (``ENABLED_BY``)."""
+    if _moot(row.path, spec) and row.path in ENABLED_BY:
+        for path, value in ENABLED_BY[row.path].items():
+            full = with_leaf(full, path, value)
+        enabled = plan_or_none(adapter, version, full, files)
+        if enabled is None:
+            return 0
+        origin, spec = enabled, enabled.validated_spec()
     for value in variants(row.value, row.path):
         other = plan_or_none(adapter, version, with_leaf(full, row.path, value), files)
         if other is None:
@@ -299,6 +350,13 @@ def _check_carried_rule(adapter: EngineAdapter, version: str, origin: LaunchPlan
         # alike where one of the two runs a deviation its release declares for the setting:
         # the plan says so (declared_deviations_run holds that claim to the launch)
         declared = {d.get("setting") for plan in (origin, other) for d in plan.deviations}
+        own, _ = _flat_native(origin)
+        left = sorted(k for k in translated_keys(adapter, other, row.path) if k not in own)
+        if row.value is None and left and row.path not in declared:
+            raise CheckFailed(f"{row.path}: unset (null), the launch leaves {left[0]} to the "
+                              f"release's default, where the rule sets it at {value!r}: a "
+                              "release's default is its authors' choice and may change; "
+                              "hand the engine its own \"off\" for null")
         if same and row.path not in declared and _same_files(origin, other) and \
                 normalize_values(_flat_native(origin)[0], origin) == \
                 normalize_values(_flat_native(other)[0], other):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import inspect
 import itertools
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -133,6 +134,12 @@ def _resume(adapter: EngineAdapter, plan: LaunchPlan, found: Any, earlier: Path,
     resumed = adapter.resume_argv(found, list(argv), new)
     if not all(isinstance(a, str) for a in resumed):
         raise CheckFailed("resume_argv returns an argv with non-string elements")
+    linked = _links(new)
+    if linked:
+        raise CheckFailed(f"resume_argv leaves a symbolic link in the new attempt "
+                          f"({linked[0]}): the hub refuses an attempt's linked files, so the "
+                          "resumed run would end invalid, and its checkpoint would live in "
+                          "another attempt; stage a copy (stage_checkpoint)")
     staged = adapter.latest_checkpoint(new)
     if resumed == argv and staged is None:
         raise CheckFailed("resume_argv neither changes the launch nor stages the checkpoint "
@@ -155,6 +162,16 @@ def _resume(adapter: EngineAdapter, plan: LaunchPlan, found: Any, earlier: Path,
         raise CheckFailed(f"the resumed launch points into the earlier attempt beyond its "
                           f"checkpoint: {into_old[0]!r}")
     return resumed, staged
+
+
+def _links(root: Path) -> list[str]:
+    """The symbolic links under ``root`` (not followed), relative to it."""
+    out = []
+    for folder, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            if os.path.islink(os.path.join(folder, name)):
+                out.append(os.path.relpath(os.path.join(folder, name), root))
+    return sorted(out)
 
 
 def _add_older_checkpoint(writer: Writer, ctx: LaunchContext, attempt: Path,
