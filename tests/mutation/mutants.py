@@ -495,4 +495,14 @@ MUTANTS: list[Mutant] = [
        "        path = attempt_dir / CHECKPOINTS / f\"{CHECKPOINT_PREFIX}{int(update)}\"\n"
        "        return Checkpoint(path, int(update)) if (path / MANIFEST).is_file() else None"),
       kind="resume"),
+    m("verl: bf16 autocast declared for float16 specs only", "verl", "0.6.0",
+      (VERL_TRAINING, '        if k.keys.autocast == "bfloat16":\n'
+                      '            return Hardcoded("bfloat16", "bf16_autocast", native)',
+       '        if k.keys.autocast == "bfloat16" and value == "float16":\n'
+       '            return Hardcoded("bfloat16", "bf16_autocast", native)'), kind="deviation"),
+    m("nemo-rl: the score-function KL gradient declared for k3 only", "nemo-rl", "0.7.0",
+      (NEMO_ALGORITHM, '                spec.algorithm.kl.placement == "loss":\n'
+                       '            return Hardcoded(f"{value}, gradient',
+       '                spec.algorithm.kl.placement == "loss" and value == "k3":\n'
+       '            return Hardcoded(f"{value}, gradient'), kind="deviation"),
 ]

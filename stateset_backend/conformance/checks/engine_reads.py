@@ -520,7 +520,8 @@ def check_deviations_declared(plan: LaunchPlan) -> None:
     are the ones the plan declares, no more and no fewer."""
     from stateset_backend.conformance.expectations.deviations import undeclared
 
-    missing, extra = undeclared(plan.engine, plan.validated_spec(),
+    missing, extra = undeclared(plan.engine, parse_version(plan.engine_version),
+                                plan.validated_spec(),
                                 {d["deviation"] for d in plan.deviations})
     if missing:
         raise CheckFailed(f"{plan.engine} {plan.engine_version} runs this spec with the "
