@@ -100,7 +100,9 @@ def check_launch_runs(plan: LaunchPlan, stub: dict[str, str], read: dict[str, An
     the stub received as the engine's configuration is the one the launch declares (relative
     paths resolved against the attempt folder) and none of the engine's keys (its
     ``surface``) the launch sets is missing from it, and the reward cases score as the sample
-    reward does. A stub that trained (``logged``: canonical rows per update) is collected by
+    reward does, and every prompt the stub reports is handed to the policy as the model's chat
+template renders it with its generation prompt and to the reward as its last user message.
+A stub that trained (``logged``: canonical rows per update) is collected by
     the adapter: the run succeeds with exactly those values and updates. Returns how many
     things were compared."""
     got = run_under_stub(plan, stub, tmp)
@@ -136,6 +138,17 @@ def check_launch_runs(plan: LaunchPlan, stub: dict[str, str], read: dict[str, An
                               f"cases {got['rewards']}, but the spec's reward scores them "
                               f"{EXPECTED_REWARDS}: the reward shim does not answer the "
                               "engine's call")
+        compared += 1
+    for prompt in got.get("prompts") or []:
+        if prompt["seen"] != prompt["template"]:
+            raise CheckFailed(f"the launcher hands the policy the prompt {prompt['seen']!r}, "
+                              f"where the model's chat template with its generation prompt "
+                              f"gives {prompt['template']!r}: the policy would continue "
+                              "another turn than its own")
+        if prompt["reward_prompt"] != prompt["last_user"]:
+            raise CheckFailed(f"the launcher hands the reward the prompt "
+                              f"{prompt['reward_prompt']!r}, not the last user message "
+                              f"{prompt['last_user']!r}, as the other engines do")
         compared += 1
     if got.get("logged") and adapter is not None:
         compared += _check_collected(adapter, plan, run_dir, got["logged"])

@@ -120,7 +120,20 @@ for case in cases():
     meta = {**spec["extra_env_info"], "prompt": case["prompt"]}
     result = environment.step([[{"role": "assistant", "content": case["response"]}]], [meta])
     rewards.append(float(result.rewards[0]))
-received(argv=argv, config=config, rewards=rewards, rows=len(rows))
+prompts = []
+for row in rows:  # each prompt as the policy and the reward see it, beside the chat template's
+    messages = json.loads(row["input"])
+    datum = {"messages": [{"role": "user", "content": row["input"]},
+                          {"role": "assistant", "content": row["output"]}],
+             "task_name": env_name}
+    spec = processor(datum, None, Tokenizer(), 4096, 0)
+    prompts.append({"seen": spec["message_log"][0]["content"],
+                    "template": Tokenizer().apply_chat_template(
+                        messages, tokenize=False, add_generation_prompt=True),
+                    "reward_prompt": spec["extra_env_info"]["prompt"],
+                    "last_user": next((m["content"] for m in reversed(messages)
+                                       if m["role"] == "user"), "")})
+received(argv=argv, config=config, rewards=rewards, rows=len(rows), prompts=prompts)
 '''
 
 # what the NeMo RL launcher imports from NeMo RL and its dependencies, as small as it uses them

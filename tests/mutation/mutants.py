@@ -505,4 +505,7 @@ MUTANTS: list[Mutant] = [
                        '            return Hardcoded(f"{value}, gradient',
        '                spec.algorithm.kl.placement == "loss" and value == "k3":\n'
        '            return Hardcoded(f"{value}, gradient'), kind="deviation"),
+    m("nemo-rl: prompts rendered without the generation prompt", "nemo-rl", "0.7.0",
+      (NEMO_LAUNCHER, 'add_generation_prompt=True,', 'add_generation_prompt=False,'),
+      kind="launcher"),
 ]
