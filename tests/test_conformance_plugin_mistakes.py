@@ -318,6 +318,15 @@ class FillsANullDualClip(EchoAdapter):
                                                convert=lambda v: 3.0 if v is None else v)}
 
 
+class HandsTheEngineAnUnreachableDualClip(EchoAdapter):
+    """Correct: no dual clip is a bound no ratio reaches, the engine's own "off"."""
+
+    def rules(self, dialect) -> RuleSet:
+        return {**super().rules(dialect),
+                "algorithm.clip.dual_clip": to("algorithm.clip.dual_clip",
+                                               convert=lambda v: 1e9 if v is None else v)}
+
+
 class LeavesAnUnsetTopKToTheEngine(EchoAdapter):
     """Leaves the top-k key out of the launch where the spec sets none ("null: nothing to
     pass"): the engine then filters at its own default."""
@@ -395,6 +404,7 @@ class TestMistake(AdapterConformance):
                          "launch is the same"),
     (LeavesAnUnsetTopKToTheEngine, "rollout.top_k: unset (null), the launch leaves "
                                    "rollout.top_k to the release's default"),
+    (HandsTheEngineAnUnreachableDualClip, None),
     (EchoAdapter, None)])
 def test_a_docs_only_plugin_authors_mistake_fails_the_kit(tmp_path, cls, says):
     report = run_kit(tmp_path, MODULE, cls, "::TestMistake",

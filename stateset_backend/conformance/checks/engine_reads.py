@@ -298,17 +298,19 @@ def _null_apart(adapter: EngineAdapter, version: str, files: SampleFiles,
     reads a value ``v`` at a key the leaf claims, and no expectation holds that key for the
     null spec, the leaf planned at ``v`` must launch otherwise. A rule that fills null with a
     value of its own (a dual clip of 3 where the spec asks for none) runs ``v`` under the
-    spec's "off", and the plan records the setting as pinned. (An engine's own "off" that is
-    also a value the spec can take, such as an unreachable bound, is said by an expectation
-    for the null spec.)"""
+    spec's "off", and the plan records the setting as pinned. Only values a user would set
+    are tried: an engine's own "off" written as a number (an unreachable bound, -1) is no
+    finding, and one that is also an ordinary value is said by an expectation for null."""
     from stateset_backend.conformance.expectations import expected
 
     plan, got = null
     wanted = expected(adapter, plan.validated_spec(), surface, got)
+    ordinary = variants(None, path)  # the values a user sets it to (an engine's default 3.0,
+    # 50), not an engine's "off" written as a number no user asks for (1e9, -1, 0)
     for key in sorted(claimed):
         value = got.get(key)
         if key in wanted or not isinstance(value, int | float | str) or \
-                isinstance(value, bool):
+                isinstance(value, bool) or not any(same_value(value, v) for v in ordinary):
             continue
         other = plan_or_none(adapter, version, with_leaf(context, path, value), files)
         if other is None or path in {d.get("setting") for d in other.deviations}:
