@@ -322,12 +322,13 @@ def check_option_aliases(adapter: EngineAdapter, version: str, base: dict[str, A
     missing = object()
     aliases: dict[str, str] = {}
     for key in pinned:
-        alias = re.split(r"[.]", key.lstrip("-"))[-1]
+        alias = key.lstrip("-").rsplit(".", 1)[-1]
         if alias and alias != key and not any(_key_is(alias, k) for k in plan.native):
             aliases.setdefault(alias, key)
     tried = 0
     for alias, key in aliases.items():
-        taken = _with_option(adapter, version, base, files, alias, _another(before.get(key)))
+        value = _another(before.get(key))
+        taken = _with_option(adapter, version, base, files, alias, value)
         tried += 1
         if isinstance(taken, InvalidInput):
             continue
@@ -338,8 +339,8 @@ def check_option_aliases(adapter: EngineAdapter, version: str, base: dict[str, A
         moved = [k for k in pinned if k in before and
                  not same_value(read.get(k, missing), before[k])]
         if moved:
-            raise CheckFailed(f"engine_options {alias!r}: {_another(before.get(key))!r} "
-                              f"planned, and the engine then reads {moved[0]} = "
+            raise CheckFailed(f"engine_options {alias!r}: {value!r} planned, and the engine "
+                              f"then reads {moved[0]} = "
                               f"{read.get(moved[0], 'nothing')!r}, which the spec pins at "
                               f"{before[moved[0]]!r}: an option named as a pinned key's "
                               "alias must be refused (exit 2) or reach nothing the spec sets")
