@@ -254,10 +254,9 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
             off = plan_or_none(adapter, version, with_leaf(context, row.path, None), files)
             if off is not None:
                 checked.append((off, flatten(normalize_values(read(off), off))))
-        null = checked[-1] if len(checked) == 3 else \
-            next(((p, r) for v, (p, r) in zip((a_value, b_value), checked[:2], strict=True)
-                  if v is None), None)
-        if null is None and row.value is None and baseline is not None:
+        # the leaf unset: planned above where the sample sets it, else the sample itself
+        null = checked[2] if len(checked) == 3 else None
+        if row.value is None and baseline is not None:
             null = (baseline, flatten(normalize_values(read(baseline), baseline)))
         if null is not None and nullable(row.path):
             claimed_null = translated_keys(adapter, null[0], row.path) | \
