@@ -8,6 +8,7 @@ munged gets its own key, socket and PID file, and the clients find the config th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -116,7 +117,8 @@ def _stop(pid_files: list[Path]) -> None:
                 break
             time.sleep(0.1)
         else:
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may end just now, under load
+                os.kill(pid, signal.SIGKILL)
 
 
 @contextmanager

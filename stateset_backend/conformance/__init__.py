@@ -18,37 +18,14 @@ The adapter's ``kit_support()`` supplies the writer of the engine's native outpu
 canonical values) and, optionally, a reader of the launch with the engine's own parser, so
 ``stateset-backend conformance ENGINE`` runs exactly these checks too.
 
-Every check is derived from the adapter's contract, never hand-written per engine:
-
-- the contract validates against the shipped schema, and ``engine_versions`` cover every dialect;
-- for every capability of the closed vocabulary and every version: a claimed capability has a
-  sample spec that plans, with every leaf pinned, refused or declared and every recorded
-  default set; an unclaimed one is refused with exit 3 before anything could launch;
-- two plans of one spec are the same (up to run id and time), and planning changes neither the
-  spec nor the spec's folder;
-- every claimed sample's launch, read the way the engine reads it (the kit's own reader for
-  a built-in engine, ``parse_launch`` for a plugin; without one: ``unverified``), is what the
-  launch declares, key for key, and every key exists in the release's surface, whose defaults
-  are the ones the contract records; generated launchers compile; plans agree byte for byte
-  across fresh interpreters with different ``PYTHONHASHSEED``; the same holds for the base at
-  awkward numbers (limits past 16K tokens, uneven batches, inexact warmup shares);
-- hostile values in every user string field and in an ``engine_options`` value keep the
-  launch's shape (read back through the engine's whole read path);
-  ``engine_options`` keys cannot reach a key the launch sets, in any spelling, nor name
-  anything outside the engine's own configuration (Hydra's namespace, an edit prefix, an
-  environment variable, an abbreviated flag, a key the release's surface lacks);
-- every engine key whose release default changes the math (the kit's list for a built-in
-  engine, ``KitSupport.math_keys`` for a plugin) is set by every launch it matters to;
-- every number a declared deviation states (a clamp, an epsilon, a floor) is the one the
-  release's own code gives, measured from the release when its surface was generated;
-- collection: healthy outputs are ``succeeded``; NaN, Infinity and string metrics, missing or
-  escaping artifacts, a missing identity and no committed update are ``invalid``;
-- resume (when ``resume:exact`` is claimed): the checkpoint is found, accepted and continued
-  from without touching the earlier attempt;
-- where the engine runs here (the adapter's ``rehearse``, the release installed, the class's
-  ``engine_python``): its own trainer runs a sample made to show what it does, and what it did
-  (its calls to the hub's reward shim, its validation passes, the rate it logged, its files,
-  KL at update 1, a resume) is what the spec asks; the kit's writer must match its outputs.
+Every check is derived from the adapter's contract, never hand-written per engine; what each
+one holds, and the silent failure it stops, is the table in docs/plugins.md. In short: the
+contract and the releases it admits, every capability claimed or refused, translations that
+are deterministic, pure and read back by the engine's own parser as declared (also at awkward
+numbers, unset, and against what the kit knows of the engine), user strings that stay data,
+``engine_options`` that reach nothing the launch sets, math defaults pinned, the launch run
+under an engine stub, collection and resume on the engine's own outputs, and, where the engine
+runs here, its own trainer doing what the spec asks.
 
 A capability or case the adapter declares in ``unsupported`` (or a case its writer raises
 :class:`CannotWrite` for) is reported ``unsupported``: never passed, never silently skipped.

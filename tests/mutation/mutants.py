@@ -508,4 +508,9 @@ MUTANTS: list[Mutant] = [
     m("nemo-rl: prompts rendered without the generation prompt", "nemo-rl", "0.7.0",
       (NEMO_LAUNCHER, 'add_generation_prompt=True,', 'add_generation_prompt=False,'),
       kind="launcher"),
+    m("verl: zero-variance exclusion without dynamic sampling no longer refused", "verl",
+      "0.9.1",
+      (VERL_ALGORITHM, "        if spec.algorithm.dynamic_sampling is None or "
+                       "k.keys.filter_groups is None:\n",
+       "        if False:\n")),
 ]

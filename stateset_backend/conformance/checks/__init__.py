@@ -23,11 +23,13 @@ from stateset_backend.conformance.checks.determinism import (
     check_launchers_compile,
     normalized,
 )
-from stateset_backend.conformance.checks.engine_reads import (
+from stateset_backend.conformance.checks.distinct import (
     DISTINCT_LEAVES,
     OBJECTIVE_CLASSES,
-    check_deviations_run,
     check_distinct_launches,
+)
+from stateset_backend.conformance.checks.engine_reads import (
+    check_deviations_run,
     check_expected,
     check_reads_as_declared,
     check_sensitivity,
@@ -42,17 +44,19 @@ from stateset_backend.conformance.checks.injection import (
     STRING_FIELDS,
     benign_refused,
     check_argv_structure,
-    check_namespace_keys,
     check_no_free_text_option,
-    check_option_aliases,
-    check_option_keys,
     check_read_back,
     hostile_doc,
-    owned_keys,
     rotations,
-    spellings,
 )
 from stateset_backend.conformance.checks.interpreters import check_plans_agree_across_processes
+from stateset_backend.conformance.checks.options import (
+    check_namespace_keys,
+    check_option_aliases,
+    check_option_keys,
+    owned_keys,
+    spellings,
+)
 from stateset_backend.conformance.checks.outputs import (
     COLLECTION_CASES,
     HEALTHY,

@@ -118,9 +118,13 @@ def _plannable_sample(adapter: EngineAdapter, version: str, capability: str,
         try:
             return sample, plan_doc(adapter, version, sample.doc, files)
         except Exception as exc:
+            if isinstance(exc, AdapterBug) or not isinstance(exc, InvalidInput | Unsupported):
+                # a spec the adapter crashes on is a user's exit 1, whatever a later sample
+                # plans: a refusal deleted leaves the rule to fail on what it refused
+                raise CheckFailed(f"{capability}: a sample needing it makes the adapter fail "
+                                  f"({describe(exc)}); refuse what the engine cannot honour "
+                                  "(exit 2 or 3)") from None
             errors.append(describe(exc))
-    # an adapter's own bug first: it is the root cause whatever else a sample runs into
-    errors.sort(key=lambda e: not e.startswith("AdapterBug"))
     raise CheckFailed(f"{adapter.name} {version} claims {capability}, but no sample needing it "
                       f"plans: " + " | ".join(dict.fromkeys(errors)))
 
