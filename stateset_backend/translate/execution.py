@@ -156,17 +156,15 @@ def reached(key: str, value: Any, taken: Any, execution: dict[str, ExecutionDefa
     exact = execution.get(bare)
     if exact is not None and exact.values is not None and value not in exact.values:
         # where the launch leaves the key at the release's default, as where it sets it
-        raise InvalidInput(f"{key}: {value!r} is not one of the values that leave the math "
-                           f"unchanged ({', '.join(map(repr, exact.values))})")
+        raise _outside(key, value, exact)
     for other in taken:
         if conflict(key, [other]) is None:
             continue
         theirs = _bare(str(other))
         declared = execution.get(theirs)
         if declared is not None and (bare == theirs or (hydra and _within(bare, theirs))):
-            if declared.values is not None and (bare != theirs or value not in declared.values):
-                raise InvalidInput(f"{key}: {value!r} is not one of the values that leave the "
-                                   f"math unchanged ({', '.join(map(repr, declared.values))})")
+            if declared.values is not None and bare != theirs:  # inside a limited default
+                raise _outside(key, value, declared)
             if bare == theirs and isinstance(taken, dict):
                 _same_kind(key, value, taken[other])
             continue
@@ -174,6 +172,11 @@ def reached(key: str, value: Any, taken: Any, execution: dict[str, ExecutionDefa
             continue  # inside a mapping the launch sets whole, only where it is declared
         return str(other)
     return None
+
+
+def _outside(key: str, value: Any, declared: ExecutionDefault) -> InvalidInput:
+    return InvalidInput(f"{key}: {value!r} is not one of the values that leave the math "
+                        f"unchanged ({', '.join(map(repr, declared.values or ()))})")
 
 
 def declared_inside(taken: str, execution: dict[str, ExecutionDefault]) -> list[str]:

@@ -252,15 +252,17 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
             off = plan_or_none(adapter, version, with_leaf(context, row.path, None), files)
             if off is not None:
                 checked.append((off, flatten(normalize_values(read(off), off))))
-        # the leaf unset: planned above where the sample sets it, else the sample itself
-        null = checked[2] if len(checked) == 3 else None
-        if row.value is None and baseline is not None:
-            null = (baseline, flatten(normalize_values(read(baseline), baseline)))
-        if null is not None and nullable(row.path):
-            claimed_null = translated_keys(adapter, null[0], row.path) | \
-                translated_keys(adapter, a, row.path) | translated_keys(adapter, b, row.path)
-            _null_apart(adapter, version, files, context, row.path, null, claimed_null,
-                        surface, read)
+        claimed = translated_keys(adapter, a, row.path) | translated_keys(adapter, b, row.path)
+        if nullable(row.path):
+            # the leaf unset: planned above where the sample sets it, else the sample itself
+            null = checked[2] if len(checked) == 3 else None
+            if row.value is None and baseline is not None:
+                null = checked[0] if a is baseline else \
+                    (baseline, flatten(normalize_values(read(baseline), baseline)))
+            if null is not None:
+                _null_apart(adapter, version, files, context, row.path, null,
+                            claimed | translated_keys(adapter, null[0], row.path), surface,
+                            read)
         for plan, got in checked:
             try:
                 check_expected(adapter, plan, got, surface)
@@ -268,7 +270,6 @@ def check_sensitivity(adapter: EngineAdapter, version: str, base: dict[str, Any]
                 raise CheckFailed(f"{row.path} = {leaf(plan.spec, row.path)!r}: {exc}") from None
         changed = {k for k in set(read_a) | set(read_b)
                    if not same_value(read_a.get(k), read_b.get(k))}
-        claimed = translated_keys(adapter, a, row.path) | translated_keys(adapter, b, row.path)
         declared_a, _ = _flat_native(a)
         declared_b, _ = _flat_native(b)
         moved = {k for k in set(declared_a) | set(declared_b)
